@@ -1,0 +1,65 @@
+"""The `fanout` command.
+
+Each subcommand lives in its own module with a `main(argv: list[str]) -> int`; this module only
+dispatches, so `fanout X --help` is always the owning module's own parser. Exit status 2 means
+bad usage or bad configuration (one clear message, no traceback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). `bench` takes a second word.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "services": ("workers.services_cli", "run the embedded PostgreSQL and Redis in the foreground"),
+    "migrate": ("workers.storage.migrate_cli", "apply the schema migrations to a database"),
+    "worker": ("workers.app", "run one worker process (--config FILE)"),
+    "demo": ("workers.demo", "the main job: a local cluster under load, verified"),
+    "inspect": ("workers.inspect", "print replication traffic or every stream's vector clock"),
+    "audit": ("analytics.audit", "the invalidation audit (PySpark)"),
+}
+BENCHES: dict[str, str] = {
+    "idgen": "workers.bench.idgen",
+    "pubsub": "workers.bench.pubsub",
+    "cluster": "workers.bench.cluster",
+    "audit": "workers.bench.audit",
+}
+
+
+def _usage() -> str:
+    lines = ["usage: fanout COMMAND [options]   (fanout COMMAND --help for details)", "", "commands:"]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
+    lines.append(f"  {'bench':<10} benchmarks beside a ceiling measured in the same run: {', '.join(BENCHES)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "bench":
+        if not rest or rest[0] not in BENCHES:
+            print(f"usage: fanout bench {{{','.join(BENCHES)}}} [options]", file=sys.stderr)
+            return 2
+        module_name, rest = BENCHES[rest[0]], rest[1:]
+    elif command in COMMANDS:
+        module_name = COMMANDS[command][0]
+    else:
+        print(f"fanout: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (e.name == module_name or module_name.startswith(e.name + ".")):
+            print(f"fanout: {command} is not available in this build ({module_name} missing)", file=sys.stderr)
+            return 2
+        raise
+    result: int = module.main(rest)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

