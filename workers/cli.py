@@ -13,6 +13,7 @@ import sys
 # subcommand -> (module, one-line help). `bench` takes a second word.
 COMMANDS: dict[str, tuple[str, str]] = {
     "services": ("workers.services_cli", "run the embedded PostgreSQL and Redis in the foreground"),
+    "check-config": ("workers.config_cli", "validate a worker configuration file"),
     "migrate": ("workers.storage.migrate_cli", "apply the schema migrations to a database"),
     "worker": ("workers.app", "run one worker process (--config FILE)"),
     "demo": ("workers.demo", "the main job: a local cluster under load, verified"),
@@ -30,7 +31,8 @@ BENCHES: dict[str, str] = {
 def _usage() -> str:
     lines = ["usage: fanout COMMAND [options]   (fanout COMMAND --help for details)", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
-    lines.append(f"  {'bench':<10} benchmarks beside a ceiling measured in the same run: {', '.join(BENCHES)}")
+    benches = ", ".join(BENCHES)
+    lines.append(f"  {'bench':<10} benchmarks beside a ceiling measured in the same run: {benches}")
     return "\n".join(lines)
 
 
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and (e.name == module_name or module_name.startswith(e.name + ".")):
-            print(f"fanout: {command} is not available in this build ({module_name} missing)", file=sys.stderr)
+            print(f"fanout: {command} is not available ({module_name} missing)", file=sys.stderr)
             return 2
         raise
     result: int = module.main(rest)

@@ -31,7 +31,7 @@ class WorkerConfig(BaseSettings):
 
     instance_name: str = Field(description="Stable name of this worker, unique in the cluster")
     database_url: str = Field(description="postgresql://user[:password]@host:port/database")
-    redis_url: str = Field(description="redis://, rediss:// (TLS) or unix:// URL; user:password@ for ACLs")
+    redis_url: str = Field(description="redis://, rediss:// (TLS) or unix://; user:password@ for ACLs")
     channel_prefix: str = Field("fanout", description="Pub/sub channel (and key) prefix of this cluster")
     stream_writers: dict[str, list[str]] = Field(
         default_factory=dict, description="stream name -> instance names allowed to write it"
@@ -41,7 +41,9 @@ class WorkerConfig(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535, description="0 picks a free port")
     position_announce_interval_s: float = Field(1.0, gt=0, le=60)
-    silent_writer_intervals: int = Field(5, ge=2, description="Announce intervals before a writer is 'silent'")
+    silent_writer_intervals: int = Field(
+        5, ge=2, description="Announce intervals before a writer is 'silent'"
+    )
     max_line_bytes: int = Field(1 << 20, ge=1024, description="Longest accepted pub/sub line")
     catch_up_batch_size: int = Field(1000, ge=1, le=100_000)
     db_pool_size: int = Field(10, ge=1, le=200)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import logging
 import os
@@ -60,14 +61,14 @@ def postgres_bin_dir(source: Source) -> Path:
     if source == "embedded":
         spec = importlib.util.find_spec("pgserver")
         if spec is None or not spec.submodule_search_locations:
-            raise ServiceError("pgserver is not installed: pip install 'fanout[embedded]', or use source=system")
+            raise ServiceError("pgserver is missing: pip install 'fanout[embedded]', or use source=system")
         path = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
     elif env := os.environ.get("PG_BIN"):
         path = Path(env)
     else:
         found = shutil.which("postgres")
         if found is None:
-            raise ServiceError("no `postgres` on PATH: set PG_BIN to the directory holding postgres and initdb")
+            raise ServiceError("no `postgres` on PATH: set PG_BIN to the directory with postgres and initdb")
         path = Path(found).resolve().parent
     if not (path / "postgres").exists() or not (path / "initdb").exists():
         raise ServiceError(f"{path} lacks postgres/initdb: set PG_BIN to the right directory")
@@ -198,7 +199,7 @@ def start_postgres(data_dir: Path, source: Source = "embedded") -> RunningServer
     for attempt in range(3):
         port = free_port()
         log_path = data_dir.parent / "postgres.log"
-        out = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        out = open(log_path, "ab")
         process = subprocess.Popen(
             [str(bin_dir / "postgres"), "-D", str(data_dir), "-h", "127.0.0.1", "-p", str(port),
              "-k", str(data_dir), "-c", "fsync=off", "-c", "synchronous_commit=off",
@@ -226,7 +227,7 @@ def start_redis(data_dir: Path, source: Source = "embedded") -> RunningServer:
     for attempt in range(3):
         port = free_port()
         log_path = data_dir.parent / "redis.log"
-        out = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        out = open(log_path, "ab")
         process = subprocess.Popen(
             [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(data_dir)],
@@ -236,7 +237,7 @@ def start_redis(data_dir: Path, source: Source = "embedded") -> RunningServer:
         out.close()
         server = RunningServer("redis", process, f"redis://127.0.0.1:{port}/0", log_path, signal.SIGTERM)
         try:
-            _wait(server, lambda: _redis_answers(port))
+            _wait(server, functools.partial(_redis_answers, port))
             return server
         except ServiceError:
             if attempt == 2 or "in use" not in server.log_tail():

