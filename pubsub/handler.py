@@ -1,0 +1,364 @@
+"""The reader side: turn received lines into applied rows, in order, exactly once.
+
+Rules (see the package docstring for why):
+* RDATA and POSITION of one stream go through one bounded serial queue, so a catch-up never races
+  live rows. A full queue is emptied and the stream waits for the next POSITION, which catches up
+  from the database: memory stays bounded and nothing is lost.
+* Each connection has a generation. `connection_lost()` starts a new one: queued commands of an
+  older generation are dropped, and until a writer's first POSITION on the new connection has been
+  processed, that writer's RDATA is dropped (the POSITION's catch-up covers it).
+* POSITION prev..new: when what we know of the writer (`cur`) is below `prev`, rows were lost:
+  fetch (cur, new] through the stream's update function, page by page, apply them in order,
+  then move to `new`. When `cur` is above `new` the writer restarted: nothing to fetch.
+* RDATA with a token at or below `cur` is a duplicate and ignored. `batch` rows wait for the
+  numbered row of the same writer and are applied together with it.
+* Order contract, per token: `apply(stream, instance, token, rows)` (the application invalidates
+  caches there), then the generator is advanced, then position listeners run (they wake readers).
+  If `apply` raises, the generator is not advanced and the writer waits for the next POSITION,
+  whose catch-up retries the rows.
+* Rejected input (bad line, unknown stream, forged writer, invalid row) is logged (rate-limited),
+  counted by reason and never moves a position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from itertools import groupby
+from typing import Any
+
+from prometheus_client import Gauge
+from pydantic import BaseModel, ValidationError
+
+from pubsub.errors import WireError
+from pubsub.metrics import ReplicationMetrics
+from pubsub.ratelog import RateLimitedLog
+from pubsub.streams import Stream, StreamRegistry
+from pubsub.types import ApplyCallback, PositionListener
+from pubsub.wire import ClearUserSync, Command, Position, RData, Replicate, UserSync, parse_line
+
+log = logging.getLogger(__name__)
+MAX_BATCH_ROWS = 10_000
+UserSyncListener = Callable[[UserSync | ClearUserSync], Awaitable[None] | None]
+
+
+class _StreamState:
+    __slots__ = ("announced", "connected", "last_heard", "pending", "queue", "stream", "task", "wake")
+
+    def __init__(self, stream: Stream[Any]) -> None:
+        self.stream = stream
+        self.queue: deque[tuple[int, RData | Position, BaseModel | None]] = deque()
+        self.wake = asyncio.Event()
+        self.connected: set[str] = set()
+        self.pending: dict[str, list[BaseModel]] = {}
+        self.announced: dict[str, int] = {}
+        self.last_heard: dict[str, float] = {}
+        self.task: asyncio.Task[None] | None = None
+
+
+class ReplicationHandler:
+    """Receives lines (`handle_line`), validates and routes them, applies rows through `apply`."""
+
+    def __init__(
+        self,
+        instance_name: str,
+        streams: StreamRegistry,
+        apply: ApplyCallback,
+        *,
+        metrics: ReplicationMetrics,
+        other_streams: Iterable[str] = (),
+        max_line_bytes: int = 1 << 20,
+        catch_up_batch_size: int = 1000,
+        queue_size: int = 10_000,
+    ) -> None:
+        self.instance_name = instance_name
+        self.streams = streams
+        self._apply_cb = apply
+        self.metrics = metrics
+        self._other_streams = frozenset(other_streams)
+        self.max_line_bytes = max_line_bytes
+        self.catch_up_batch_size = catch_up_batch_size
+        self.queue_size = queue_size
+        self.generation = 0
+        self.position_listeners: list[PositionListener] = []
+        self.user_sync_listeners: list[UserSyncListener] = []
+        self.on_replicate: Callable[[], None] | None = None
+        self._states = {s.name: _StreamState(s) for s in streams}
+        self._gauges: dict[tuple[str, str], tuple[Gauge, Gauge]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._ratelog = RateLimitedLog(log)
+        self._started_at = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._started_at = loop.time()
+        for state in self._states.values():
+            for writer in state.stream.writers:
+                state.last_heard.setdefault(writer, self._started_at)
+            if state.task is None:
+                state.task = loop.create_task(self._consume(state), name=f"repl-{state.stream.name}")
+
+    async def stop(self) -> None:
+        tasks = [s.task for s in self._states.values() if s.task is not None]
+        tasks += list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for state in self._states.values():
+            state.task = None
+
+    def connection_lost(self) -> None:
+        """The subscription is gone (or was silently renewed): every stream waits for a POSITION."""
+        self.generation += 1
+        for state in self._states.values():
+            state.connected.clear()
+            state.pending.clear()
+
+    # -- receive path (synchronous: never blocks the socket reader) ----------------------------
+
+    def _reject(self, reason: str, detail: str) -> None:
+        self.metrics.reject(reason)
+        self._ratelog.warning(reason, "rejected replication line: reason=%s %s", reason, detail)
+
+    def handle_line(self, data: bytes | str, now: float) -> None:
+        """Validate one received line and route it; never raises."""
+        self.metrics.bytes_in.inc(len(data))
+        try:
+            cmd = parse_line(data, self.max_line_bytes)
+        except WireError as e:
+            self._reject(
+                e.reason,
+                f"detail={e.detail!r} line={bytes(data[:80]) if isinstance(data, bytes) else data[:80]!r}",
+            )
+            return
+        if isinstance(cmd, RData | Position):
+            self._route_stream_command(cmd, now)
+        else:
+            self._route_other(cmd)
+
+    def _route_stream_command(self, cmd: RData | Position, now: float) -> None:
+        state = self._states.get(cmd.stream)
+        if state is None:
+            if cmd.stream in self._other_streams:
+                self.metrics.drop("not_subscribed")
+            else:
+                self._reject("unknown_stream", f"stream={cmd.stream}")
+            return
+        if cmd.instance == self.instance_name:
+            self.metrics.drop("echo")
+            return
+        if cmd.instance not in state.stream.writers:
+            self._reject("not_a_writer", f"stream={cmd.stream} instance={cmd.instance}")
+            return
+        row: BaseModel | None = None
+        if isinstance(cmd, RData):
+            try:
+                row = state.stream.parse_row(cmd.row_json)
+            except ValidationError as e:
+                # Still queued (as None): in order, it makes the writer wait for a POSITION.
+                self._reject(
+                    "invalid_row", f"stream={cmd.stream} instance={cmd.instance} error={e.errors()[:1]}"
+                )
+        self.metrics.command_in(cmd.NAME, cmd.stream)
+        state.last_heard[cmd.instance] = now
+        if len(state.queue) >= self.queue_size:
+            self._overflow(state)
+            if isinstance(cmd, RData):
+                self.metrics.drop("backlog_overflow")
+                return
+        state.queue.append((self.generation, cmd, row))
+        state.wake.set()
+
+    def _overflow(self, state: _StreamState) -> None:
+        count = len(state.queue)
+        state.queue.clear()
+        state.connected.clear()
+        state.pending.clear()
+        self.metrics.drop("backlog_overflow", count)
+        self._ratelog.warning(
+            f"overflow:{state.stream.name}",
+            "replication backlog full: stream=%s dropped=%d; catching up from the database at next POSITION",
+            state.stream.name,
+            count,
+        )
+
+    def _route_other(self, cmd: Command) -> None:
+        self.metrics.command_in(cmd.NAME, "")
+        if isinstance(cmd, Replicate):
+            if self.on_replicate is not None:
+                self.on_replicate()
+            return
+        assert isinstance(cmd, UserSync | ClearUserSync)
+        for listener in self.user_sync_listeners:
+            result = listener(cmd)
+            if inspect.isawaitable(result):
+                task = asyncio.ensure_future(result)
+                self._background.add(task)
+                task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Future[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("user-sync listener failed", exc_info=task.exception())
+
+    # -- per-stream serial processing ----------------------------------------------------------
+
+    async def _consume(self, state: _StreamState) -> None:
+        while True:
+            if not state.queue:
+                state.wake.clear()
+                await state.wake.wait()
+                continue
+            generation, cmd, row = state.queue.popleft()
+            if generation != self.generation:
+                self.metrics.drop("stale_connection")
+                continue
+            try:
+                if isinstance(cmd, RData):
+                    await self._process_rdata(state, cmd, row)
+                else:
+                    await self._process_position(state, cmd, generation)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Not advanced: the writer's next POSITION finds us behind and retries from the database.
+                state.connected.discard(cmd.instance)
+                state.pending.pop(cmd.instance, None)
+                log.exception(
+                    "replication processing failed: stream=%s instance=%s", cmd.stream, cmd.instance
+                )
+
+    async def _process_rdata(self, state: _StreamState, cmd: RData, row: BaseModel | None) -> None:
+        writer = cmd.instance
+        if writer not in state.connected:
+            if row is not None:
+                self.metrics.drop("not_connected")
+            return
+        stream = state.stream
+        if row is None:
+            state.connected.discard(writer)
+            state.pending.pop(writer, None)
+            return
+        if cmd.token is None:
+            batch = state.pending.setdefault(writer, [])
+            if len(batch) >= MAX_BATCH_ROWS:
+                self._reject("batch_too_long", f"stream={stream.name} instance={writer}")
+                state.connected.discard(writer)
+                state.pending.pop(writer, None)
+                return
+            batch.append(row)
+            return
+        batch = state.pending.pop(writer, [])
+        rows = [*batch, row] if batch else [row]
+        if cmd.token > state.announced.get(writer, 0):
+            state.announced[writer] = cmd.token
+        if cmd.token <= stream.current_token(writer):
+            self.metrics.drop("duplicate")
+            return
+        await self._apply(stream, writer, cmd.token, rows)
+
+    async def _process_position(self, state: _StreamState, cmd: Position, generation: int) -> None:
+        writer, stream = cmd.instance, state.stream
+        state.pending.pop(writer, None)
+        if cmd.new_token > state.announced.get(writer, 0):
+            state.announced[writer] = cmd.new_token
+        cur = stream.current_token(writer)
+        if cur < cmd.prev_token:
+            await self._catch_up(stream, writer, cur, cmd.new_token)
+        if cmd.new_token > stream.current_token(writer):
+            await self._apply(stream, writer, cmd.new_token, [])
+        else:
+            self._set_gauges(stream, writer)
+        if generation == self.generation:
+            state.connected.add(writer)
+
+    async def _catch_up(self, stream: Stream[Any], writer: str, cur: int, upto: int) -> None:
+        """Apply `writer`'s rows in (cur, upto] from the database, in pages of bounded size."""
+        limit = self.catch_up_batch_size
+        log.info("catching up: stream=%s instance=%s from=%d to=%d", stream.name, writer, cur, upto)
+        while cur < upto:
+            rows = await stream.fetch_updates(writer, cur, upto, limit)
+            self.metrics.catch_up_fetches.labels(stream.name).inc()
+            if not rows:
+                return
+            limited = len(rows) >= limit
+            if limited:
+                last = rows[-1][0]
+                complete = [r for r in rows if r[0] < last]
+                if not complete:
+                    limit *= 2  # one token holds a whole page: fetch it in one piece
+                    continue
+                rows = complete
+                limit = self.catch_up_batch_size
+            self.metrics.catch_up_rows.labels(stream.name).inc(len(rows))
+            for token, group in groupby(rows, key=lambda r: r[0]):
+                await self._apply(stream, writer, token, [row for _t, row in group])
+            cur = rows[-1][0]
+            if not limited:
+                return
+
+    async def _apply(self, stream: Stream[Any], writer: str, token: int, rows: list[Any]) -> None:
+        if rows:
+            await self._apply_cb(stream, writer, token, rows)
+        stream.advance(writer, token)
+        self._set_gauges(stream, writer)
+        for listener in self.position_listeners:
+            try:
+                result = listener(stream.name, writer, token)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("position listener failed: stream=%s instance=%s", stream.name, writer)
+
+    def _set_gauges(self, stream: Stream[Any], writer: str) -> None:
+        gauges = self._gauges.get((stream.name, writer))
+        if gauges is None:
+            gauges = self._gauges[(stream.name, writer)] = (
+                self.metrics.position.labels(stream.name, writer),
+                self.metrics.lag.labels(stream.name, writer),
+            )
+        cur = stream.current_token(writer)
+        announced = self._states[stream.name].announced.get(writer, cur)
+        gauges[0].set(cur)
+        gauges[1].set(max(0, announced - cur))
+
+    # -- health --------------------------------------------------------------------------------
+
+    def silent_writers(self, now: float, silent_after_s: float) -> list[tuple[str, str, float]]:
+        """(stream, writer, seconds since heard) of configured writers not heard for `silent_after_s`."""
+        result = []
+        for state in self._states.values():
+            for writer in sorted(state.stream.writers):
+                if writer == self.instance_name:
+                    continue
+                quiet = now - state.last_heard.get(writer, self._started_at)
+                silent = quiet > silent_after_s
+                self.metrics.silent.labels(state.stream.name, writer).set(1 if silent else 0)
+                if silent:
+                    result.append((state.stream.name, writer, quiet))
+        return result
+
+    def stream_status(self, now: float) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per stream and writer: applied position, announced position, connected, seconds since heard."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for name, state in self._states.items():
+            out[name] = {
+                writer: {
+                    "position": state.stream.current_token(writer),
+                    "announced": state.announced.get(writer),
+                    "connected": writer in state.connected,
+                    "heard_s_ago": round(now - state.last_heard.get(writer, self._started_at), 3),
+                    "queued": len(state.queue),
+                }
+                for writer in sorted(state.stream.writers)
+                if writer != self.instance_name
+            }
+        return out
+
+    def is_connected(self, stream: str, writer: str) -> bool:
+        return writer in self._states[stream].connected

@@ -1,0 +1,196 @@
+"""The writer side: publish rows as RDATA in token order, and POSITION periodically.
+
+Contract for the application (per write):
+
+    async with generator.get_next() as token:
+        ... persist the rows ...
+        publisher.stage_rows(stream_name, token, rows)   # before the ID is finished
+    publisher.notify(stream_name)
+
+Rows are staged before the ID is marked finished, so by the time `current_token(self)` passes
+a token its rows are known here. A flush sends every staged token <= current_token(self), in
+order, with `batch` on all rows but the last of a token, then a POSITION when the current token
+is beyond the last row (IDs allocated by others, or unused). Every `announce_interval_s`, and after
+a REPLICATE or our own (re)subscribe, each stream gets `POSITION s self sent sent` even when idle,
+so readers notice lost RDATA within one interval and an idle writer never holds a token back.
+
+A failed publish is logged and counted, not retried: the rows are in the database and the next
+POSITION (whose prev is beyond them) makes readers fetch them. The same tick refreshes the hint
+keys (positions hash, heartbeat with TTL) for people and `fanout inspect`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+from redis.exceptions import RedisError
+
+from pubsub import keys
+from pubsub.errors import LateRowsError, StreamConfigError
+from pubsub.metrics import ReplicationMetrics
+from pubsub.ratelog import RateLimitedLog
+from pubsub.redis_transport import RedisTransport
+from pubsub.streams import Stream
+from pubsub.wire import Position, RData, format_command
+
+log = logging.getLogger(__name__)
+
+
+class _Source:
+    __slots__ = ("channel", "sent_upto", "staged", "stream")
+
+    def __init__(self, stream: Stream[Any], channel: str, sent_upto: int) -> None:
+        self.stream = stream
+        self.channel = channel
+        self.sent_upto = sent_upto
+        self.staged: dict[int, list[BaseModel]] = {}
+
+
+class StreamPublisher:
+    """Publishes the streams this instance writes; one per process."""
+
+    def __init__(
+        self,
+        instance_name: str,
+        streams: Sequence[Stream[Any]],
+        transport: RedisTransport,
+        *,
+        metrics: ReplicationMetrics,
+        prefix: str,
+        per_stream_channels: bool,
+        announce_interval_s: float,
+        heartbeat_ttl_s: float,
+    ) -> None:
+        self.instance_name = instance_name
+        self.transport = transport
+        self.metrics = metrics
+        self.prefix = prefix
+        self.announce_interval_s = announce_interval_s
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+        self._sources = {
+            s.name: _Source(s, keys.stream_channel(prefix, s.name, per_stream_channels), 0) for s in streams
+        }
+        self._poke = asyncio.Event()
+        self._announce_all = True
+        self._task: asyncio.Task[None] | None = None
+        self._ratelog = RateLimitedLog(log)
+
+    def start(self) -> None:
+        for source in self._sources.values():
+            source.sent_upto = source.stream.current_token(self.instance_name)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="repl-publisher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def stage_rows(self, stream: str, token: int, rows: Sequence[BaseModel]) -> None:
+        """Remember `rows` of wire `token` for publishing; call before the ID is finished."""
+        source = self._sources.get(stream)
+        if source is None:
+            raise StreamConfigError(f"{self.instance_name} does not write stream {stream!r}")
+        if token <= source.sent_upto:
+            self.metrics.drop("late_rows")
+            raise LateRowsError(
+                f"stream {stream}: token {token} already announced (sent up to {source.sent_upto}); "
+                "stage rows inside the ID's context, before it is finished"
+            )
+        source.staged.setdefault(token, []).extend(rows)
+
+    def notify(self, stream: str | None = None) -> None:
+        """New IDs finished: flush soon (coalesced)."""
+        self._poke.set()
+
+    def request_announce_all(self) -> None:
+        """Someone sent REPLICATE, or we (re)subscribed: announce every stream's position."""
+        self._announce_all = True
+        self._poke.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while True:
+            timeout = max(0.0, next_tick - loop.time())
+            try:
+                await asyncio.wait_for(self._poke.wait(), timeout)
+            except TimeoutError:
+                pass
+            self._poke.clear()
+            tick = loop.time() >= next_tick
+            announce = self._announce_all or tick
+            self._announce_all = False
+            if tick:
+                next_tick = loop.time() + self.announce_interval_s
+            await self.flush(announce=announce)
+            if tick:
+                await self._write_hints()
+
+    def _build_lines(self, source: _Source, announce: bool) -> list[tuple[str, str]]:
+        stream, me = source.stream, self.instance_name
+        current = stream.current_token(me)
+        lines: list[tuple[str, str]] = []
+        prev = source.sent_upto
+        if current > prev and source.staged:
+            ready = sorted(t for t in source.staged if t <= current)
+            for token in ready:
+                rows = source.staged.pop(token)
+                for row in rows[:-1]:
+                    lines.append(
+                        (source.channel, format_command(RData(stream.name, me, None, row.model_dump_json())))
+                    )
+                lines.append(
+                    (
+                        source.channel,
+                        format_command(RData(stream.name, me, token, rows[-1].model_dump_json())),
+                    )
+                )
+            if ready:
+                prev = ready[-1]
+            self.metrics.command_out("RDATA", stream.name, len(lines))
+        if current > prev or announce:
+            new = max(current, prev)
+            lines.append((source.channel, format_command(Position(stream.name, me, prev, new))))
+            self.metrics.command_out("POSITION", stream.name)
+        source.sent_upto = max(current, source.sent_upto)
+        return lines
+
+    async def flush(self, *, announce: bool = False) -> None:
+        """Publish what is ready on every stream (and a POSITION each when `announce`)."""
+        lines: list[tuple[str, str]] = []
+        for source in self._sources.values():
+            lines.extend(self._build_lines(source, announce))
+        if not lines:
+            return
+        try:
+            await self.transport.publish_many(lines)
+        except (RedisError, OSError) as e:
+            self.metrics.publish_errors.inc()
+            self._ratelog.warning(
+                "publish", "publish failed (%s): %d lines lost; readers will catch up", e, len(lines)
+            )
+
+    async def _write_hints(self) -> None:
+        """Positions hash and heartbeat key: for people and tools, never the source of truth."""
+        client = self.transport.publisher
+        try:
+            pipe = client.pipeline(transaction=False)
+            for name, source in self._sources.items():
+                pipe.hset(keys.positions_key(self.prefix, name), self.instance_name, str(source.sent_upto))
+            beat = {"ts": round(time.time(), 3), "streams": sorted(self._sources)}
+            pipe.set(keys.heartbeat_key(self.prefix, self.instance_name), json.dumps(beat),
+                     px=max(1, int(self.heartbeat_ttl_s * 1000)))  # fmt: skip
+            await pipe.execute()
+        except (RedisError, OSError) as e:
+            self._ratelog.warning("hints", "could not refresh position hints (%s)", e)
+
+    def positions(self) -> dict[str, int]:
+        """What has been announced per stream (the writer's view)."""
+        return {name: source.sent_upto for name, source in self._sources.items()}

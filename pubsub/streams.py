@@ -1,0 +1,130 @@
+"""`Stream`: one replicated stream, the same object on writers and readers.
+
+A stream has a name, a pydantic row model, an update function that reads its rows back from the
+database, the ID generator behind it and the list of instances allowed to write it.
+
+Tokens: everything in `pubsub` uses *wire tokens*, positive and increasing. For a negative
+stream (`positive=False`, e.g. backfill) the wire token is the negation of the database ID;
+`current_token` and `advance` convert at the generator boundary, and the update function
+receives and returns wire tokens too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+from pubsub.errors import StreamConfigError
+from pubsub.types import IdGenerator, UpdateFunction
+from pubsub.wire import NAME_PATTERN
+
+RowT = TypeVar("RowT", bound=BaseModel)
+
+
+class Stream(Generic[RowT]):
+    """A replicated stream.
+
+    Contract: `update_function(instance, from_token, to_token, limit)` returns at most `limit`
+    `(token, row)` pairs of `instance` with `from_token < token <= to_token`, sorted by token.
+    Rows may share a token. A writer's `current_token(self)` only covers finished IDs, so it
+    always points to rows the update function can serve.
+    """
+
+    __slots__ = ("generator", "name", "positive", "row_model", "update_function", "writers")
+
+    def __init__(
+        self,
+        name: str,
+        row_model: type[RowT],
+        update_function: UpdateFunction,
+        generator: IdGenerator,
+        writers: Iterable[str],
+        *,
+        positive: bool = True,
+    ) -> None:
+        if NAME_PATTERN.fullmatch(name) is None:
+            raise StreamConfigError(f"stream name {name!r}: use letters, digits, '_', '.', '-'")
+        self.name = name
+        self.row_model = row_model
+        self.update_function = update_function
+        self.generator = generator
+        self.writers = frozenset(writers)
+        self.positive = positive
+
+    def current_token(self, instance: str) -> int:
+        """What this process knows of `instance`'s position, as a wire token."""
+        value = self.generator.get_current_token_for_writer(instance)
+        return value if self.positive else -value
+
+    def advance(self, instance: str, token: int) -> None:
+        """Tell the generator `instance` reached wire `token` (monotone: never moves back)."""
+        self.generator.advance(instance, token if self.positive else -token)
+
+    def positions(self) -> dict[str, int]:
+        """Every writer's known position as wire tokens (the stream's vector clock here)."""
+        factor = 1 if self.positive else -1
+        return {name: factor * value for name, value in self.generator.get_positions().items()}
+
+    def parse_row(self, row_json: str) -> RowT:
+        """Validate one row from the wire; raises pydantic.ValidationError."""
+        return self.row_model.model_validate_json(row_json)
+
+    @staticmethod
+    def encode_row(row: BaseModel) -> str:
+        return row.model_dump_json()
+
+    async def fetch_updates(
+        self, instance: str, from_token: int, to_token: int, limit: int
+    ) -> list[tuple[int, Any]]:
+        """Call the update function and check its contract (range and order)."""
+        rows = list(await self.update_function(instance, from_token, to_token, limit))
+        last = from_token
+        for token, _row in rows:
+            if token < last or token <= from_token or token > to_token:
+                raise StreamConfigError(
+                    f"update function of {self.name} returned token {token} outside ({from_token}, "
+                    f"{to_token}] or out of order"
+                )
+            last = token
+        if len(rows) > limit:
+            raise StreamConfigError(
+                f"update function of {self.name} returned {len(rows)} > limit {limit} rows"
+            )
+        return rows
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name!r}, writers={sorted(self.writers)}, positive={self.positive})"
+
+
+class StreamRegistry:
+    """The streams a process knows, by name. Names are unique."""
+
+    def __init__(self, streams: Sequence[Stream[Any]] = ()) -> None:
+        self._streams: dict[str, Stream[Any]] = {}
+        for stream in streams:
+            self.add(stream)
+
+    def add(self, stream: Stream[Any]) -> None:
+        if stream.name in self._streams:
+            raise StreamConfigError(f"stream {stream.name!r} registered twice")
+        self._streams[stream.name] = stream
+
+    def get(self, name: str) -> Stream[Any] | None:
+        return self._streams.get(name)
+
+    def __getitem__(self, name: str) -> Stream[Any]:
+        try:
+            return self._streams[name]
+        except KeyError:
+            raise StreamConfigError(f"unknown stream {name!r}; register it first") from None
+
+    def __iter__(self) -> Iterator[Stream[Any]]:
+        return iter(self._streams.values())
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def written_by(self, instance: str) -> list[Stream[Any]]:
+        return [s for s in self._streams.values() if instance in s.writers]

@@ -1,0 +1,34 @@
+"""Aliases and Protocols shared by the `pubsub` modules (no behaviour here)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from pubsub.streams import Stream
+
+
+class IdGenerator(Protocol):
+    """What `pubsub` needs from an ID generator (`idgen.MultiWriterIdGenerator` satisfies it).
+
+    Values are signed database IDs: negative for a negative (backfill) stream.
+    """
+
+    def get_current_token_for_writer(self, instance_name: str) -> int: ...
+
+    def advance(self, instance_name: str, new_id: int) -> None: ...
+
+    def get_positions(self) -> dict[str, int]: ...
+
+
+#: (stream, instance, token, rows) -> None; runs before the generator is advanced to `token`.
+ApplyCallback = Callable[["Stream[Any]", str, int, Sequence[BaseModel]], Awaitable[None]]
+#: (stream name, instance, token): runs after the generator was advanced.
+PositionListener = Callable[[str, str, int], Awaitable[None] | None]
+#: (instance, from_token exclusive, to_token inclusive, limit) -> [(token, row)] sorted by token.
+UpdateFunction = Callable[[str, int, int, int], Awaitable[Sequence[tuple[int, Any]]]]
+#: (message number since start, counting from 0) -> True to drop that publish (fault-injection hook).
+DropFilter = Callable[[int], bool]

@@ -1,0 +1,206 @@
+"""The wire protocol: one command per pub/sub message, a text line `NAME args`.
+
+Grammar (the one operators know from Synapse's replication commands):
+
+    REPLICATE
+    POSITION <stream> <instance> <prev_token> <new_token>
+    RDATA <stream> <instance> <token|batch> <row_json>
+    USER_SYNC <instance_id> <user_id> <device_id|None> <start|end> <last_sync_ms>
+    CLEAR_USER_SYNC <instance_id>
+
+Tokens are canonical non-negative decimal integers (no sign, no leading zeros, at most 19 digits);
+for a negative stream the wire token is the negation of the database ID. Stream, instance and
+instance-id names use letters, digits, `_`, `.`, `-`. A row is JSON text: `parse_line` keeps it
+as text, the stream's row model validates it later (that is cheaper than validating whole lines).
+
+`parse_line` and `format_command` are pure and inverse: `parse_line(format_command(c)) == c`
+for every valid command. Any invalid input raises `WireError` whose `reason` is a metric label.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pubsub.errors import WireError
+
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+MAX_TOKEN_DIGITS = 19
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+_USER = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """A subscriber (re)joined; every writer answers with a POSITION per stream it writes."""
+
+    NAME = "REPLICATE"
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """`instance` moved `stream` from `prev_token` to `new_token`; rows between were sent as RDATA."""
+
+    stream: str
+    instance: str
+    prev_token: int
+    new_token: int
+
+    NAME = "POSITION"
+
+
+@dataclass(frozen=True, slots=True)
+class RData:
+    """One row; `token` None means "batch": more rows with the same token follow."""
+
+    stream: str
+    instance: str
+    token: int | None
+    row_json: str
+
+    NAME = "RDATA"
+
+
+@dataclass(frozen=True, slots=True)
+class UserSync:
+    """A process (`instance_id`, random per start) saw a user start or stop syncing."""
+
+    instance_id: str
+    user_id: str
+    device_id: str | None
+    state: Literal["start", "end"]
+    last_sync_ms: int
+
+    NAME = "USER_SYNC"
+
+
+@dataclass(frozen=True, slots=True)
+class ClearUserSync:
+    """A process is shutting down: forget every sync it reported."""
+
+    instance_id: str
+
+    NAME = "CLEAR_USER_SYNC"
+
+
+Command = Replicate | Position | RData | UserSync | ClearUserSync
+REPLICATE = Replicate()
+
+
+def _name(value: str, what: str) -> str:
+    if NAME_PATTERN.fullmatch(value) is None:
+        raise WireError("bad_name", f"{what} {value[:40]!r} is not a valid name")
+    return value
+
+
+def _token(value: str) -> int:
+    if (
+        not value
+        or len(value) > MAX_TOKEN_DIGITS
+        or not value.isascii()
+        or not value.isdigit()
+        or (value[0] == "0" and len(value) > 1)
+    ):
+        raise WireError("bad_token", f"{value[:40]!r} is not a canonical non-negative integer")
+    return int(value)
+
+
+def _parse_rdata(rest: str) -> RData:
+    parts = rest.split(" ", 3)
+    if len(parts) != 4:
+        raise WireError("bad_arity", "RDATA needs <stream> <instance> <token|batch> <row_json>")
+    stream, instance, token_text, row_json = parts
+    token = None if token_text == "batch" else _token(token_text)
+    if not row_json or row_json[0] not in "[{":
+        raise WireError("bad_row", "RDATA row must be a JSON object or array")
+    return RData(_name(stream, "stream"), _name(instance, "instance"), token, row_json)
+
+
+def _parse_position(rest: str) -> Position:
+    parts = rest.split(" ")
+    if len(parts) != 4:
+        raise WireError("bad_arity", "POSITION needs <stream> <instance> <prev_token> <new_token>")
+    prev, new = _token(parts[2]), _token(parts[3])
+    if prev > new:
+        raise WireError("position_backwards", f"prev_token {prev} > new_token {new}")
+    return Position(_name(parts[0], "stream"), _name(parts[1], "instance"), prev, new)
+
+
+def _parse_user_sync(rest: str) -> UserSync:
+    parts = rest.split(" ")
+    if len(parts) != 5:
+        raise WireError(
+            "bad_arity", "USER_SYNC needs <instance_id> <user_id> <device_id|None> <start|end> <ms>"
+        )
+    iid, user, device, state, ms = parts
+    if _USER.fullmatch(user) is None or _USER.fullmatch(device) is None:
+        raise WireError("bad_name", "USER_SYNC user_id/device_id must be printable ASCII without spaces")
+    if state == "start":
+        return UserSync(
+            _name(iid, "instance_id"), user, None if device == "None" else device, "start", _token(ms)
+        )
+    if state == "end":
+        return UserSync(
+            _name(iid, "instance_id"), user, None if device == "None" else device, "end", _token(ms)
+        )
+    raise WireError("bad_state", f"USER_SYNC state {state[:20]!r} is not start or end")
+
+
+def parse_line(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Command:
+    """Decode one pub/sub message into a command, or raise `WireError` (never anything else)."""
+    if isinstance(data, bytes):
+        if len(data) > max_bytes:
+            raise WireError("too_long", f"{len(data)} bytes > limit {max_bytes}")
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise WireError("not_utf8", "line is not valid UTF-8") from None
+    else:
+        line = data
+        if len(line) > max_bytes and len(line.encode("utf-8", "surrogatepass")) > max_bytes:
+            raise WireError("too_long", f"line longer than limit {max_bytes}")
+    if "\n" in line or "\r" in line:
+        raise WireError("newline", "a command is exactly one line")
+    name, sep, rest = line.partition(" ")
+    if name == "RDATA":
+        return _parse_rdata(rest)
+    if name == "POSITION":
+        return _parse_position(rest)
+    if name == "REPLICATE":
+        if rest:
+            raise WireError("bad_arity", "REPLICATE takes no arguments")
+        return REPLICATE
+    if name == "USER_SYNC":
+        return _parse_user_sync(rest)
+    if name == "CLEAR_USER_SYNC":
+        if not sep:
+            raise WireError("bad_arity", "CLEAR_USER_SYNC needs <instance_id>")
+        return ClearUserSync(_name(rest, "instance_id"))
+    if not name:
+        raise WireError("empty", "empty line or leading space")
+    raise WireError("unknown_command", f"unknown command {name[:40]!r}")
+
+
+def format_command(cmd: Command) -> str:
+    """Encode a command as its line. Raises `WireError` if the row JSON spans several lines."""
+    if isinstance(cmd, RData):
+        if "\n" in cmd.row_json or "\r" in cmd.row_json:
+            raise WireError("newline", "row JSON must be one line")
+        token = "batch" if cmd.token is None else str(cmd.token)
+        return f"RDATA {cmd.stream} {cmd.instance} {token} {cmd.row_json}"
+    if isinstance(cmd, Position):
+        return f"POSITION {cmd.stream} {cmd.instance} {cmd.prev_token} {cmd.new_token}"
+    if isinstance(cmd, Replicate):
+        return "REPLICATE"
+    if isinstance(cmd, UserSync):
+        device = "None" if cmd.device_id is None else cmd.device_id
+        return f"USER_SYNC {cmd.instance_id} {cmd.user_id} {device} {cmd.state} {cmd.last_sync_ms}"
+    return f"CLEAR_USER_SYNC {cmd.instance_id}"
+
+
+def command_stream(cmd: Command) -> str:
+    """The stream a command belongs to, or "" for cluster-wide commands (metric label)."""
+    if isinstance(cmd, RData | Position):
+        return cmd.stream
+    return ""

@@ -1,0 +1,52 @@
+"""Test doubles for handler unit tests that need no database: an in-memory generator and stream."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+from pubsub.streams import Stream
+
+
+class Row(BaseModel):
+    payload: str
+    n: int = 0
+
+
+class MemoryGenerator:
+    """Per-writer positions only (what a pure reader's generator does with `advance`)."""
+
+    def __init__(self, writers: Sequence[str], start: int = 0) -> None:
+        self.positions = dict.fromkeys(writers, start)
+
+    def get_current_token_for_writer(self, instance_name: str) -> int:
+        return self.positions.get(instance_name, 0)
+
+    def advance(self, instance_name: str, new_id: int) -> None:
+        self.positions[instance_name] = max(self.positions.get(instance_name, 0), new_id)
+
+    def get_positions(self) -> dict[str, int]:
+        return dict(self.positions)
+
+
+class MemoryTable:
+    """Rows per writer, served through an update function that counts its calls."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[tuple[int, Row]]] = {}
+        self.calls: list[tuple[str, int, int, int]] = []
+
+    def add(self, instance: str, token: int, row: Row) -> None:
+        self.rows.setdefault(instance, []).append((token, row))
+
+    async def update(
+        self, instance: str, from_token: int, to_token: int, limit: int
+    ) -> list[tuple[int, Row]]:
+        self.calls.append((instance, from_token, to_token, limit))
+        rows = [r for r in self.rows.get(instance, []) if from_token < r[0] <= to_token]
+        return sorted(rows, key=lambda r: r[0])[:limit]
+
+
+def memory_stream(name: str, writers: Sequence[str], table: MemoryTable) -> Stream[Row]:
+    return Stream(name, Row, table.update, MemoryGenerator(writers), writers)

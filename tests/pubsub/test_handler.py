@@ -1,0 +1,242 @@
+"""Reader-side rules, driven line by line without Redis (the integration tests add Redis and Postgres)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from pubsub.handler import ReplicationHandler
+from pubsub.metrics import ReplicationMetrics
+from pubsub.streams import Stream, StreamRegistry
+from tests.pubsub.fakes import MemoryTable, Row, memory_stream
+
+Applied = list[tuple[str, int, list[str]]]
+
+
+class Harness:
+    def __init__(self, handler: ReplicationHandler, table: MemoryTable, applied: Applied, events: list[str]):
+        self.handler = handler
+        self.table = table
+        self.applied = applied
+        self.events = events
+
+    def send(self, *lines: str) -> None:
+        for line in lines:
+            self.handler.handle_line(line.encode(), 0.0)
+
+    async def settle(self) -> None:
+        for _ in range(50):
+            await asyncio.sleep(0)
+
+    def rejected(self, reason: str) -> float:
+        return self.handler.metrics.value("fanout_repl_rejected_total", {"reason": reason})
+
+    def dropped(self, reason: str) -> float:
+        return self.handler.metrics.value("fanout_repl_dropped_total", {"reason": reason})
+
+    def position(self, writer: str) -> int:
+        return self.handler.streams["s"].current_token(writer)
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Callable[..., Harness]]:
+    handlers: list[ReplicationHandler] = []
+
+    def build(queue_size: int = 100, batch: int = 3, fail_on: Callable[[int], bool] | None = None) -> Harness:
+        table = MemoryTable()
+        applied: Applied = []
+        events: list[str] = []
+        stream = memory_stream("s", ["w1", "w2"], table)
+
+        async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[BaseModel]) -> None:
+            if fail_on is not None and fail_on(token):
+                raise RuntimeError("application failed")
+            events.append(f"apply {token} pos={stream.current_token(instance)}")
+            applied.append((instance, token, [r.payload for r in rows if isinstance(r, Row)]))
+
+        handler = ReplicationHandler(
+            "me",
+            StreamRegistry([stream]),
+            apply,
+            metrics=ReplicationMetrics(),
+            other_streams=["elsewhere"],
+            catch_up_batch_size=batch,
+            queue_size=queue_size,
+        )
+        handler.position_listeners.append(
+            lambda s, w, t: events.append(f"listener {t} pos={handler.streams[s].current_token(w)}")
+        )
+        handler.start()
+        handlers.append(handler)
+        return Harness(handler, table, applied, events)
+
+    yield build
+    for handler in handlers:
+        await handler.stop()
+
+
+async def test_rdata_is_dropped_until_the_first_position(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.table.add("w1", 1, Row(payload="a"))
+    h.send('RDATA s w1 1 {"payload": "a"}')
+    await h.settle()
+    assert h.applied == []
+    assert h.dropped("not_connected") == 1
+    h.send("POSITION s w1 1 1")
+    await h.settle()
+    assert h.applied == [("w1", 1, ["a"])]  # the catch-up brought it
+    h.send('RDATA s w1 2 {"payload": "b"}')
+    await h.settle()
+    assert h.applied[-1] == ("w1", 2, ["b"])
+
+
+async def test_batches_apply_together_and_duplicates_are_ignored(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.send("POSITION s w1 0 0")
+    h.send(
+        'RDATA s w1 batch {"payload": "a"}',
+        'RDATA s w1 batch {"payload": "b"}',
+        'RDATA s w1 4 {"payload": "c"}',
+    )
+    h.send('RDATA s w1 4 {"payload": "c"}', 'RDATA s w1 3 {"payload": "old"}')
+    await h.settle()
+    assert h.applied == [("w1", 4, ["a", "b", "c"])]
+    assert h.dropped("duplicate") == 2
+
+
+async def test_gap_found_by_position_is_fetched_in_pages_in_order(make: Callable[..., Harness]) -> None:
+    h = make(batch=3)
+    h.send("POSITION s w1 0 0")
+    for token in range(1, 9):
+        h.table.add("w1", token, Row(payload=f"r{token}"))
+    h.table.add("w1", 8, Row(payload="r8b"))  # two rows share token 8
+    h.send('RDATA s w1 1 {"payload": "r1"}')  # 2..8 were "lost"
+    h.send("POSITION s w1 8 10")
+    await h.settle()
+    assert [t for _, t, _ in h.applied] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert h.applied[-1] == ("w1", 8, ["r8", "r8b"])
+    assert h.position("w1") == 10
+    assert len(h.table.calls) >= 3  # paginated
+    assert all(limit <= 6 for *_, limit in h.table.calls)
+
+
+async def test_page_holding_a_single_token_is_refetched_whole(make: Callable[..., Harness]) -> None:
+    h = make(batch=2)
+    h.send("POSITION s w1 0 0")
+    for i in range(5):
+        h.table.add("w1", 3, Row(payload=f"x{i}"))
+    h.send("POSITION s w1 3 3")
+    await h.settle()
+    assert h.applied == [("w1", 3, [f"x{i}" for i in range(5)])]
+
+
+async def test_apply_runs_before_advance_and_listeners_after(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.send("POSITION s w1 0 0", 'RDATA s w1 5 {"payload": "a"}')
+    await h.settle()
+    assert h.events == ["apply 5 pos=0", "listener 5 pos=5"]
+
+
+async def test_forged_and_invalid_input_never_moves_a_position(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.send("POSITION s w1 0 0")
+    await h.settle()
+    h.send(
+        'RDATA s intruder 9 {"payload": "x"}',
+        "POSITION s intruder 0 9",
+        'RDATA nosuch w1 9 {"payload": "x"}',
+        'RDATA s w1 9 {"payload": 5}',
+        'RDATA s w1 9 {"nope": "x"}',
+        "POSITION s me 0 9",
+        'RDATA elsewhere w1 9 {"payload": "x"}',
+    )
+    await h.settle()
+    assert h.applied == []
+    assert h.position("w1") == 0
+    assert h.rejected("not_a_writer") == 2
+    assert h.rejected("unknown_stream") == 1
+    assert h.rejected("invalid_row") == 2
+    assert h.dropped("echo") == 1
+    assert h.dropped("not_subscribed") == 1
+
+
+async def test_invalid_row_in_a_batch_waits_for_position_and_catches_up(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.send("POSITION s w1 0 0")
+    h.table.add("w1", 2, Row(payload="a"))
+    h.table.add("w1", 2, Row(payload="b"))
+    h.send(
+        'RDATA s w1 batch {"payload": "a"}',
+        'RDATA s w1 batch {"payload": 1}',
+        'RDATA s w1 2 {"payload": "b"}',
+    )
+    await h.settle()
+    assert h.applied == []
+    h.send("POSITION s w1 2 2")
+    await h.settle()
+    assert h.applied == [("w1", 2, ["a", "b"])]
+
+
+async def test_connection_loss_drops_queued_and_waits_for_position(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.send("POSITION s w1 0 0")
+    await h.settle()
+    h.send('RDATA s w1 1 {"payload": "a"}')
+    h.handler.connection_lost()
+    h.send('RDATA s w1 2 {"payload": "b"}')
+    await h.settle()
+    assert h.applied == []
+    assert h.dropped("stale_connection") == 1
+    assert not h.handler.is_connected("s", "w1")
+
+
+async def test_overflow_drops_backlog_then_catches_up(make: Callable[..., Harness]) -> None:
+    h = make(queue_size=5)
+    h.send("POSITION s w1 0 0")
+    await h.settle()
+    for token in range(1, 21):
+        h.table.add("w1", token, Row(payload=f"r{token}"))
+        h.send(f'RDATA s w1 {token} {{"payload": "r{token}"}}')
+    assert len(h.handler._states["s"].queue) <= 5
+    await h.settle()
+    h.send("POSITION s w1 20 20")
+    await h.settle()
+    assert [t for _, t, _ in h.applied] == list(range(1, 21))
+    assert h.dropped("backlog_overflow") > 0
+
+
+async def test_failed_apply_is_retried_by_the_next_position(make: Callable[..., Harness]) -> None:
+    failures = {"left": 1}
+
+    def fail_once(token: int) -> bool:
+        if token == 2 and failures["left"]:
+            failures["left"] -= 1
+            return True
+        return False
+
+    h = make(fail_on=fail_once)
+    h.send("POSITION s w1 0 0")
+    for token in (1, 2, 3):
+        h.table.add("w1", token, Row(payload=f"r{token}"))
+    h.send(
+        'RDATA s w1 1 {"payload": "r1"}', 'RDATA s w1 2 {"payload": "r2"}', 'RDATA s w1 3 {"payload": "r3"}'
+    )
+    await h.settle()
+    assert [t for _, t, _ in h.applied] == [1]
+    h.send("POSITION s w1 3 3")
+    await h.settle()
+    assert [t for _, t, _ in h.applied] == [1, 2, 3]
+
+
+async def test_writer_restart_position_below_ours_fetches_nothing(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.send("POSITION s w1 0 7")
+    await h.settle()
+    h.send("POSITION s w1 3 3")
+    await h.settle()
+    assert h.position("w1") == 7
+    assert h.handler.is_connected("s", "w1")
