@@ -1,0 +1,528 @@
+"""`MultiWriterIdGenerator`: stream IDs from a shared Postgres sequence, positions in `stream_positions`.
+
+The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rule). On the database:
+
+* `get_next()` / `get_next_mult(n)`: one round trip to allocate (`nextval`, n times in one query), then on
+  exit one autocommit upsert of this writer's own position into `stream_positions` (forward only), done
+  before the block returns. Concurrent completions share an upsert when one is already in flight.
+  Nothing else. The statements run on a few connections the generator keeps from the pool while it is
+  busy (returned after `IDLE_RELEASE_S` of idleness, or by `close()`), because every pool
+  acquire/release costs a reset round trip.
+* Start-up (`create`): MIN/MAX of each stream table (index-backed aggregates: one row read per table,
+  never a scan), the sequence state, the `stream_positions` rows of the stream, and for a writer one
+  upsert of its own position (plus deleting rows of instances no longer configured as writers).
+
+Start-up load, and where we differ from Synapse:
+
+* Positions come from `stream_positions` only; we never read stream rows above a stale minimum (Synapse's
+  5-minute start-up). That is sound because our writers upsert before `get_next` returns, and every
+  writer upserts its position at start-up before it allocates anything. So a writer without a visible
+  row allocates only after our read, above every value we read: it may safely be assumed at
+  persisted-upto. A row that is stale (a crash between commit and upsert) only holds positions back
+  until that writer restarts; it never lets a position pass an ID still being written.
+* persisted-upto at start = min(the sequence's max allocated, read *before* the rows; every configured
+  writer's row). This writer's own position = the sequence's max allocated (it has allocated nothing yet).
+* The first ID of a plain `CREATE SEQUENCE` is 1, and an empty stream's persisted-upto is 0: we read the
+  sequence's `is_called`, so there is no Synapse "streams start at 2" rule and no `nextval` recipe needed.
+* Consistency: a sequence behind a stream table is moved forward (setval, warning naming both); a
+  `stream_positions` row ahead of the sequence (read *after* the rows, after any repair) refuses start-up.
+* Without `track_positions_table` (the caches stream) persisted-upto starts at the tables' maximum.
+
+Assumptions: instance names are unique among running processes, and a restarted instance's previous
+process is dead. Remove a writer from `writers` only after stopping it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import asyncpg
+
+from idgen.errors import IdGenError, InconsistentSequenceError, NotAWriterError
+from idgen.positions import StreamPositions
+
+log = logging.getLogger(__name__)
+
+IDLE_RELEASE_S = 0.25
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    Connection: TypeAlias = PoolConnectionProxy[asyncpg.Record]
+
+
+def _ident(name: str) -> str:
+    if not _IDENT.match(name):
+        raise ValueError(f"{name!r} is not a plain lower-case SQL identifier")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTable:
+    """A table holding rows of a stream: its name, the writer's instance column and the ID column."""
+
+    table: str
+    instance_column: str
+    id_column: str
+
+
+class _Lane:
+    """Up to `size` pool connections kept while in use, given back after `idle_s` without use."""
+
+    __slots__ = (
+        "_background",
+        "_closed",
+        "_held",
+        "_idle",
+        "_idle_s",
+        "_pool",
+        "_size",
+        "_timer",
+        "_waiters",
+    )
+
+    def __init__(self, pool: asyncpg.Pool[asyncpg.Record], size: int, idle_s: float) -> None:
+        self._pool = pool
+        self._size = size
+        self._idle_s = idle_s
+        self._idle: list[tuple[Connection, float]] = []
+        self._held = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def acquire(self) -> Connection:
+        while True:
+            if self._closed:
+                raise IdGenError("the ID generator is closed")
+            if self._idle:
+                return self._idle.pop()[0]
+            if self._held < self._size:
+                self._held += 1
+                try:
+                    return await self._pool.acquire()
+                except BaseException:
+                    self._held -= 1
+                    raise
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def release(self, conn: Connection) -> None:
+        if self._closed or conn.is_closed():
+            self.discard(conn)
+            return
+        loop = asyncio.get_running_loop()
+        self._idle.append((conn, loop.time()))
+        self._wake()
+        if self._timer is None:
+            self._timer = loop.call_later(self._idle_s, self._expire)
+
+    def discard(self, conn: Connection) -> None:
+        """Give a connection that failed or was interrupted back to the pool (which resets or drops it)."""
+        self._held -= 1
+        task = asyncio.get_running_loop().create_task(self._pool.release(conn))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        self._wake()
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _expire(self) -> None:
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        cutoff = loop.time() - self._idle_s
+        keep = [(c, t) for c, t in self._idle if t > cutoff]
+        for conn, t in self._idle:
+            if t <= cutoff:
+                self.discard(conn)
+        self._idle = keep
+        if keep:
+            self._timer = loop.call_later(self._idle_s, self._expire)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            self.discard(conn)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+class _Allocation:
+    """The context manager returned by `get_next` / `get_next_mult`."""
+
+    __slots__ = ("_count", "_gen", "_ids", "_single")
+
+    def __init__(self, gen: MultiWriterIdGenerator, count: int, single: bool) -> None:
+        self._gen = gen
+        self._count = count
+        self._single = single
+        self._ids: Sequence[int] = ()
+
+    async def __aenter__(self) -> Any:
+        self._ids = ids = await self._gen._allocate(self._count)
+        sign = self._gen._sign
+        if self._single:
+            return sign * ids[0]
+        return [sign * i for i in ids]
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._gen._complete(self._ids, failed=exc_type is not None)
+
+
+class MultiWriterIdGenerator:
+    """Hands out stream IDs for one stream from a shared sequence and tracks every writer's position.
+
+    Create with `await MultiWriterIdGenerator.create(...)`; `await close()` when done (otherwise the
+    connections it keeps go back to the pool after `IDLE_RELEASE_S` of idleness). All positions and IDs
+    are signed: negative streams (`positive=False`) hand out -1, -2, ... and report negated positions.
+    """
+
+    __slots__ = (
+        "_book",
+        "_instance",
+        "_lane",
+        "_pool",
+        "_sequence",
+        "_sign",
+        "_sql_next",
+        "_sql_next_mult",
+        "_sql_upsert",
+        "_stored",
+        "_stream_name",
+        "_tables",
+        "_track",
+        "_upsert_in_flight",
+        "_writers",
+    )
+
+    _book: StreamPositions
+    _instance: str
+    _lane: _Lane
+    _pool: asyncpg.Pool[asyncpg.Record]
+    _sequence: str
+    _sign: int
+    _sql_next: str
+    _sql_next_mult: str
+    _sql_upsert: str
+    _stored: int
+    _stream_name: str
+    _tables: tuple[StreamTable, ...]
+    _track: bool
+    _upsert_in_flight: asyncio.Future[None] | None
+    _writers: tuple[str, ...]
+
+    def __init__(self) -> None:
+        raise TypeError("use `await MultiWriterIdGenerator.create(...)`")
+
+    @classmethod
+    async def create(
+        cls,
+        pool: asyncpg.Pool[asyncpg.Record],
+        *,
+        stream_name: str,
+        instance_name: str,
+        tables: Sequence[tuple[str, str, str]],
+        sequence_name: str,
+        writers: Sequence[str],
+        positive: bool = True,
+        track_positions_table: bool = True,
+        max_connections: int = 2,
+    ) -> MultiWriterIdGenerator:
+        """Check the sequence against the tables and `stream_positions`, load positions, and return.
+
+        `writers` empty means anyone may write (only allowed with `track_positions_table=False`).
+        Raises InconsistentSequenceError when `stream_positions` is ahead of the sequence.
+        """
+        if not tables:
+            raise ValueError("a stream needs at least one table")
+        if not writers and track_positions_table:
+            raise ValueError(
+                f"stream {stream_name!r}: an open stream (writers=[]) cannot track positions; "
+                "pass track_positions_table=False or list its writers"
+            )
+        self = object.__new__(cls)
+        self._pool = pool
+        self._stream_name = stream_name
+        self._instance = instance_name
+        self._sequence = _ident(sequence_name)
+        self._tables = tuple(StreamTable(*(_ident(part) for part in t)) for t in tables)
+        self._writers = tuple(writers)
+        self._sign = 1 if positive else -1
+        self._track = track_positions_table
+        self._lane = _Lane(pool, max_connections, IDLE_RELEASE_S)
+        self._stored = 0
+        self._upsert_in_flight = None
+        seq = self._sequence
+        self._sql_next = f"SELECT nextval('{seq}')"
+        self._sql_next_mult = f"SELECT nextval('{seq}') FROM generate_series(1, $1)"
+        self._sql_upsert = (
+            "INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES ($1, $2, $3)"
+            " ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id"
+            f" WHERE stream_positions.stream_id {'<' if positive else '>'} EXCLUDED.stream_id"
+        )
+        async with pool.acquire() as conn:
+            self._book = await self._load(conn)
+        return self
+
+    # -- start-up ----------------------------------------------------------------------------------
+
+    async def _sequence_max(self, conn: Connection) -> int:
+        value = await conn.fetchval(
+            f"SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {self._sequence}"
+        )
+        return int(value)
+
+    async def _tables_max(self, conn: Connection) -> list[int]:
+        """The largest internal (positive) ID in each table, 0 when empty."""
+        agg = "MAX" if self._sign == 1 else "MIN"
+        parts = ", ".join(f"(SELECT {agg}({t.id_column}) FROM {t.table})" for t in self._tables)
+        row = await conn.fetchrow(f"SELECT {parts}")
+        assert row is not None
+        return [max(self._sign * int(v), 0) if v is not None else 0 for v in row]
+
+    async def _load(self, conn: Connection) -> StreamPositions:
+        sign = self._sign
+        table_max = await self._tables_max(conn)
+        seq_before = await self._sequence_max(conn)
+        behind = [(t, m) for t, m in zip(self._tables, table_max, strict=True) if m > seq_before]
+        if behind:
+            for t, m in behind:
+                log.warning(
+                    "sequence is behind a stream table, moving it forward: sequence=%s table=%s "
+                    "sequence_max=%d table_max=%d stream=%s",
+                    self._sequence,
+                    t.table,
+                    seq_before,
+                    m,
+                    self._stream_name,
+                )
+            await conn.fetchval(f"SELECT setval('{self._sequence}', $1)", max(m for _, m in behind))
+            seq_before = await self._sequence_max(conn)
+        rows: list[asyncpg.Record] = []
+        if self._track:
+            rows = await conn.fetch(
+                "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = $1",
+                self._stream_name,
+            )
+        # Read after the rows: every value in them was allocated before this read.
+        seq_after = await self._sequence_max(conn)
+        stored = {r["instance_name"]: sign * int(r["stream_id"]) for r in rows}
+        if stored and max(stored.values()) > seq_after:
+            name, pos = max(stored.items(), key=lambda item: item[1])
+            raise InconsistentSequenceError(
+                f"stream {self._stream_name!r}: stream_positions says instance {name!r} reached "
+                f"{sign * pos}, but sequence {self._sequence!r} has only handed out up to {sign * seq_after} "
+                "(sequence values were lost, e.g. by a failover, or two generators share this stream name). "
+                f"Fix: stop every process writing this stream, run SELECT setval('{self._sequence}', {pos}); "
+                f"(or DELETE FROM stream_positions WHERE stream_name = '{self._stream_name}';), then restart."
+            )
+        is_writer = not self._writers or self._instance in self._writers
+        if self._track:
+            others = {n: p for n, p in stored.items() if n in self._writers and n != self._instance}
+            persisted = min([seq_before, *others.values()])
+            own = seq_after
+        else:
+            others = {}
+            persisted = min(max(table_max), seq_after)
+            own = persisted
+        book = StreamPositions(
+            self._instance,
+            self._writers,
+            persisted_upto=persisted,
+            positions=others,
+            own_position=own if is_writer else None,
+        )
+        if self._track and is_writer:
+            stale = [n for n in stored if n not in self._writers]
+            if stale:
+                log.info(
+                    "forgetting positions of removed writers: stream=%s instances=%s",
+                    self._stream_name,
+                    stale,
+                )
+                await conn.execute(
+                    "DELETE FROM stream_positions WHERE stream_name = $1 AND instance_name = ANY($2::text[])",
+                    self._stream_name,
+                    stale,
+                )
+            value = book.own_position()
+            await conn.execute(self._sql_upsert, self._stream_name, self._instance, sign * value)
+            self._stored = value
+        log.debug(
+            "id generator loaded: stream=%s instance=%s persisted_upto=%d positions=%s",
+            self._stream_name,
+            self._instance,
+            sign * book.persisted_upto,
+            book.positions(),
+        )
+        return book
+
+    # -- allocation --------------------------------------------------------------------------------
+
+    def get_next(self) -> _Allocation:
+        """`async with gen.get_next() as stream_id:` allocates one ID; the ID finishes when the block exits
+        (normally, by exception or by cancellation). Raises NotAWriterError on a non-writer."""
+        return _Allocation(self, 1, True)
+
+    def get_next_mult(self, n: int) -> _Allocation:
+        """`async with gen.get_next_mult(n) as ids:` allocates `n` IDs (ascending) in one round trip."""
+        if n < 1:
+            raise ValueError(f"get_next_mult needs n >= 1, got {n}")
+        return _Allocation(self, n, False)
+
+    async def _allocate(self, n: int) -> Sequence[int]:
+        book = self._book
+        if not book.is_writer:
+            raise NotAWriterError(
+                f"instance {self._instance!r} is not a writer of stream {self._stream_name!r} "
+                f"(writers: {list(self._writers)}); add it to the stream's writers to allocate IDs"
+            )
+        marker = book.begin_allocation()
+        ids: Sequence[int] = ()
+        try:
+            conn = await self._lane.acquire()
+            try:
+                if n == 1:
+                    ids = (int(await conn.fetchval(self._sql_next)),)
+                else:
+                    ids = [int(r[0]) for r in await conn.fetch(self._sql_next_mult, n)]
+            except BaseException:
+                self._lane.discard(conn)
+                raise
+            self._lane.release(conn)
+        finally:
+            book.end_allocation(marker, ids)
+        return ids
+
+    async def _complete(self, ids: Sequence[int], *, failed: bool) -> None:
+        self._book.finish(ids)
+        if not self._track:
+            return
+        if not failed:
+            await self._persist_own_position()
+            return
+        # The block is unwinding (error or cancellation): still try to persist, in a task a second
+        # cancellation cannot interrupt, but never let this replace the exception being raised.
+        task = asyncio.ensure_future(self._persist_own_position())
+        try:
+            await asyncio.shield(task)
+        except Exception:
+            log.warning(
+                "position upsert failed after a failed write: stream=%s", self._stream_name, exc_info=True
+            )
+
+    async def _persist_own_position(self) -> None:
+        """Return once `stream_positions` holds at least our own position as of the call."""
+        target = self._book.own_position()
+        while self._stored < target:
+            in_flight = self._upsert_in_flight
+            if in_flight is not None:
+                await asyncio.shield(in_flight)
+                continue
+            done = asyncio.get_running_loop().create_future()
+            self._upsert_in_flight = done
+            try:
+                value = self._book.own_position()
+                conn = await self._lane.acquire()
+                try:
+                    await conn.execute(
+                        self._sql_upsert, self._stream_name, self._instance, self._sign * value
+                    )
+                except BaseException:
+                    self._lane.discard(conn)
+                    raise
+                self._lane.release(conn)
+                if value > self._stored:
+                    self._stored = value
+            finally:
+                self._upsert_in_flight = None
+                if not done.done():
+                    done.set_result(None)
+
+    # -- positions ---------------------------------------------------------------------------------
+
+    def get_current_token(self) -> int:
+        """The persisted-upto position: every ID at or below it, from any writer, is persisted."""
+        return self._sign * self._book.persisted_upto
+
+    def get_persisted_upto_position(self) -> int:
+        """Same as `get_current_token`."""
+        return self._sign * self._book.persisted_upto
+
+    def get_current_token_for_writer(self, instance_name: str) -> int:
+        """The maximal safe position of a writer (never below persisted-upto; this instance: what it
+        announces, which follows other writers while it is idle)."""
+        return self._sign * self._book.position_of(instance_name)
+
+    def get_minimal_local_current_token(self) -> int:
+        """This instance's own last contiguous finished write, not raised by other writers."""
+        return self._sign * self._book.minimal_local_position()
+
+    def get_positions(self) -> dict[str, int]:
+        """Each writer's own position as last known (never raised to persisted-upto); writers never
+        heard from are absent."""
+        sign = self._sign
+        return {name: sign * pos for name, pos in self._book.positions().items()}
+
+    async def get_max_allocated_token(self) -> int:
+        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence)."""
+        async with self._pool.acquire() as conn:
+            return self._sign * await self._sequence_max(conn)
+
+    def advance(self, instance_name: str, new_id: int) -> None:
+        """Record that `instance_name` reached `new_id` (signed, as received in RDATA or POSITION)."""
+        self._book.advance(instance_name, self._sign * new_id)
+
+    # -- misc --------------------------------------------------------------------------------------
+
+    @property
+    def stream_name(self) -> str:
+        return self._stream_name
+
+    @property
+    def instance_name(self) -> str:
+        return self._instance
+
+    @property
+    def writers(self) -> tuple[str, ...]:
+        return self._writers
+
+    @property
+    def positive(self) -> bool:
+        return self._sign == 1
+
+    async def close(self) -> None:
+        """Give the kept connections back to the pool. Further `get_next` calls raise IdGenError."""
+        await self._lane.close()
+
+    def __repr__(self) -> str:
+        book = self._book
+        return (
+            f"<MultiWriterIdGenerator stream={self._stream_name} instance={self._instance} "
+            f"persisted_upto={self.get_current_token()} "
+            f"own={self.get_current_token_for_writer(self._instance)} "
+            f"in_flight={len(book.in_flight())}>"
+        )
