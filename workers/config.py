@@ -47,6 +47,10 @@ class WorkerConfig(BaseSettings):
     max_line_bytes: int = Field(1 << 20, ge=1024, description="Longest accepted pub/sub line")
     catch_up_batch_size: int = Field(1000, ge=1, le=100_000)
     db_pool_size: int = Field(10, ge=1, le=200)
+    background_tasks: list[Literal["room_stats"]] = Field(
+        default_factory=list, description="Background tasks this instance runs"
+    )
+    cache_max_entries: int = Field(10_000, ge=1, description="Entries per in-process cache (LRU)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("instance_name", "channel_prefix")

@@ -15,6 +15,8 @@ from importlib import resources
 
 import asyncpg
 
+from workers.storage import Conn
+
 log = logging.getLogger(__name__)
 
 # Arbitrary constant shared by every fanout process: "fanout schema migration".
@@ -43,7 +45,7 @@ def available_migrations() -> list[Migration]:
     return found
 
 
-async def apply_migrations(conn: asyncpg.Connection) -> list[int]:
+async def apply_migrations(conn: Conn) -> list[int]:
     """Bring the database to the newest schema; returns the versions this call applied."""
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
     try:

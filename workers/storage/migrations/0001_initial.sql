@@ -31,12 +31,14 @@ CREATE TABLE events (
 CREATE INDEX events_room_stream_idx ON events (room_id, stream_ordering);
 CREATE INDEX events_instance_stream_idx ON events (instance_name, stream_ordering);
 
+-- event_stream_ordering lets concurrent persisters keep the newest state (higher ordering wins).
 CREATE TABLE current_state_events (
-    room_id    TEXT NOT NULL,
-    type       TEXT NOT NULL,
-    state_key  TEXT NOT NULL,
-    event_id   TEXT NOT NULL,
-    membership TEXT,
+    room_id               TEXT   NOT NULL,
+    type                  TEXT   NOT NULL,
+    state_key             TEXT   NOT NULL,
+    event_id              TEXT   NOT NULL,
+    membership            TEXT,
+    event_stream_ordering BIGINT NOT NULL,
     PRIMARY KEY (room_id, type, state_key)
 );
 

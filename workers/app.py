@@ -1,0 +1,360 @@
+"""One worker process: `fanout worker --config FILE`.
+
+Start-up, each phase logged with its duration: connect to Postgres, apply migrations, load the ID
+generators (eagerly, so a write never waits on a lazy load), subscribe to Redis and announce,
+catch up (every writer of every stream heard once, bounded), start the persisters and background
+tasks this instance runs, then serve HTTP. Only then is /health ready.
+
+What an instance does comes from the configuration alone: it persists events when it is listed in
+`stream_writers.events`, runs the background tasks in `background_tasks`, and serves /sync always.
+
+Order on every replicated batch (the rule that keeps readers from seeing stale data): the apply
+callback invalidates caches, pubsub advances the generator, then the position listener wakes
+readers. The persister keeps the same order for its own writes.
+
+SIGTERM/SIGINT: stop taking requests (503), finish queued writes, announce final positions, close,
+exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BaseModel
+
+from idgen import InstanceMap, MultiWriterIdGenerator
+from pubsub.client import ReplicationClient, ReplicationSettings
+from pubsub.streams import Stream
+from workers.config import ConfigError, WorkerConfig, load_config
+from workers.handlers.caches import SyncCaches
+from workers.handlers.notifier import Notifier
+from workers.handlers.persist import EventPersister
+from workers.handlers.room_stats import RoomStatsTask
+from workers.handlers.sync import SyncHandler
+from workers.http.client_api import ApiDeps, ClientApi
+from workers.model import CacheInvalidation, Event
+from workers.storage import events as event_store
+from workers.storage.migrate import apply_migrations
+from workers.streams.caches import CACHES, CacheRow, caches_stream
+from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream
+
+log = logging.getLogger(__name__)
+CATCH_UP_INTERVALS = 10
+
+
+class Worker:
+    """A worker's parts and their lifecycle; `start()` then `stop()` (or `run()` for both)."""
+
+    def __init__(self, config: WorkerConfig, *, drop_filter: Any = None) -> None:
+        self.config = config
+        self.name = config.instance_name
+        self.registry = CollectorRegistry()
+        self.notifier = Notifier()
+        self._drop_filter = drop_filter
+        self._ready = False
+        self._accepting = True
+        self._woken: dict[str, tuple[set[str], set[str]]] = {}
+        self._runner: web.AppRunner | None = None
+        self.http_port = config.http_port
+        self.persister: EventPersister | None = None
+        self.backfill_persister: EventPersister | None = None
+        self.room_stats: RoomStatsTask | None = None
+        self.generators: dict[str, MultiWriterIdGenerator] = {}
+        self._events_applied = Counter(
+            "fanout_events_applied_total", "Events rows applied from replication", registry=self.registry
+        )
+        self._invalidations = Counter(
+            "fanout_cache_invalidations_total",
+            "Cache invalidation rows applied",
+            ["origin"],
+            registry=self.registry,
+        )
+        self._persisted = Counter(
+            "fanout_events_persisted_total", "Events persisted here", registry=self.registry
+        )
+        self._cache_size = Gauge(
+            "fanout_cache_entries", "Entries per cache", ["cache"], registry=self.registry
+        )
+        self._waiting = Gauge("fanout_sync_waiting", "Long-polls waiting", registry=self.registry)
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        log.info("start-up phase=%s took=%.3fs instance=%s", name, time.monotonic() - started, self.name)
+
+    def writers(self, stream: str) -> list[str]:
+        if stream in (BACKFILL,):
+            return self.config.writers_of(EVENTS)
+        if stream == CACHES:
+            return self.config.writers_of(CACHES) or self.config.writers_of(EVENTS)
+        return self.config.writers_of(stream)
+
+    async def start(self) -> None:
+        config = self.config
+        with self._phase("connect_database"):
+            self.pool = await asyncpg.create_pool(
+                config.database_url, min_size=2, max_size=config.db_pool_size
+            )
+        with self._phase("migrate"):
+            async with self.pool.acquire() as conn:
+                await apply_migrations(conn)
+        with self._phase("load_id_generators"):
+            self.instance_map = InstanceMap(self.pool)
+            await self.instance_map.get_id(self.name)
+            events_table = [("events", "instance_name", "stream_ordering")]
+            self.generators = {
+                EVENTS: await MultiWriterIdGenerator.create(
+                    self.pool, stream_name=EVENTS, instance_name=self.name, tables=events_table,
+                    sequence_name="events_stream_seq", writers=self.writers(EVENTS),
+                ),
+                BACKFILL: await MultiWriterIdGenerator.create(
+                    self.pool, stream_name=BACKFILL, instance_name=self.name, tables=events_table,
+                    sequence_name="events_backfill_stream_seq", writers=self.writers(BACKFILL),
+                    positive=False,
+                ),
+                CACHES: await MultiWriterIdGenerator.create(
+                    self.pool, stream_name=CACHES, instance_name=self.name,
+                    tables=[("cache_invalidation_stream_by_instance", "instance_name", "stream_id")],
+                    sequence_name="cache_invalidation_stream_seq", writers=self.writers(CACHES),
+                    track_positions_table=False,
+                ),
+            }  # fmt: skip
+        self.caches = SyncCaches(
+            self._load_rooms_for_user,
+            self._load_joined_members,
+            self._load_current_state,
+            config.cache_max_entries,
+        )
+        self.sync = SyncHandler(self.pool, self.caches, self.notifier, self.generators, self.instance_map)
+        streams: list[Stream[Any]] = [
+            events_stream(self.pool, self.generators[EVENTS], self.writers(EVENTS)),
+            backfill_stream(self.pool, self.generators[BACKFILL], self.writers(BACKFILL)),
+            caches_stream(self.pool, self.generators[CACHES], self.writers(CACHES)),
+        ]
+        with self._phase("subscribe"):
+            self.replication = ReplicationClient(
+                ReplicationSettings.from_config(config),
+                streams,
+                apply=self._apply,
+                drop_filter=self._drop_filter,
+                registry=self.registry,
+            )
+            self.replication.add_position_listener(self._position_moved)
+            await self.replication.start()
+        with self._phase("catch_up"):
+            await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
+        if config.writes(EVENTS):
+            with self._phase("start_persisters"):
+                self.persister = EventPersister(
+                    self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
+                    on_committed=self._committed, on_finished=self._finished,
+                )  # fmt: skip
+                self.backfill_persister = EventPersister(
+                    self.pool, self.name, self.generators[BACKFILL], None,
+                    on_committed=self._committed, on_finished=self._finished, backfill=True,
+                )  # fmt: skip
+                self.persister.start()
+                self.backfill_persister.start()
+        if "room_stats" in config.background_tasks:
+            with self._phase("start_background"):
+                self.room_stats = RoomStatsTask(self.pool, self.generators[EVENTS], self.notifier)
+                await self.room_stats.load()
+                self.room_stats.start()
+        with self._phase("serve_http"):
+            await self._serve()
+        self._ready = True
+        log.info("ready instance=%s http=%s:%d", self.name, config.http_host, self.http_port)
+
+    async def _serve(self) -> None:
+        api = ClientApi(
+            ApiDeps(
+                instance_name=self.name,
+                pool=self.pool,
+                event_writers=self.writers(EVENTS),
+                persister=self.persister,
+                backfill=self.backfill_persister,
+                sync=self.sync,
+                metrics=self.registry,
+                health=self.health,
+                accepting=lambda: self._accepting,
+            )
+        )
+        self._runner = web.AppRunner(api.application(), access_log=None, shutdown_timeout=5.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, backlog=1024)
+        await site.start()
+        if self.config.http_port == 0 and site._server is not None:
+            sockets = getattr(site._server, "sockets", None) or []
+            if sockets:
+                self.http_port = sockets[0].getsockname()[1]
+
+    async def _wait_caught_up(self, limit_s: float) -> None:
+        """Until every writer of every stream has been heard on this connection (bounded)."""
+        deadline = time.monotonic() + limit_s
+        pending = self._unheard()
+        while pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            pending = self._unheard()
+        if pending:
+            log.warning("start-up: not heard from %s within %.1fs; serving anyway", sorted(pending), limit_s)
+
+    def _unheard(self) -> set[tuple[str, str]]:
+        handler = self.replication.handler
+        return {
+            (stream, writer)
+            for stream in (EVENTS, BACKFILL, CACHES)
+            for writer in self.writers(stream)
+            if writer != self.name and not handler.is_connected(stream, writer)
+        }
+
+    # -- the ordering rule: invalidate, advance, wake -----------------------------------------
+
+    async def _apply(self, stream: Stream[Any], instance: str, token: int, rows: Sequence[BaseModel]) -> None:
+        rooms, users = self._woken.setdefault(stream.name, (set(), set()))
+        if stream.name == EVENTS:
+            event_rows = [r for r in rows if isinstance(r, EventRow)]
+            self.caches.on_events(event_rows)
+            self._events_applied.inc(len(event_rows))
+            for row in event_rows:
+                rooms.add(row.room_id)
+                if row.membership is not None and row.state_key is not None:
+                    users.add(row.state_key)
+        elif stream.name == CACHES:
+            self.caches.on_invalidations(r.to_domain() for r in rows if isinstance(r, CacheRow))
+            self._invalidations.labels("replication").inc(len(rows))
+
+    def _position_moved(self, stream: str, instance: str, token: int) -> None:
+        rooms, users = self._woken.pop(stream, (set(), set()))
+        if rooms or users:
+            self.notifier.notify(rooms, users)
+        self.notifier.position_moved()
+
+    def _committed(
+        self, events: Sequence[Event], invalidations: Sequence[tuple[int, CacheInvalidation]]
+    ) -> None:
+        """Inside the ID blocks, after commit: invalidate our caches, stage the rows for RDATA."""
+        self.caches.on_events(events)
+        self.caches.on_invalidations(row for _, row in invalidations)
+        self._invalidations.labels("local").inc(len(invalidations))
+        for event in events:
+            stream = EVENTS if event.stream_ordering > 0 else BACKFILL
+            self.replication.stage_rows(stream, abs(event.stream_ordering), [EventRow.of(event)])
+        for stream_id, row in invalidations:
+            self.replication.stage_rows(CACHES, stream_id, [CacheRow.of(row)])
+
+    def _finished(
+        self, events: Sequence[Event], invalidations: Sequence[tuple[int, CacheInvalidation]]
+    ) -> None:
+        """The IDs are finished: publish, then wake local readers."""
+        self.replication.notify()
+        self._persisted.inc(len(events))
+        live = [e for e in events if e.stream_ordering > 0]
+        if live:
+            self.notifier.notify(
+                {e.room_id for e in live}, {e.state_key for e in live if e.membership and e.state_key}
+            )
+        self.notifier.position_moved()
+
+    # -- cache loaders ---------------------------------------------------------------------------
+
+    async def _load_rooms_for_user(self, user_id: str) -> frozenset[str]:
+        async with self.pool.acquire() as conn:
+            return await event_store.rooms_for_user(conn, user_id)
+
+    async def _load_joined_members(self, room_id: str) -> frozenset[str]:
+        async with self.pool.acquire() as conn:
+            return await event_store.joined_members(conn, room_id)
+
+    async def _load_current_state(self, room_id: str) -> dict[tuple[str, str], str]:
+        async with self.pool.acquire() as conn:
+            return await event_store.current_state(conn, room_id)
+
+    # -- health and shutdown -------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        for cache in self.caches.all():
+            self._cache_size.labels(cache.name).set(len(cache))
+        self._waiting.set(self.notifier.waiting)
+        replication = self.replication.health()
+        detail: dict[str, Any] = {
+            "instance": self.name,
+            "accepting": self._accepting,
+            "replication": replication,
+            "persisted_upto": {s: g.get_current_token() for s, g in self.generators.items()},
+        }
+        if self.persister is not None:
+            detail["persister"] = {"events": self.persister.events, "batches": self.persister.batches,
+                                   "queued": self.persister.queued}  # fmt: skip
+        if self.room_stats is not None:
+            detail["room_stats"] = {
+                "position": self.room_stats.position,
+                "processed": self.room_stats.processed,
+            }
+        return self._ready and self._accepting and replication["subscribed"], detail
+
+    async def stop(self) -> None:
+        """Graceful: refuse new requests, drain writes, announce, close. Safe to call twice."""
+        if not self._accepting:
+            return
+        self._accepting = False
+        log.info("shutting down instance=%s", self.name)
+        self.notifier.notify_all()
+        for persister in (self.persister, self.backfill_persister):
+            if persister is not None:
+                await persister.stop()
+        if self.room_stats is not None:
+            await self.room_stats.stop()
+        if hasattr(self, "replication"):
+            await self.replication.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        for generator in self.generators.values():
+            await generator.close()
+        if hasattr(self, "pool"):
+            await self.pool.close()
+        log.info("stopped instance=%s", self.name)
+
+
+async def run(config: WorkerConfig) -> int:
+    worker = Worker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await worker.start()
+        print(f"ready http://{config.http_host}:{worker.http_port}", flush=True)
+        await stop.wait()
+    finally:
+        await worker.stop()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fanout worker", description="Run one fanout worker process.")
+    parser.add_argument("--config", required=True, help="YAML file; FANOUT_* variables override fields")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"fanout: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level,
+        format=f"%(asctime)s %(levelname)s [{config.instance_name}] %(name)s %(message)s",
+    )
+    return asyncio.run(run(config))

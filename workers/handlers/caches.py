@@ -1,0 +1,151 @@
+"""Bounded in-process LRU caches and the set a sync worker keeps.
+
+Invalidation contract: after `invalidate(key)` returns, no later `get(key)` returns a value loaded
+before the invalidation. A load that overlaps an invalidation is returned to its caller but not
+stored (a generation counter detects the overlap), so a slow database read can never re-insert
+stale data after the replication handler cleared it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Generic, Protocol, TypeVar
+
+from workers.model import CURRENT_STATE_CACHE, MEMBER_EVENT, CacheInvalidation
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LruCache(Generic[K, V]):
+    """At most `max_size` entries; the least recently used is evicted first."""
+
+    __slots__ = (
+        "_entries",
+        "_generation",
+        "_loader",
+        "evictions",
+        "hits",
+        "invalidations",
+        "max_size",
+        "misses",
+        "name",
+    )
+
+    def __init__(self, name: str, max_size: int, loader: Callable[[K], Awaitable[V]]) -> None:
+        if max_size < 1:
+            raise ValueError("max_size must be at least 1")
+        self.name = name
+        self.max_size = max_size
+        self._loader = loader
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._generation = 0
+        self.hits = self.misses = self.invalidations = self.evictions = 0
+
+    async def get(self, key: K) -> V:
+        try:
+            value = self._entries[key]
+        except KeyError:
+            pass
+        else:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return value
+        self.misses += 1
+        generation = self._generation
+        value = await self._loader(key)
+        if generation == self._generation:
+            self._entries[key] = value
+            if len(self._entries) > self.max_size:
+                self._entries.popitem(last=False)
+                self.evictions += 1
+        return value
+
+    def invalidate(self, key: K) -> None:
+        self._generation += 1
+        self.invalidations += 1
+        self._entries.pop(key, None)
+
+    def invalidate_many(self, keys: Iterable[K]) -> None:
+        for key in keys:
+            self.invalidate(key)
+
+    def invalidate_all(self) -> None:
+        self._generation += 1
+        self.invalidations += 1
+        self._entries.clear()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return (
+            f"<LruCache {self.name} size={len(self._entries)}/{self.max_size} hits={self.hits}"
+            f" misses={self.misses} invalidations={self.invalidations}>"
+        )
+
+
+class EventLike(Protocol):
+    """What invalidation needs of an event: a persisted Event or a replicated row."""
+
+    @property
+    def room_id(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def state_key(self) -> str | None: ...
+
+
+class SyncCaches:
+    """The caches a sync worker reads: a user's rooms, a room's joined members, a room's state."""
+
+    def __init__(
+        self,
+        rooms_for_user: Callable[[str], Awaitable[frozenset[str]]],
+        joined_members: Callable[[str], Awaitable[frozenset[str]]],
+        current_state: Callable[[str], Awaitable[dict[tuple[str, str], str]]],
+        max_size: int = 10_000,
+    ) -> None:
+        self.rooms_for_user: LruCache[str, frozenset[str]] = LruCache(
+            "rooms_for_user", max_size, rooms_for_user
+        )
+        self.joined_members: LruCache[str, frozenset[str]] = LruCache(
+            "joined_members", max_size, joined_members
+        )
+        self.current_state: LruCache[str, dict[tuple[str, str], str]] = LruCache(
+            "current_state", max_size, current_state
+        )
+
+    def all(self) -> list[LruCache[str, object]]:
+        return [self.rooms_for_user, self.joined_members, self.current_state]  # type: ignore[list-item]
+
+    def on_events(self, events: Iterable[EventLike]) -> None:
+        """Invalidate what new events change: state events change the room; memberships the member too."""
+        for event in events:
+            if event.state_key is None:
+                continue
+            self.current_state.invalidate(event.room_id)
+            if event.type == MEMBER_EVENT:
+                self.joined_members.invalidate(event.room_id)
+                self.rooms_for_user.invalidate(event.state_key)
+
+    def on_invalidations(self, rows: Iterable[CacheInvalidation]) -> None:
+        """Apply caches-stream rows. Unknown cache names are ignored (another version may send them)."""
+        by_name = {cache.name: cache for cache in self.all()}
+        for row in rows:
+            if row.cache_func == CURRENT_STATE_CACHE:
+                if not row.keys:
+                    continue
+                room_id, *members = row.keys
+                self.current_state.invalidate(room_id)
+                self.joined_members.invalidate(room_id)
+                self.rooms_for_user.invalidate_many(members)
+            elif (cache := by_name.get(row.cache_func)) is not None:
+                if row.keys is None:
+                    cache.invalidate_all()
+                else:
+                    cache.invalidate_many(row.keys)

@@ -1,0 +1,104 @@
+"""Wakes long-polling readers when something they may see has arrived.
+
+The replication path calls `notify` only after it has invalidated caches and advanced the ID
+generator, so a woken reader always reads fresh caches and a current token. A waiter is
+registered BEFORE the reader computes its response, so a notification that lands while it is
+computing is not lost: the waiter is already set when it starts waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+
+class Waiter:
+    __slots__ = ("event", "rooms", "user_id")
+
+    def __init__(self, user_id: str, rooms: frozenset[str]) -> None:
+        self.user_id = user_id
+        self.rooms = rooms
+        self.event = asyncio.Event()
+
+    async def wait(self, within_s: float) -> bool:
+        """True if woken within `within_s` seconds."""
+        try:
+            await asyncio.wait_for(self.event.wait(), within_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+class Notifier:
+    """Waiters indexed by room and by user; `notify` wakes exactly those concerned."""
+
+    def __init__(self) -> None:
+        self._by_room: dict[str, set[Waiter]] = {}
+        self._by_user: dict[str, set[Waiter]] = {}
+        self._listeners: list[Callable[[frozenset[str], frozenset[str]], None]] = []
+        self._position_moved = asyncio.Event()
+        self.notifications = 0
+        self.wakeups = 0
+
+    @contextmanager
+    def waiter(self, user_id: str, rooms: frozenset[str]) -> Iterator[Waiter]:
+        waiter = Waiter(user_id, rooms)
+        self._by_user.setdefault(user_id, set()).add(waiter)
+        for room in rooms:
+            self._by_room.setdefault(room, set()).add(waiter)
+        try:
+            yield waiter
+        finally:
+            self._discard(self._by_user, user_id, waiter)
+            for room in rooms:
+                self._discard(self._by_room, room, waiter)
+
+    @staticmethod
+    def _discard(index: dict[str, set[Waiter]], key: str, waiter: Waiter) -> None:
+        waiters = index.get(key)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del index[key]
+
+    def add_listener(self, listener: Callable[[frozenset[str], frozenset[str]], None]) -> None:
+        """Called synchronously on every notify with (rooms, users), before waiters run."""
+        self._listeners.append(listener)
+
+    def notify(self, rooms: Iterable[str], users: Iterable[str]) -> int:
+        """Wake the waiters of `rooms` and of `users`; returns how many were woken."""
+        room_set, user_set = frozenset(rooms), frozenset(users)
+        self.notifications += 1
+        for listener in self._listeners:
+            listener(room_set, user_set)
+        woken: set[Waiter] = set()
+        for room in room_set:
+            woken |= self._by_room.get(room, set())
+        for user in user_set:
+            woken |= self._by_user.get(user, set())
+        for waiter in woken:
+            waiter.event.set()
+        self.wakeups += len(woken)
+        return len(woken)
+
+    def position_moved(self) -> None:
+        """A stream position advanced (with or without rows): wake `wait_for_position` callers."""
+        self._position_moved.set()
+        self._position_moved = asyncio.Event()
+
+    async def wait_for_position(self, within_s: float) -> None:
+        """Return when a position next moves, or after `within_s` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._position_moved.wait(), within_s)
+
+    def notify_all(self) -> None:
+        """Wake everyone (a position moved without rows, e.g. after a catch-up reset)."""
+        for waiters in self._by_user.values():
+            for waiter in waiters:
+                waiter.event.set()
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._by_user.values())

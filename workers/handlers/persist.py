@@ -1,0 +1,176 @@
+"""The event persister: batches concurrent sends into one transaction.
+
+Requests queue up while the previous batch is in the database; the loop then takes everything
+queued (up to `max_batch`) as one batch: one `get_next_mult` per stream, one multi-row insert per
+table, one commit. So under load a persister costs a few round trips per batch, not per event,
+and events of one room keep their arrival order (one loop, IDs handed out in queue order).
+
+Order on the writer, for every batch:
+1. commit the rows (events, current state, membership, the caches log);
+2. `on_committed`: the worker invalidates its own caches;
+3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
+4. `on_finished`: publish RDATA and wake local readers;
+5. resolve the callers' futures.
+A failed transaction fails every request of the batch (their IDs become harmless gaps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from idgen import MultiWriterIdGenerator
+from workers.model import CacheInvalidation, Event, NewEvent, StateChanges
+from workers.storage.events import insert_batch
+
+log = logging.getLogger(__name__)
+
+#: (live events, backfilled events, caches rows) of one batch.
+BatchCallback = Callable[[Sequence[Event], Sequence[tuple[int, CacheInvalidation]]], Awaitable[None] | None]
+
+
+class PersisterOverloaded(Exception):
+    """The queue is full: the client should retry later (HTTP 503)."""
+
+
+class PersisterStopped(Exception):
+    """The persister is shutting down and takes no new events."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    event: NewEvent
+    future: asyncio.Future[Event]
+
+
+class EventPersister:
+    """Persists live events (positive stream) or backfilled events (negative stream)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        instance_name: str,
+        events_gen: MultiWriterIdGenerator,
+        caches_gen: MultiWriterIdGenerator | None,
+        *,
+        on_committed: BatchCallback,
+        on_finished: BatchCallback,
+        backfill: bool = False,
+        max_batch: int = 500,
+        max_queue: int = 20_000,
+    ) -> None:
+        self._pool = pool
+        self._instance = instance_name
+        self._events_gen = events_gen
+        self._caches_gen = caches_gen
+        self._on_committed = on_committed
+        self._on_finished = on_finished
+        self._backfill = backfill
+        self._max_batch = max_batch
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue(max_queue)
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.batches = 0
+        self.events = 0
+        self.failed_batches = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            self._run(), name=f"persister-{'backfill' if self._backfill else 'live'}"
+        )
+
+    async def persist(self, event: NewEvent) -> Event:
+        """Queue `event`; returns it persisted, with its stream ordering, once its batch finished."""
+        return (await self.persist_many([event]))[0]
+
+    async def persist_many(self, events: Sequence[NewEvent]) -> list[Event]:
+        """Queue `events` back to back, so they get increasing stream orderings in this order."""
+        if self._stopping:
+            raise PersisterStopped("this worker is shutting down")
+        if self._queue.maxsize - self._queue.qsize() < len(events):
+            raise PersisterOverloaded(f"{self._queue.qsize()} events queued")
+        loop = asyncio.get_running_loop()
+        pending = [_Pending(event, loop.create_future()) for event in events]
+        for item in pending:
+            self._queue.put_nowait(item)
+        return list(await asyncio.gather(*(item.future for item in pending)))
+
+    async def stop(self) -> None:
+        """Take no new events, finish everything queued, then stop the loop."""
+        self._stopping = True
+        await self._queue.join()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._persist_batch(batch)
+            except Exception as e:
+                self.failed_batches += 1
+                log.exception("batch failed events=%d", len(batch))
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(e)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _persist_batch(self, batch: list[_Pending]) -> None:
+        now = int(time.time() * 1000)
+        changes = StateChanges()
+        if not self._backfill:
+            for pending in batch:
+                changes.add(pending.event)
+        invalidation_rows = changes.invalidations(now)
+        async with contextlib.AsyncExitStack() as stack:
+            ids = await stack.enter_async_context(self._events_gen.get_next_mult(len(batch)))
+            cache_ids: list[int] = []
+            if invalidation_rows and self._caches_gen is not None:
+                cache_ids = await stack.enter_async_context(
+                    self._caches_gen.get_next_mult(len(invalidation_rows))
+                )
+            events = [
+                Event(
+                    stream_ordering=stream_id,
+                    instance_name=self._instance,
+                    event_id=p.event.event_id,
+                    room_id=p.event.room_id,
+                    type=p.event.type,
+                    sender=p.event.sender,
+                    content=p.event.content,
+                    state_key=p.event.state_key,
+                    received_ts=now,
+                )
+                for stream_id, p in zip(ids, batch, strict=True)
+            ]
+            invalidations = list(zip(cache_ids, invalidation_rows, strict=False))
+            async with self._pool.acquire() as conn, conn.transaction():
+                await insert_batch(conn, events, invalidations, self._instance)
+            result = self._on_committed(events, invalidations)
+            if result is not None:
+                await result
+        # The IDs are finished and stream_positions upserted: now others may learn of them.
+        result = self._on_finished(events, invalidations)
+        if result is not None:
+            await result
+        self.batches += 1
+        self.events += len(events)
+        for pending, event in zip(batch, events, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(event)
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()

@@ -1,0 +1,117 @@
+"""Who may send what into a room: plain rules over the room's current state.
+
+These checks run on the persister before an event is queued. They read committed state, so two
+persisters racing on one room could both accept conflicting membership changes; the stored
+state then follows stream order (the higher ordering wins), which every reader sees alike.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from workers.model import MEMBER_EVENT, MEMBERSHIPS, NewEvent
+from workers.storage import Conn
+
+CREATE_EVENT = "m.room.create"
+JOIN_RULES_EVENT = "m.room.join_rules"
+JOIN_RULES = frozenset({"public", "invite"})
+
+
+class Forbidden(Exception):
+    """The sender may not do this (HTTP 403)."""
+
+
+class NotFound(Exception):
+    """No such room (HTTP 404)."""
+
+
+class BadEvent(Exception):
+    """The event is malformed (HTTP 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoomView:
+    """What the rules need to know of a room at the time of the check."""
+
+    exists: bool
+    join_rule: str
+    sender_membership: str | None
+    target_membership: str | None
+
+
+async def load_view(conn: Conn, room_id: str, sender: str, target: str | None) -> RoomView:
+    records = await conn.fetch(
+        "SELECT c.type, c.state_key, c.membership, e.json FROM current_state_events c"
+        " JOIN events e ON e.event_id = c.event_id"
+        " WHERE c.room_id = $1 AND (c.type IN ('m.room.create', 'm.room.join_rules')"
+        " OR (c.type = 'm.room.member' AND c.state_key = ANY($2::text[])))",
+        room_id,
+        [sender] if target is None else [sender, target],
+    )
+    exists, join_rule = False, "invite"
+    members: dict[str, str | None] = {}
+    for r in records:
+        if r["type"] == CREATE_EVENT:
+            exists = True
+        elif r["type"] == JOIN_RULES_EVENT:
+            join_rule = json.loads(r["json"]).get("content", {}).get("join_rule", "invite")
+        else:
+            members[r["state_key"]] = r["membership"]
+    return RoomView(exists, join_rule, members.get(sender), members.get(target) if target else None)
+
+
+def check(event: NewEvent, view: RoomView) -> None:
+    """Raise Forbidden/NotFound/BadEvent unless `event` may be sent into the room as `view` shows it."""
+    if not view.exists:
+        raise NotFound(f"no room {event.room_id}")
+    if event.type != MEMBER_EVENT:
+        if view.sender_membership != "join":
+            raise Forbidden(f"{event.sender} is not in {event.room_id}")
+        if event.type == JOIN_RULES_EVENT and event.content.get("join_rule") not in JOIN_RULES:
+            raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+        return
+    membership = event.membership
+    if membership not in MEMBERSHIPS or event.state_key is None:
+        raise BadEvent("a member event needs a state_key (the user) and content.membership")
+    if membership == "join":
+        if event.state_key != event.sender:
+            raise Forbidden("only the user themself can join")
+        if view.sender_membership == "ban":
+            raise Forbidden(f"{event.sender} is banned from {event.room_id}")
+        if view.join_rule != "public" and view.sender_membership not in ("invite", "join"):
+            raise Forbidden(f"{event.room_id} is invite-only")
+    elif membership == "leave":
+        if event.state_key == event.sender:
+            if view.sender_membership not in ("join", "invite"):
+                raise Forbidden(f"{event.sender} is not in {event.room_id}")
+        elif view.sender_membership != "join" or view.target_membership not in ("join", "invite"):
+            raise Forbidden("kicking needs the sender joined and the target in the room")
+    elif membership in ("invite", "ban"):
+        if view.sender_membership != "join":
+            raise Forbidden(f"{event.sender} is not in {event.room_id}")
+        if membership == "invite" and view.target_membership in ("join", "ban"):
+            raise Forbidden(f"{event.state_key} cannot be invited (membership {view.target_membership})")
+
+
+def new_event_id() -> str:
+    return f"${uuid.uuid4().hex}"
+
+
+def new_room_id() -> str:
+    return f"!{uuid.uuid4().hex[:18]}"
+
+
+def create_room_events(creator: str, join_rule: str, room_id: str | None = None) -> list[NewEvent]:
+    """The events that make a room: create, the creator's join, the join rule."""
+    if join_rule not in JOIN_RULES:
+        raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+    room = room_id or new_room_id()
+    content: dict[str, Any] = {"creator": creator}
+    return [
+        NewEvent(new_event_id(), room, CREATE_EVENT, creator, content, ""),
+        NewEvent(new_event_id(), room, MEMBER_EVENT, creator, {"membership": "join"}, creator),
+        NewEvent(new_event_id(), room, JOIN_RULES_EVENT, creator, {"join_rule": join_rule}, ""),
+    ]

@@ -1,0 +1,40 @@
+"""JSON error responses: every client error is `{"errcode": ..., "error": ...}` with a fitting status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+
+class ApiError(Exception):
+    """Raised by handlers; the middleware turns it into a JSON response."""
+
+    def __init__(self, status: int, errcode: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errcode = errcode
+        self.extra = extra
+
+    def response(self) -> web.Response:
+        body = {"errcode": self.errcode, "error": str(self), **self.extra}
+        return web.json_response(body, status=self.status)
+
+
+async def json_body(request: web.Request, max_bytes: int = 64 * 1024) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400/413 ApiError saying what is wrong."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(413, "TOO_LARGE", f"body over {max_bytes} bytes")
+    raw = await request.content.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise ApiError(413, "TOO_LARGE", f"body over {max_bytes} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, "NOT_JSON", f"body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "BAD_JSON", "body must be a JSON object")
+    return body

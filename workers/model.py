@@ -1,0 +1,109 @@
+"""The domain types the worker passes between its storage, handlers and HTTP layer."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+MEMBER_EVENT = "m.room.member"
+MEMBERSHIPS = frozenset({"join", "leave", "invite", "ban"})
+# Rows of the caches stream whose keys are [room_id, member, ...]: one row covers every cache that
+# depends on the room's current state and on those members' room lists.
+CURRENT_STATE_CACHE = "cs_cache_fake"
+MEMBERS_PER_INVALIDATION = 50
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event a client asked to send, before it has a stream ordering."""
+
+    event_id: str
+    room_id: str
+    type: str
+    sender: str
+    content: dict[str, Any]
+    state_key: str | None = None
+
+    @property
+    def membership(self) -> str | None:
+        """The membership this event sets, for m.room.member events."""
+        if self.type != MEMBER_EVENT:
+            return None
+        value = self.content.get("membership")
+        return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A persisted event: live ones have positive stream orderings, backfilled ones negative."""
+
+    stream_ordering: int
+    instance_name: str
+    event_id: str
+    room_id: str
+    type: str
+    sender: str
+    content: dict[str, Any]
+    state_key: str | None
+    received_ts: int
+
+    @property
+    def membership(self) -> str | None:
+        if self.type != MEMBER_EVENT:
+            return None
+        value = self.content.get("membership")
+        return value if isinstance(value, str) else None
+
+    def to_json(self) -> str:
+        """The stored JSON form (what clients receive)."""
+        return json.dumps(self.client_dict(), separators=(",", ":"))
+
+    def client_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "event_id": self.event_id,
+            "room_id": self.room_id,
+            "type": self.type,
+            "sender": self.sender,
+            "content": self.content,
+            "origin_server_ts": self.received_ts,
+            "stream_ordering": self.stream_ordering,
+            "instance_name": self.instance_name,
+        }
+        if self.state_key is not None:
+            body["state_key"] = self.state_key
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class CacheInvalidation:
+    """One row of the caches stream: invalidate `keys` of `cache_func` (keys None: everything)."""
+
+    cache_func: str
+    keys: tuple[str, ...] | None
+    invalidation_ts: int
+
+
+@dataclass(slots=True)
+class StateChanges:
+    """What a batch of events changes in current state, per room: the members whose membership moved."""
+
+    rooms: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, event: NewEvent | Event) -> None:
+        if event.state_key is None:
+            return
+        members = self.rooms.setdefault(event.room_id, [])
+        if event.type == MEMBER_EVENT and event.state_key not in members:
+            members.append(event.state_key)
+
+    def invalidations(self, now_ms: int) -> list[CacheInvalidation]:
+        """One row per room (more only past MEMBERS_PER_INVALIDATION members, so lines stay bounded)."""
+        rows: list[CacheInvalidation] = []
+        for room_id, members in self.rooms.items():
+            chunks = [
+                members[i : i + MEMBERS_PER_INVALIDATION]
+                for i in range(0, len(members), MEMBERS_PER_INVALIDATION)
+            ] or [[]]
+            rows += [CacheInvalidation(CURRENT_STATE_CACHE, (room_id, *chunk), now_ms) for chunk in chunks]
+        return rows

@@ -1,0 +1,214 @@
+"""SQL for events, current state, membership and the caches log.
+
+Writes happen in the persister's one transaction per batch (`insert_batch`); reads serve sync,
+the HTTP API, the background task and the streams' catch-up (update) functions. Every multi-row
+write is one statement over `unnest` arrays, so a batch costs a fixed number of round trips.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+import asyncpg
+
+from workers.model import MEMBER_EVENT, CacheInvalidation, Event
+from workers.storage import Conn
+
+_EVENT_COLUMNS = (
+    "stream_ordering, instance_name, event_id, room_id, type, state_key, sender, json, received_ts"
+)
+
+
+def _event(record: asyncpg.Record) -> Event:
+    body = json.loads(record["json"])
+    return Event(
+        stream_ordering=record["stream_ordering"],
+        instance_name=record["instance_name"],
+        event_id=record["event_id"],
+        room_id=record["room_id"],
+        type=record["type"],
+        sender=record["sender"],
+        content=body.get("content", {}),
+        state_key=record["state_key"],
+        received_ts=record["received_ts"],
+    )
+
+
+async def insert_batch(
+    conn: Conn,
+    events: Sequence[Event],
+    invalidations: Sequence[tuple[int, CacheInvalidation]],
+    instance_name: str,
+) -> None:
+    """Insert `events` (in stream order), fold their state into current state and membership, and
+    log the cache invalidations. Call inside a transaction.
+
+    Several persisters may write the same room: current state and membership keep the row with the
+    highest stream ordering, whatever order the transactions commit in.
+    """
+    if events:
+        await conn.execute(
+            f"INSERT INTO events ({_EVENT_COLUMNS}) SELECT * FROM unnest("
+            "$1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],"
+            " $8::text[], $9::bigint[])",
+            [e.stream_ordering for e in events],
+            [e.instance_name for e in events],
+            [e.event_id for e in events],
+            [e.room_id for e in events],
+            [e.type for e in events],
+            [e.state_key for e in events],
+            [e.sender for e in events],
+            [e.to_json() for e in events],
+            [e.received_ts for e in events],
+        )
+    # Within one statement a key may appear once: keep the last (highest ordering) per key.
+    state = {(e.room_id, e.type, e.state_key): e for e in events if e.state_key is not None}
+    if state:
+        rows = list(state.values())
+        await conn.execute(
+            "INSERT INTO current_state_events (room_id, type, state_key, event_id, membership,"
+            " event_stream_ordering) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
+            " $5::text[], $6::bigint[])"
+            " ON CONFLICT (room_id, type, state_key) DO UPDATE SET event_id = EXCLUDED.event_id,"
+            " membership = EXCLUDED.membership, event_stream_ordering = EXCLUDED.event_stream_ordering"
+            " WHERE current_state_events.event_stream_ordering < EXCLUDED.event_stream_ordering",
+            [e.room_id for e in rows],
+            [e.type for e in rows],
+            [e.state_key for e in rows],
+            [e.event_id for e in rows],
+            [e.membership for e in rows],
+            [e.stream_ordering for e in rows],
+        )
+    members = [e for e in state.values() if e.type == MEMBER_EVENT and e.membership is not None]
+    if members:
+        await conn.execute(
+            "INSERT INTO local_current_membership (user_id, room_id, membership, event_id,"
+            " event_stream_ordering) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[],"
+            " $5::bigint[])"
+            " ON CONFLICT (user_id, room_id) DO UPDATE SET membership = EXCLUDED.membership,"
+            " event_id = EXCLUDED.event_id, event_stream_ordering = EXCLUDED.event_stream_ordering"
+            " WHERE local_current_membership.event_stream_ordering < EXCLUDED.event_stream_ordering",
+            [e.state_key for e in members],
+            [e.room_id for e in members],
+            [e.membership for e in members],
+            [e.event_id for e in members],
+            [e.stream_ordering for e in members],
+        )
+    if invalidations:
+        await conn.execute(
+            "INSERT INTO cache_invalidation_stream_by_instance (stream_id, instance_name, cache_func, keys,"
+            " invalidation_ts) SELECT s, $2, f,"
+            " CASE WHEN k IS NULL THEN NULL ELSE ARRAY(SELECT x FROM jsonb_array_elements_text(k::jsonb)"
+            " WITH ORDINALITY AS e(x, n) ORDER BY n) END, t"
+            " FROM unnest($1::bigint[], $3::text[], $4::text[], $5::bigint[]) AS u(s, f, k, t)",
+            [stream_id for stream_id, _ in invalidations],
+            instance_name,
+            [row.cache_func for _, row in invalidations],
+            [None if row.keys is None else json.dumps(row.keys) for _, row in invalidations],
+            [row.invalidation_ts for _, row in invalidations],
+        )
+
+
+async def events_for_rooms(conn: Conn, rooms: Iterable[str], low: int, high: int) -> list[Event]:
+    """Live events of `rooms` with low < stream_ordering <= high, in stream order."""
+    records = await conn.fetch(
+        f"SELECT {_EVENT_COLUMNS} FROM events WHERE room_id = ANY($1::text[])"
+        " AND stream_ordering > $2 AND stream_ordering <= $3 ORDER BY stream_ordering",
+        list(rooms),
+        low,
+        high,
+    )
+    return [_event(r) for r in records]
+
+
+async def events_by_writer(conn: Conn, instance: str, low: int, high: int, limit: int) -> list[Event]:
+    """`instance`'s events with low < stream_ordering <= high, in stream order, at most `limit`.
+
+    For the negative (backfill) stream pass the signed bounds with low > high: rows with
+    high <= stream_ordering < low, nearest to zero first.
+    """
+    if low <= high:
+        query = (
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE instance_name = $1"
+            " AND stream_ordering > $2 AND stream_ordering <= $3 ORDER BY stream_ordering LIMIT $4"
+        )
+    else:
+        query = (
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE instance_name = $1"
+            " AND stream_ordering < $2 AND stream_ordering >= $3 ORDER BY stream_ordering DESC LIMIT $4"
+        )
+    return [_event(r) for r in await conn.fetch(query, instance, low, high, limit)]
+
+
+async def invalidations_by_writer(
+    conn: Conn, instance: str, low: int, high: int, limit: int
+) -> list[tuple[int, CacheInvalidation]]:
+    """`instance`'s caches-stream rows with low < stream_id <= high, in order, at most `limit`."""
+    records = await conn.fetch(
+        "SELECT stream_id, cache_func, keys, invalidation_ts FROM cache_invalidation_stream_by_instance"
+        " WHERE instance_name = $1 AND stream_id > $2 AND stream_id <= $3 ORDER BY stream_id LIMIT $4",
+        instance,
+        low,
+        high,
+        limit,
+    )
+    return [
+        (
+            r["stream_id"],
+            CacheInvalidation(
+                r["cache_func"], None if r["keys"] is None else tuple(r["keys"]), r["invalidation_ts"]
+            ),
+        )
+        for r in records
+    ]
+
+
+async def rooms_for_user(conn: Conn, user_id: str) -> frozenset[str]:
+    """Every room the user has a membership in, current or past (joined, left, invited, banned)."""
+    records = await conn.fetch("SELECT room_id FROM local_current_membership WHERE user_id = $1", user_id)
+    return frozenset(r["room_id"] for r in records)
+
+
+async def joined_members(conn: Conn, room_id: str) -> frozenset[str]:
+    records = await conn.fetch(
+        "SELECT user_id FROM local_current_membership WHERE room_id = $1 AND membership = 'join'", room_id
+    )
+    return frozenset(r["user_id"] for r in records)
+
+
+async def membership(conn: Conn, user_id: str, room_id: str) -> str | None:
+    value: str | None = await conn.fetchval(
+        "SELECT membership FROM local_current_membership WHERE user_id = $1 AND room_id = $2",
+        user_id,
+        room_id,
+    )
+    return value
+
+
+async def current_state(conn: Conn, room_id: str) -> dict[tuple[str, str], str]:
+    """(type, state_key) -> event_id of the room's current state."""
+    records = await conn.fetch(
+        "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = $1", room_id
+    )
+    return {(r["type"], r["state_key"]): r["event_id"] for r in records}
+
+
+async def membership_history(
+    conn: Conn, user_id: str, rooms: Iterable[str], high: int
+) -> dict[str, list[tuple[int, str]]]:
+    """Per room, the user's (stream_ordering, membership) changes up to `high`, in stream order."""
+    records = await conn.fetch(
+        "SELECT room_id, stream_ordering, json FROM events WHERE type = 'm.room.member' AND state_key = $1"
+        " AND room_id = ANY($2::text[]) AND stream_ordering > 0 AND stream_ordering <= $3"
+        " ORDER BY stream_ordering",
+        user_id,
+        list(rooms),
+        high,
+    )
+    history: dict[str, list[tuple[int, str]]] = {}
+    for r in records:
+        value = json.loads(r["json"]).get("content", {}).get("membership")
+        if isinstance(value, str):
+            history.setdefault(r["room_id"], []).append((r["stream_ordering"], value))
+    return history

@@ -1,0 +1,64 @@
+"""The `events` stream (live, positive orderings) and the `backfill` stream (historic, negative).
+
+A row carries what a reader needs to invalidate caches and wake the right readers (room, type,
+state key, membership), not the event body: readers fetch bodies from the database, which is the
+truth. Wire tokens of `backfill` are positive (the negated stream ordering), see pubsub.streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+from pydantic import BaseModel, ConfigDict, Field
+
+from pubsub.streams import Stream
+from pubsub.types import IdGenerator
+from workers.model import Event
+from workers.storage.events import events_by_writer
+
+EVENTS = "events"
+BACKFILL = "backfill"
+_ID = r"^[!$@#A-Za-z0-9_.:=\-/+]{1,255}$"
+
+
+class EventRow(BaseModel):
+    """One event on the wire."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: str = Field(pattern=_ID)
+    room_id: str = Field(pattern=_ID)
+    type: str = Field(min_length=1, max_length=255)
+    sender: str = Field(pattern=_ID)
+    state_key: str | None = Field(None, max_length=255)
+    membership: str | None = Field(None, max_length=32)
+
+    @classmethod
+    def of(cls, event: Event) -> EventRow:
+        return cls(
+            event_id=event.event_id,
+            room_id=event.room_id,
+            type=event.type,
+            sender=event.sender,
+            state_key=event.state_key,
+            membership=event.membership,
+        )
+
+
+def events_stream(pool: asyncpg.Pool, generator: IdGenerator, writers: Sequence[str]) -> Stream[EventRow]:
+    async def update(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, EventRow]]:
+        async with pool.acquire() as conn:
+            events = await events_by_writer(conn, instance, from_token, to_token, limit)
+        return [(e.stream_ordering, EventRow.of(e)) for e in events]
+
+    return Stream(EVENTS, EventRow, update, generator, writers)
+
+
+def backfill_stream(pool: asyncpg.Pool, generator: IdGenerator, writers: Sequence[str]) -> Stream[EventRow]:
+    async def update(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, EventRow]]:
+        async with pool.acquire() as conn:
+            events = await events_by_writer(conn, instance, -from_token, -to_token, limit)
+        return [(-e.stream_ordering, EventRow.of(e)) for e in events]
+
+    return Stream(BACKFILL, EventRow, update, generator, writers, positive=False)
