@@ -171,19 +171,23 @@ class Model:
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["begin", "db", "end", "finish", "announce"]), st.integers(0, 2), st.integers(0, 3)),
+    st.tuples(
+        st.sampled_from(["alloc", "slow", "end", "finish", "gossip"]), st.integers(0, 2), st.integers(0, 3)
+    ),
     max_size=80,
 )
 
 
-@settings(max_examples=150, deadline=None)
-@given(ops)
-def test_model_persisted_upto_never_passes_an_unfinished_id(steps: list[tuple[str, int, int]]) -> None:
-    writers = ["w0", "w1", "w2"]
-    books = {w: StreamPositions(w, writers, persisted_upto=0, own_position=0) for w in writers}
-    books["reader"] = StreamPositions("reader", writers, persisted_upto=0)
+@settings(max_examples=300, deadline=None)
+@given(ops, st.booleans(), st.integers(2, 3))
+def test_model_persisted_upto_never_passes_an_unfinished_id(
+    steps: list[tuple[str, int, int]], all_heard: bool, n_writers: int
+) -> None:
+    writers = ["w0", "w1", "w2"][:n_writers]
+    heard = dict.fromkeys(writers, 0) if all_heard else {}
+    books = {w: StreamPositions(w, writers, persisted_upto=0, positions=heard, own_position=0) for w in writers}
+    books["reader"] = StreamPositions("reader", writers, persisted_upto=0, positions=heard)
     m = Model(writers, books, pending={w: [] for w in writers}, unfinished={w: set() for w in writers})
-    markers: dict[str, list[int]] = {w: [] for w in writers}
     last = {name: (b.persisted_upto, b.position_of(name)) for name, b in books.items()}
 
     def check() -> None:
@@ -200,12 +204,15 @@ def test_model_persisted_upto_never_passes_an_unfinished_id(steps: list[tuple[st
                 assert books[w].own_position() < min(mine), w
 
     for op, wi, k in steps:
-        w = writers[wi]
+        w = writers[wi % n_writers]
         book = books[w]
-        if op == "begin":
-            markers[w].append(book.begin_allocation())
-        elif op == "db" and markers[w]:
-            marker = markers[w].pop(0)
+        if op == "alloc":
+            ids = list(range(m.next_id, m.next_id + k + 1))
+            m.next_id += k + 1
+            book.end_allocation(book.begin_allocation(), ids)
+            m.unfinished[w].update(ids)
+        elif op == "slow":  # the database answered, the answer has not arrived yet
+            marker = book.begin_allocation()
             ids = list(range(m.next_id, m.next_id + k + 1))
             m.next_id += k + 1
             m.pending[w].append((marker, ids))
@@ -214,19 +221,20 @@ def test_model_persisted_upto_never_passes_an_unfinished_id(steps: list[tuple[st
             book.end_allocation(marker, ids)
             m.unfinished[w].update(ids)
         elif op == "finish" and m.unfinished[w]:
-            ids = sorted(m.unfinished[w])[: k + 1]
+            mine = sorted(m.unfinished[w])
+            ids = mine[: k + 1] if k % 2 else mine[-(k + 1) :]  # oldest first, or newest first
             m.unfinished[w].difference_update(ids)
             book.finish(ids)
-        elif op == "announce":
-            pos = book.own_position()
-            for other in books.values():
-                other.advance(w, pos)
+        elif op == "gossip":  # every writer announces its position to everyone, k + 1 rounds
+            for _ in range(k + 1):
+                for src in writers:
+                    pos = books[src].own_position()
+                    for other in books.values():
+                        other.advance(src, pos)
         check()
 
     # Liveness: once everything finished and everyone announced twice, every view is at the top.
     for w in writers:
-        for marker in markers[w]:
-            books[w].end_allocation(marker, [])
         for marker, ids in m.pending[w]:
             books[w].end_allocation(marker, ids)
             books[w].finish(ids)
