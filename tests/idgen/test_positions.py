@@ -185,7 +185,9 @@ def test_model_persisted_upto_never_passes_an_unfinished_id(
 ) -> None:
     writers = ["w0", "w1", "w2"][:n_writers]
     heard = dict.fromkeys(writers, 0) if all_heard else {}
-    books = {w: StreamPositions(w, writers, persisted_upto=0, positions=heard, own_position=0) for w in writers}
+    books = {
+        w: StreamPositions(w, writers, persisted_upto=0, positions=heard, own_position=0) for w in writers
+    }
     books["reader"] = StreamPositions("reader", writers, persisted_upto=0, positions=heard)
     m = Model(writers, books, pending={w: [] for w in writers}, unfinished={w: set() for w in writers})
     last = {name: (b.persisted_upto, b.position_of(name)) for name, b in books.items()}
