@@ -987,7 +987,10 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("run", "export", "-h", "--help"):
         argv = ["run", *argv]
     parser = build_parser()
-    args = parser.parse_args(argv)  # exits 2 with one message on bad arguments
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed one usage message; return its status instead of exiting
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="audit: %(message)s")
     try:
