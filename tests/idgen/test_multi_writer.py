@@ -176,7 +176,7 @@ async def test_unheard_writer_holds_back_linear_only(make: Make, db_pool: asyncp
     b = await make("b", ["a", "b", "c"])
     reader = await make("r", ["a", "b", "c"])
     for gen in (a, b):
-        (i,) = await write(gen)
+        await write(gen)
         reader.advance(gen.instance_name, gen.get_current_token_for_writer(gen.instance_name))
     assert reader.get_positions() == {"a": 1, "b": 2}
     assert reader.get_current_token() == 0  # c never heard from: it may be writing
@@ -371,7 +371,8 @@ async def test_non_writer_cannot_allocate(make: Make) -> None:
 
 async def test_untracked_stream_never_touches_stream_positions(make: Make, db_pool: asyncpg.Pool) -> None:
     await db_pool.execute(
-        "INSERT INTO cache_invalidation_stream_by_instance VALUES (4, 'x', 'f', NULL, 0);SELECT setval('cache_invalidation_stream_seq', 4)"
+        "INSERT INTO cache_invalidation_stream_by_instance VALUES (4, 'x', 'f', NULL, 0);"
+        "SELECT setval('cache_invalidation_stream_seq', 4)"
     )
     opts: dict[str, Any] = {
         "stream_name": "caches",
