@@ -921,7 +921,7 @@ def _quantile(text: str) -> float:
     return value
 
 
-def _conf_pair(text: str) -> tuple[str, str]:
+def conf_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {text!r}")
@@ -946,7 +946,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--num-partitions", type=_positive_int, help="JDBC read partitions on stream_id")
         p.add_argument("--lower-bound", type=int, help="JDBC partition lower bound (default: table min)")
         p.add_argument("--upper-bound", type=int, help="JDBC partition upper bound (default: table max)")
-        p.add_argument("--spark-conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE")
+        p.add_argument("--spark-conf", type=conf_pair, action="append", default=[], metavar="KEY=VALUE")
 
     run = sub.add_parser("run", help="compute the audit (default)")
     common(run)

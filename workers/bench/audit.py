@@ -1,0 +1,224 @@
+"""`fanout bench audit`: rows/s of the audit's core aggregate on Spark, beside Postgres computing the same.
+
+For each size (default 1M and 10M rows) it generates a log inside Postgres (`analytics.generate`), then times:
+
+* spark: the job's own path, JDBC partitioned read on stream_id -> dedupe -> annotate -> `window_stats`
+  (per window, cache and writer: rows, keys, kinds, bytes, per-key messages), written as Parquet;
+* postgres: the same aggregate in one SQL statement (DISTINCT ON stream_id, the same definitions), all
+  groups fetched by the client.
+
+Both results are summed and compared (groups, rows, keys, bytes, per-key messages); a disagreement exits 1.
+Without `--database-url` it starts embedded servers and throws them away afterwards. Progress goes to
+stderr; the result is one JSON object on stdout followed by a table. Measured on the 2-core dev machine:
+see the final report of issue 6 (10M rows take several minutes end to end, most of it generation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+_PG_AGGREGATE = """
+WITH d AS (
+    SELECT DISTINCT ON (stream_id) * FROM cache_invalidation_stream_by_instance ORDER BY stream_id
+), a AS (
+    SELECT invalidation_ts - ((invalidation_ts % $1) + $1) % $1 AS window_start, cache_func, instance_name,
+           CASE WHEN keys IS NULL THEN 0 WHEN cache_func LIKE '%\\_cache\\_fake' THEN cardinality(keys)
+                ELSE 1 END AS k,
+           keys IS NULL AS everything,
+           octet_length(array_to_json(ARRAY[cache_func])::text)
+             + octet_length(coalesce(array_to_json(keys)::text, 'null'))
+             + length(invalidation_ts::text) + 2 AS bytes
+    FROM d
+)
+SELECT window_start, cache_func, instance_name, count(*) AS rows, sum(k) AS keys,
+       count(*) FILTER (WHERE k > 1) AS batched_rows,
+       count(*) FILTER (WHERE everything) AS invalidate_all_rows,
+       sum(bytes) AS bytes, sum(greatest(k, 1)) AS per_key_messages
+FROM a GROUP BY 1, 2, 3
+"""
+_COMPARED = ("groups", "rows", "keys", "batched_rows", "invalidate_all_rows", "bytes", "per_key_messages")
+
+
+def _progress(message: str) -> None:
+    print(f"bench audit: {message}", file=sys.stderr, flush=True)
+
+
+def _rows_arg(text: str) -> list[int]:
+    try:
+        sizes = [int(float(part)) for part in text.split(",") if part]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"want comma-separated positive row counts, got {text!r}")
+    return sizes
+
+
+async def _prepare(admin_url: str, name: str, rows: int) -> str:
+    from analytics.generate import generate_log
+    from workers.storage.migrate import migrate_url
+
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    url = f"{admin_url.rpartition('/')[0]}/{name}"
+    await migrate_url(url)
+    conn = await asyncpg.connect(url)
+    try:
+        await generate_log(conn, rows, instances=("persister1", "persister2", "persister3"), progress=True)
+        await conn.execute("ANALYZE cache_invalidation_stream_by_instance")
+    finally:
+        await conn.close()
+    return url
+
+
+async def _drop(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+async def _postgres_aggregate(url: str, window_ms: int) -> tuple[float, dict[str, int]]:
+    conn = await asyncpg.connect(url)
+    try:
+        started = time.perf_counter()
+        groups = await conn.fetch(_PG_AGGREGATE, window_ms)
+        elapsed = time.perf_counter() - started
+    finally:
+        await conn.close()
+    sums = {c: sum(int(g[c]) for g in groups) for c in _COMPARED if c != "groups"}
+    return elapsed, {"groups": len(groups), **sums}
+
+
+def _spark_aggregate(
+    spark: Any, url: str, jar: str, window_ms: int, partitions: int | None
+) -> tuple[float, dict[str, int]]:
+    from pyspark.sql import functions as F
+
+    from analytics import audit
+
+    out = Path(tempfile.mkdtemp(prefix="fanout-bench-audit-"))
+    try:
+        source = audit.PostgresSource(url, jdbc_jar=jar, num_partitions=partitions)
+        started = time.perf_counter()
+        annotated = audit.annotate(audit.dedupe(audit.load_invalidations(spark, source)), window_ms)
+        audit.window_stats(annotated, 1).write.mode("overwrite").parquet(str(out / "window_stats"))
+        elapsed = time.perf_counter() - started
+        written = spark.read.parquet(str(out / "window_stats"))
+        row = written.agg(
+            F.count(F.lit(1)).alias("groups"), *[F.sum(c).alias(c) for c in _COMPARED if c != "groups"]
+        ).first()
+        return elapsed, {c: int(row[c] or 0) for c in _COMPARED}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _run(admin_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    from analytics import audit
+
+    jar = audit.resolve_jdbc_jar(args.jdbc_jar)
+    started = time.perf_counter()
+    spark, owned = audit.spark_session(
+        args.master,
+        jar,
+        [
+            ("spark.driver.memory", args.driver_memory),
+            ("spark.sql.shuffle.partitions", str(args.shuffle_partitions)),
+            ("spark.ui.enabled", "false"),
+        ],
+    )
+    startup = time.perf_counter() - started
+    results: list[dict[str, Any]] = []
+    try:
+        for rows in args.rows:
+            name = f"bench_audit_{rows}"
+            _progress(f"generating {rows} rows in database {name}")
+            gen_started = time.perf_counter()
+            url = asyncio.run(_prepare(admin_url, name, rows))
+            generated = time.perf_counter() - gen_started
+            try:
+                _progress(f"postgres aggregate over {rows} rows")
+                pg_s, pg_sums = asyncio.run(_postgres_aggregate(url, args.window))
+                _progress(f"spark aggregate over {rows} rows (postgres took {pg_s:.1f}s)")
+                spark_s, spark_sums = _spark_aggregate(spark, url, jar, args.window, args.num_partitions)
+                _progress(f"spark took {spark_s:.1f}s")
+            finally:
+                if not args.keep:
+                    asyncio.run(_drop(admin_url, name))
+            results.append(
+                {
+                    "rows": rows,
+                    "generate_s": round(generated, 2),
+                    "spark_s": round(spark_s, 3),
+                    "spark_rows_per_s": round(rows / spark_s),
+                    "postgres_s": round(pg_s, 3),
+                    "postgres_rows_per_s": round(rows / pg_s),
+                    "groups": spark_sums["groups"],
+                    "agree": spark_sums == pg_sums,
+                    "spark_sums": spark_sums,
+                    "postgres_sums": pg_sums,
+                }
+            )
+    finally:
+        if owned:
+            spark.stop()
+    return {
+        "bench": "audit",
+        "master": args.master,
+        "window_ms": args.window,
+        "spark_startup_s": round(startup, 2),
+        "results": results,
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Exit 0 when Spark and Postgres agree for every size, 1 when they do not, 2 on bad usage."""
+    from analytics import audit
+
+    parser = argparse.ArgumentParser(prog="fanout bench audit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", help="admin URL (database postgres); default: embedded servers")
+    parser.add_argument("--rows", type=_rows_arg, default=[1_000_000, 10_000_000], help="e.g. 1e6,1e7")
+    parser.add_argument("--window", type=audit.parse_window, default=60_000)
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--num-partitions", type=int, help="JDBC partitions (default 2x parallelism)")
+    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument("--jdbc-jar")
+    parser.add_argument("--keep", action="store_true", help="keep the generated databases")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        if args.database_url:
+            report = _run(args.database_url, args)
+        else:
+            from workers.services import EmbeddedServices
+
+            with EmbeddedServices(with_redis=False) as services:
+                report = _run(services.database_url, args)
+    except audit.AuditError as e:
+        print(f"fanout bench audit: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    print(f"{'rows':>12} {'spark s':>9} {'spark rows/s':>13} {'pg s':>8} {'pg rows/s':>11} {'agree':>6}")
+    for r in report["results"]:
+        print(
+            f"{r['rows']:>12} {r['spark_s']:>9.2f} {r['spark_rows_per_s']:>13} {r['postgres_s']:>8.2f} "
+            f"{r['postgres_rows_per_s']:>11} {r['agree']!s:>6}"
+        )
+    return 0 if all(r["agree"] for r in report["results"]) else 1
