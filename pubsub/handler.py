@@ -11,7 +11,10 @@ Rules (see the package docstring for why):
   fetch (cur, new] through the stream's update function, page by page, apply them in order,
   then move to `new`. When `cur` is above `new` the writer restarted: nothing to fetch.
 * RDATA with a token at or below `cur` is a duplicate and ignored. `batch` rows wait for the
-  numbered row of the same writer and are applied together with it.
+  numbered row of the same writer and are applied together with it. The numbered row names the
+  writer's previous announced token and the row count of its token (`Stream.encode_payload`):
+  when `prev` is beyond `cur` or rows are missing, a message was lost, so the rows are not
+  applied and the writer waits for its next POSITION (at most one announce interval away).
 * Order contract, per token: `apply(stream, instance, token, rows)` (the application invalidates
   caches there), then the generator is advanced, then position listeners run (they wake readers).
   If `apply` raises, the generator is not advanced and the writer waits for the next POSITION,
@@ -50,7 +53,7 @@ class _StreamState:
 
     def __init__(self, stream: Stream[Any]) -> None:
         self.stream = stream
-        self.queue: deque[tuple[int, RData | Position, BaseModel | None]] = deque()
+        self.queue: deque[tuple[int, RData | Position, tuple[BaseModel, int, int] | None]] = deque()
         self.wake = asyncio.Event()
         self.connected: set[str] = set()
         self.pending: dict[str, list[BaseModel]] = {}
@@ -155,10 +158,10 @@ class ReplicationHandler:
         if cmd.instance not in state.stream.writers:
             self._reject("not_a_writer", f"stream={cmd.stream} instance={cmd.instance}")
             return
-        row: BaseModel | None = None
+        row: tuple[BaseModel, int, int] | None = None
         if isinstance(cmd, RData):
             try:
-                row = state.stream.parse_row(cmd.row_json)
+                row = state.stream.parse_payload(cmd.row_json, cmd.token is not None)
             except ValidationError as e:
                 # Still queued (as None): in order, it makes the writer wait for a POSITION.
                 self._reject(
@@ -214,13 +217,13 @@ class ReplicationHandler:
                 state.wake.clear()
                 await state.wake.wait()
                 continue
-            generation, cmd, row = state.queue.popleft()
+            generation, cmd, payload = state.queue.popleft()
             if generation != self.generation:
                 self.metrics.drop("stale_connection")
                 continue
             try:
                 if isinstance(cmd, RData):
-                    await self._process_rdata(state, cmd, row)
+                    await self._process_rdata(state, cmd, payload)
                 else:
                     await self._process_position(state, cmd, generation)
             except asyncio.CancelledError:
@@ -233,23 +236,24 @@ class ReplicationHandler:
                     "replication processing failed: stream=%s instance=%s", cmd.stream, cmd.instance
                 )
 
-    async def _process_rdata(self, state: _StreamState, cmd: RData, row: BaseModel | None) -> None:
+    async def _process_rdata(
+        self, state: _StreamState, cmd: RData, payload: tuple[BaseModel, int, int] | None
+    ) -> None:
         writer = cmd.instance
         if writer not in state.connected:
-            if row is not None:
+            if payload is not None:
                 self.metrics.drop("not_connected")
             return
         stream = state.stream
-        if row is None:
-            state.connected.discard(writer)
-            state.pending.pop(writer, None)
+        if payload is None:
+            self._disconnect(state, writer)
             return
+        row, prev, count = payload
         if cmd.token is None:
             batch = state.pending.setdefault(writer, [])
             if len(batch) >= MAX_BATCH_ROWS:
                 self._reject("batch_too_long", f"stream={stream.name} instance={writer}")
-                state.connected.discard(writer)
-                state.pending.pop(writer, None)
+                self._disconnect(state, writer)
                 return
             batch.append(row)
             return
@@ -257,10 +261,20 @@ class ReplicationHandler:
         rows = [*batch, row] if batch else [row]
         if cmd.token > state.announced.get(writer, 0):
             state.announced[writer] = cmd.token
-        if cmd.token <= stream.current_token(writer):
+        cur = stream.current_token(writer)
+        if cmd.token <= cur:
             self.metrics.drop("duplicate")
             return
+        if prev > cur or count != len(rows):
+            # A message of this writer was lost: wait for its next POSITION, which catches up.
+            self.metrics.drop("gap")
+            self._disconnect(state, writer)
+            return
         await self._apply(stream, writer, cmd.token, rows)
+
+    def _disconnect(self, state: _StreamState, writer: str) -> None:
+        state.connected.discard(writer)
+        state.pending.pop(writer, None)
 
     async def _process_position(self, state: _StreamState, cmd: Position, generation: int) -> None:
         writer, stream = cmd.instance, state.stream

@@ -72,6 +72,12 @@ class ReplicationMetrics:
         self.dropped.labels(reason).inc(count)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """A sample's current value (0 when absent), for tests and `health()`."""
-        result = self.registry.get_sample_value(name, labels or {})
-        return 0.0 if result is None else result
+        """Sum of the samples called `name` whose labels include `labels` (0 when none), for tests
+        and `health()`."""
+        wanted = (labels or {}).items()
+        total = 0.0
+        for metric in self.registry.collect():
+            for sample in metric.samples:
+                if sample.name == name and wanted <= sample.labels.items():
+                    total += sample.value
+        return total

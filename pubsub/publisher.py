@@ -135,23 +135,20 @@ class StreamPublisher:
 
     def _build_lines(self, source: _Source, announce: bool) -> list[tuple[str, str]]:
         stream, me = source.stream, self.instance_name
+        encode = stream.encode_payload
         current = stream.current_token(me)
         lines: list[tuple[str, str]] = []
         prev = source.sent_upto
         if current > prev and source.staged:
             ready = sorted(t for t in source.staged if t <= current)
+            last = prev
             for token in ready:
                 rows = source.staged.pop(token)
                 for row in rows[:-1]:
-                    lines.append(
-                        (source.channel, format_command(RData(stream.name, me, None, row.model_dump_json())))
-                    )
-                lines.append(
-                    (
-                        source.channel,
-                        format_command(RData(stream.name, me, token, rows[-1].model_dump_json())),
-                    )
-                )
+                    lines.append((source.channel, format_command(RData(stream.name, me, None, encode(row)))))
+                payload = encode(rows[-1], last, len(rows))
+                lines.append((source.channel, format_command(RData(stream.name, me, token, payload))))
+                last = token
             if ready:
                 prev = ready[-1]
             self.metrics.command_out("RDATA", stream.name, len(lines))

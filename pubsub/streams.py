@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, create_model
 
 from pubsub.errors import StreamConfigError
 from pubsub.types import IdGenerator, UpdateFunction
@@ -32,7 +32,16 @@ class Stream(Generic[RowT]):
     always points to rows the update function can serve.
     """
 
-    __slots__ = ("generator", "name", "positive", "row_model", "update_function", "writers")
+    __slots__ = (
+        "_batched",
+        "_numbered",
+        "generator",
+        "name",
+        "positive",
+        "row_model",
+        "update_function",
+        "writers",
+    )
 
     def __init__(
         self,
@@ -52,6 +61,13 @@ class Stream(Generic[RowT]):
         self.generator = generator
         self.writers = frozenset(writers)
         self.positive = positive
+        self._numbered: type[BaseModel] = create_model(
+            f"{row_model.__name__}Numbered",
+            prev=(int, Field(ge=0)),
+            n=(int, Field(ge=1)),
+            row=(row_model, ...),
+        )
+        self._batched: type[BaseModel] = create_model(f"{row_model.__name__}Batched", row=(row_model, ...))
 
     def current_token(self, instance: str) -> int:
         """What this process knows of `instance`'s position, as a wire token."""
@@ -67,13 +83,25 @@ class Stream(Generic[RowT]):
         factor = 1 if self.positive else -1
         return {name: factor * value for name, value in self.generator.get_positions().items()}
 
-    def parse_row(self, row_json: str) -> RowT:
-        """Validate one row from the wire; raises pydantic.ValidationError."""
-        return self.row_model.model_validate_json(row_json)
+    def parse_payload(self, payload: str, numbered: bool) -> tuple[RowT, int, int]:
+        """Validate an RDATA payload: `(row, prev, n)`; a batch row has prev=-1, n=0.
+
+        Raises pydantic.ValidationError. See `encode_payload` for the shape.
+        """
+        if numbered:
+            env = self._numbered.model_validate_json(payload)
+            return env.row, env.prev, env.n  # type: ignore[attr-defined]
+        return self._batched.model_validate_json(payload).row, -1, 0  # type: ignore[attr-defined]
 
     @staticmethod
-    def encode_row(row: BaseModel) -> str:
-        return row.model_dump_json()
+    def encode_payload(row: BaseModel, prev: int | None = None, n: int = 0) -> str:
+        """The RDATA JSON: `{"row": {...}}` on batch rows; on the numbered row of a token also the
+        writer's previous announced token and the number of rows of the token:
+        `{"prev": 40, "n": 3, "row": {...}}`. Readers use them to see a lost RDATA at once
+        (Redis pub/sub may lose any message) instead of applying later rows past a hole."""
+        if prev is None:
+            return f'{{"row":{row.model_dump_json()}}}'
+        return f'{{"prev":{prev},"n":{n},"row":{row.model_dump_json()}}}'
 
     async def fetch_updates(
         self, instance: str, from_token: int, to_token: int, limit: int

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -15,6 +16,14 @@ from pubsub.streams import Stream, StreamRegistry
 from tests.pubsub.fakes import MemoryTable, Row, memory_stream
 
 Applied = list[tuple[str, int, list[str]]]
+
+
+def rd(writer: str, token: int | None, payload: object, prev: int = 0, n: int = 1, stream: str = "s") -> str:
+    """An RDATA line with the envelope the publisher writes (`prev`/`n` only on numbered rows)."""
+    row = json.dumps({"payload": payload})
+    if token is None:
+        return f'RDATA {stream} {writer} batch {{"row": {row}}}'
+    return f'RDATA {stream} {writer} {token} {{"prev": {prev}, "n": {n}, "row": {row}}}'
 
 
 class Harness:
@@ -82,14 +91,14 @@ async def make() -> AsyncIterator[Callable[..., Harness]]:
 async def test_rdata_is_dropped_until_the_first_position(make: Callable[..., Harness]) -> None:
     h = make()
     h.table.add("w1", 1, Row(payload="a"))
-    h.send('RDATA s w1 1 {"payload": "a"}')
+    h.send(rd("w1", 1, "a"))
     await h.settle()
     assert h.applied == []
     assert h.dropped("not_connected") == 1
     h.send("POSITION s w1 1 1")
     await h.settle()
     assert h.applied == [("w1", 1, ["a"])]  # the catch-up brought it
-    h.send('RDATA s w1 2 {"payload": "b"}')
+    h.send(rd("w1", 2, "b", prev=1))
     await h.settle()
     assert h.applied[-1] == ("w1", 2, ["b"])
 
@@ -98,11 +107,11 @@ async def test_batches_apply_together_and_duplicates_are_ignored(make: Callable[
     h = make()
     h.send("POSITION s w1 0 0")
     h.send(
-        'RDATA s w1 batch {"payload": "a"}',
-        'RDATA s w1 batch {"payload": "b"}',
-        'RDATA s w1 4 {"payload": "c"}',
+        rd("w1", None, "a"),
+        rd("w1", None, "b"),
+        rd("w1", 4, "c", n=3),
     )
-    h.send('RDATA s w1 4 {"payload": "c"}', 'RDATA s w1 3 {"payload": "old"}')
+    h.send(rd("w1", 4, "c", prev=0), rd("w1", 3, "old", prev=0))
     await h.settle()
     assert h.applied == [("w1", 4, ["a", "b", "c"])]
     assert h.dropped("duplicate") == 2
@@ -114,7 +123,7 @@ async def test_gap_found_by_position_is_fetched_in_pages_in_order(make: Callable
     for token in range(1, 9):
         h.table.add("w1", token, Row(payload=f"r{token}"))
     h.table.add("w1", 8, Row(payload="r8b"))  # two rows share token 8
-    h.send('RDATA s w1 1 {"payload": "r1"}')  # 2..8 were "lost"
+    h.send(rd("w1", 1, "r1"))  # 2..8 were "lost"
     h.send("POSITION s w1 8 10")
     await h.settle()
     assert [t for _, t, _ in h.applied] == [1, 2, 3, 4, 5, 6, 7, 8]
@@ -136,7 +145,7 @@ async def test_page_holding_a_single_token_is_refetched_whole(make: Callable[...
 
 async def test_apply_runs_before_advance_and_listeners_after(make: Callable[..., Harness]) -> None:
     h = make()
-    h.send("POSITION s w1 0 0", 'RDATA s w1 5 {"payload": "a"}')
+    h.send("POSITION s w1 0 0", rd("w1", 5, "a"))
     await h.settle()
     assert h.events == ["apply 5 pos=0", "listener 5 pos=5"]
 
@@ -146,13 +155,13 @@ async def test_forged_and_invalid_input_never_moves_a_position(make: Callable[..
     h.send("POSITION s w1 0 0")
     await h.settle()
     h.send(
-        'RDATA s intruder 9 {"payload": "x"}',
+        rd("intruder", 9, "x"),
         "POSITION s intruder 0 9",
-        'RDATA nosuch w1 9 {"payload": "x"}',
-        'RDATA s w1 9 {"payload": 5}',
-        'RDATA s w1 9 {"nope": "x"}',
+        rd("w1", 9, "x", stream="nosuch"),
+        rd("w1", 9, 5),
+        'RDATA s w1 9 {"prev": 0, "n": 1, "row": {"nope": "x"}}',
         "POSITION s me 0 9",
-        'RDATA elsewhere w1 9 {"payload": "x"}',
+        rd("w1", 9, "x", stream="elsewhere"),
     )
     await h.settle()
     assert h.applied == []
@@ -170,9 +179,9 @@ async def test_invalid_row_in_a_batch_waits_for_position_and_catches_up(make: Ca
     h.table.add("w1", 2, Row(payload="a"))
     h.table.add("w1", 2, Row(payload="b"))
     h.send(
-        'RDATA s w1 batch {"payload": "a"}',
-        'RDATA s w1 batch {"payload": 1}',
-        'RDATA s w1 2 {"payload": "b"}',
+        rd("w1", None, "a"),
+        rd("w1", None, 1),
+        rd("w1", 2, "b", n=3),
     )
     await h.settle()
     assert h.applied == []
@@ -185,9 +194,9 @@ async def test_connection_loss_drops_queued_and_waits_for_position(make: Callabl
     h = make()
     h.send("POSITION s w1 0 0")
     await h.settle()
-    h.send('RDATA s w1 1 {"payload": "a"}')
+    h.send(rd("w1", 1, "a"))
     h.handler.connection_lost()
-    h.send('RDATA s w1 2 {"payload": "b"}')
+    h.send(rd("w1", 2, "b", prev=1))
     await h.settle()
     assert h.applied == []
     assert h.dropped("stale_connection") == 1
@@ -200,7 +209,7 @@ async def test_overflow_drops_backlog_then_catches_up(make: Callable[..., Harnes
     await h.settle()
     for token in range(1, 21):
         h.table.add("w1", token, Row(payload=f"r{token}"))
-        h.send(f'RDATA s w1 {token} {{"payload": "r{token}"}}')
+        h.send(rd("w1", token, f"r{token}", prev=token - 1))
     assert len(h.handler._states["s"].queue) <= 5
     await h.settle()
     h.send("POSITION s w1 20 20")
@@ -222,9 +231,7 @@ async def test_failed_apply_is_retried_by_the_next_position(make: Callable[..., 
     h.send("POSITION s w1 0 0")
     for token in (1, 2, 3):
         h.table.add("w1", token, Row(payload=f"r{token}"))
-    h.send(
-        'RDATA s w1 1 {"payload": "r1"}', 'RDATA s w1 2 {"payload": "r2"}', 'RDATA s w1 3 {"payload": "r3"}'
-    )
+    h.send(rd("w1", 1, "r1"), rd("w1", 2, "r2", prev=1), rd("w1", 3, "r3", prev=2))
     await h.settle()
     assert [t for _, t, _ in h.applied] == [1]
     h.send("POSITION s w1 3 3")
@@ -240,3 +247,32 @@ async def test_writer_restart_position_below_ours_fetches_nothing(make: Callable
     await h.settle()
     assert h.position("w1") == 7
     assert h.handler.is_connected("s", "w1")
+
+
+async def test_a_lost_rdata_between_two_others_is_noticed_and_healed_in_order(
+    make: Callable[..., Harness],
+) -> None:
+    h = make()
+    h.send("POSITION s w1 0 0")
+    for token in (2, 5, 9):
+        h.table.add("w1", token, Row(payload=f"r{token}"))
+    h.send(rd("w1", 2, "r2"), rd("w1", 9, "r9", prev=5))  # RDATA 5 was lost
+    await h.settle()
+    assert [t for _, t, _ in h.applied] == [2]
+    assert h.dropped("gap") == 1
+    h.send("POSITION s w1 9 9")
+    await h.settle()
+    assert [t for _, t, _ in h.applied] == [2, 5, 9]
+
+
+async def test_a_lost_batch_row_is_noticed(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.send("POSITION s w1 0 0")
+    h.table.add("w1", 3, Row(payload="a"))
+    h.table.add("w1", 3, Row(payload="b"))
+    h.send(rd("w1", 3, "b", n=2))  # the batch row "a" was lost
+    await h.settle()
+    assert h.applied == []
+    h.send("POSITION s w1 3 3")
+    await h.settle()
+    assert h.applied == [("w1", 3, ["a", "b"])]

@@ -1,0 +1,191 @@
+"""Replication end to end with real Redis and Postgres: catch-up, message loss, forged input."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from pubsub import keys
+from tests.pubsub.conftest import STREAM, NodeFactory, check_history, wait_for
+
+GOOD = b'{"prev": 0, "n": 1, "row": {"writer": "w1", "seq": 1, "payload": "x"}}'
+
+
+async def test_late_subscriber_gets_no_rdata_and_catches_up_from_the_database(make_node: NodeFactory) -> None:
+    reader = await make_node(
+        "r1", start=False, catch_up_batch_size=100
+    )  # generator loaded before the writes: it must catch up
+    writer = await make_node("w1")
+    for _ in range(10):
+        await writer.write_many(100)
+    await wait_for(lambda: writer.client.publisher.positions()[STREAM] >= 1000, what="writer flushed")
+    await reader.client.start()
+    await wait_for(lambda: reader.applied_count() == 1000, what="catch-up of 1000 rows")
+    check_history(reader.applied, {"w1": writer.written})
+    assert reader.metric("fanout_repl_commands_in_total", command="RDATA", stream=STREAM) == 0
+    assert reader.metric("fanout_repl_catch_up_rows_total", stream=STREAM) == 1000
+    assert reader.metric("fanout_repl_catch_up_fetches_total", stream=STREAM) >= 1
+    assert reader.client.read_streams[STREAM].current_token(
+        "w1"
+    ) == writer.generator.get_current_token_for_writer("w1")
+
+
+async def test_every_third_message_dropped_still_exactly_once_in_order(make_node: NodeFactory) -> None:
+    def every_third(n: int) -> bool:
+        return n % 3 == 2
+
+    reader = await make_node("r1", writers=["w1", "w2"], catch_up_batch_size=7)
+    w1 = await make_node("w1", writers=["w1", "w2"], drop_filter=every_third)
+    w2 = await make_node("w2", writers=["w1", "w2"], drop_filter=every_third)
+    await wait_for(lambda: reader.client.handler.is_connected(STREAM, "w1"), what="w1 connected")
+
+    async def load(node: object, rows_per_token: int) -> None:
+        assert hasattr(node, "write")
+        for _ in range(20):
+            await node.write(5, rows_per_token=rows_per_token)
+            await asyncio.sleep(0.005)
+
+    await asyncio.gather(load(w1, 1), load(w2, 3))
+    took = await wait_for(
+        lambda: reader.applied_count() == len(w1.written) + len(w2.written), what="every row despite drops"
+    )
+    check_history(reader.applied, {"w1": w1.written, "w2": w2.written})
+    assert w1.metric("fanout_repl_dropped_total", reason="test_hook") > 0
+    assert reader.metric("fanout_repl_catch_up_rows_total", stream=STREAM) > 0
+    print(f"converged {took:.3f}s after the last write (announce interval 0.2s)")
+
+
+async def test_forged_and_malformed_lines_are_rejected_and_counted(
+    make_node: NodeFactory, redis_url: str, channel_prefix: str
+) -> None:
+    reader = await make_node("r1", writers=["w1"], max_line_bytes=2048)
+    writer = await make_node("w1", writers=["w1"])
+    await writer.write(3)
+    await wait_for(lambda: reader.applied_count() == 3, what="first rows")
+    position = reader.client.read_streams[STREAM].current_token("w1")
+    forged: list[bytes] = [
+        b"",
+        b"HELLO",
+        b"replicate",
+        b"REPLICATE please",
+        b"POSITION test_rows w1 1",
+        b"POSITION test_rows w1 -1 5",
+        b"POSITION test_rows w1 9 5",
+        b"POSITION test_rows w1 1 0x10",
+        b"POSITION test_rows intruder 0 999999",
+        b"POSITION nosuch w1 0 5",
+        b"POSITION test/rows w1 0 5",
+        b"RDATA test_rows intruder 999999 " + GOOD,
+        b'RDATA nosuch w1 999999 {"writer": "w1", "seq": 1, "payload": "x"}',
+        b"RDATA test_rows w1 999999 not-json",
+        b'RDATA test_rows w1 999999 {"writer": "w1"}',
+        b'RDATA test_rows w1 999999 {"prev": 0, "n": 1, "row": {"writer": "w1", "seq": "one"}}',
+        b"RDATA test_rows w1 999999 " + GOOD.replace(b'"prev": 0', b'"prev": -3'),
+        b'RDATA test_rows w1 batch {"prev": 0, "n": 1, "row": {"writer": "w1", "seq": 1}}',
+        b'RDATA test_rows w1 999999 {"writer": "w1", "seq": 1, "payload": "x"',
+        b"RDATA test_rows w1 999999",
+        b'RDATA test_rows w1 -5 {"writer": "w1", "seq": 1, "payload": "x"}',
+        b'RDATA test_rows w1 999999 {"writer": "w1", "seq": 1, "payload": "' + b"x" * 4000 + b'"}',
+        b'RDATA test_rows w1 999999 {"a":\n1}',
+        b"\xff\xfeRDATA",
+        b"USER_SYNC abcde @u:x dev maybe 5",
+        b"USER_SYNC abcde @u:x dev start",
+        b"CLEAR_USER_SYNC",
+        b"\x00\x01\x02",
+    ]
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        for line in forged:
+            before = reader.metric("fanout_repl_rejected_total")
+            await raw.publish(keys.base_channel(channel_prefix), line)
+            await wait_for(
+                lambda b=before: reader.metric("fanout_repl_rejected_total") == b + 1,
+                what=f"rejection of {line[:60]!r}",
+            )
+    finally:
+        await raw.aclose()
+    assert len(forged) >= 20
+    assert reader.client.read_streams[STREAM].current_token("w1") == position
+    reasons = {
+        s.labels["reason"]
+        for metric in reader.client.metrics.registry.collect()
+        if metric.name == "fanout_repl_rejected"
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
+    assert {
+        "not_a_writer",
+        "unknown_stream",
+        "invalid_row",
+        "too_long",
+        "bad_token",
+        "unknown_command",
+    } <= reasons
+    await writer.write(2)  # the handler still works, and the batch gap was healed by a POSITION
+    await wait_for(lambda: reader.applied_count() == 5, what="rows after the forgeries")
+    check_history(reader.applied, {"w1": writer.written})
+
+
+@pytest.mark.parametrize(("per_stream", "sharded"), [(True, False), (False, True), (True, True)])
+async def test_channel_options_deliver_live_rows(
+    make_node: NodeFactory, per_stream: bool, sharded: bool
+) -> None:
+    options = {"per_stream_channels": per_stream, "sharded_pubsub": sharded}
+    reader = await make_node("r1", **options)
+    writer = await make_node("w1", **options)
+    await wait_for(lambda: reader.client.handler.is_connected(STREAM, "w1"), what="connected")
+    await writer.write(20, rows_per_token=2)
+    await wait_for(lambda: reader.applied_count() == 40, what="live rows")
+    check_history(reader.applied, {"w1": writer.written})
+    assert reader.metric("fanout_repl_commands_in_total", command="RDATA", stream=STREAM) > 0
+    if per_stream:
+        assert reader.client.channels() == [
+            keys.base_channel(reader.client.settings.channel_prefix),
+            keys.stream_channel(reader.client.settings.channel_prefix, STREAM, True),
+        ]
+
+
+async def test_positions_hash_heartbeat_and_silent_writers(
+    make_node: NodeFactory, redis_url: str, channel_prefix: str
+) -> None:
+    reader = await make_node("r1", writers=["w1", "w2"], announce_interval_s=0.1, silent_writer_intervals=3)
+    writer = await make_node("w1", writers=["w1", "w2"], announce_interval_s=0.1, silent_writer_intervals=3)
+    await writer.write(4)
+    raw = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        token = writer.generator.get_current_token_for_writer("w1")
+        await wait_for(lambda: reader.applied_count() == 4, what="rows")
+
+        async def hint() -> dict[str, str]:
+            return await raw.hgetall(keys.positions_key(channel_prefix, STREAM))  # type: ignore[no-any-return]
+
+        for _ in range(200):
+            if (await hint()).get("w1") == str(token):
+                break
+            await asyncio.sleep(0.01)
+        assert (await hint())["w1"] == str(token)
+        ttl = await raw.pttl(keys.heartbeat_key(channel_prefix, "w1"))
+        assert 0 < ttl <= 300
+        await wait_for(lambda: not reader.client.health()["ok"], what="w2 reported silent")
+        health = reader.client.health()
+        assert [(s["stream"], s["instance"]) for s in health["silent_writers"]] == [(STREAM, "w2")]
+        assert health["streams"][STREAM]["w1"]["position"] == token
+        assert reader.metric("fanout_repl_writer_silent", stream=STREAM, writer="w2") == 1
+        assert reader.metric("fanout_repl_writer_silent", stream=STREAM, writer="w1") == 0
+    finally:
+        await raw.aclose()
+
+
+async def test_user_sync_commands_are_routed(make_node: NodeFactory) -> None:
+    from pubsub.wire import ClearUserSync, UserSync
+
+    reader = await make_node("r1")
+    sender = await make_node("w1")
+    seen: list[object] = []
+    reader.client.add_user_sync_listener(seen.append)
+    await sender.client.send(UserSync("abcde", "@alice:example.org", "DEV1", "start", 1234))
+    await sender.client.send(ClearUserSync("abcde"))
+    await wait_for(lambda: len(seen) == 2, what="user sync commands")
+    assert seen == [UserSync("abcde", "@alice:example.org", "DEV1", "start", 1234), ClearUserSync("abcde")]
