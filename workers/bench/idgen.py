@@ -100,8 +100,8 @@ def _throughput(ctx: Any, url: str, kind: str, batch: int, procs: int, seconds: 
     return float(sum(counts)) / seconds
 
 
-async def _startup_time(url: str, rows: int, runs: int) -> float:
-    table, seq = f"start_{rows}", f"start_{rows}_seq"
+async def _startup_time(url: str, label: str, rows: int, runs: int) -> float:
+    table, seq = f"start_{label}", f"start_{label}_seq"
     conn = await asyncpg.connect(url)
     try:
         await conn.execute(
@@ -209,8 +209,8 @@ def main(argv: list[str]) -> int:
                         }
                     )
             _progress("start-up time ...")
-            small = asyncio.run(_startup_time(url, 10, args.startup_runs))
-            large = asyncio.run(_startup_time(url, args.startup_rows, args.startup_runs))
+            small = asyncio.run(_startup_time(url, "small", 10, args.startup_runs))
+            large = asyncio.run(_startup_time(url, "large", args.startup_rows, args.startup_runs))
         finally:
             asyncio.run(_drop_database(admin_url, name))
     result = {
