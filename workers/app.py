@@ -25,7 +25,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -51,6 +51,7 @@ from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, 
 
 log = logging.getLogger(__name__)
 CATCH_UP_INTERVALS = 10
+SHUTDOWN_STEP_S = 10.0
 
 
 class Worker:
@@ -94,7 +95,7 @@ class Worker:
     def _phase(self, name: str) -> Iterator[None]:
         started = time.monotonic()
         yield
-        log.info("start-up phase=%s took=%.3fs instance=%s", name, time.monotonic() - started, self.name)
+        log.info("phase=%s took=%.3fs instance=%s", name, time.monotonic() - started, self.name)
 
     def writers(self, stream: str) -> list[str]:
         if stream in (BACKFILL,):
@@ -312,21 +313,35 @@ class Worker:
             return
         self._accepting = False
         log.info("shutting down instance=%s", self.name)
+        self.sync.closing = True
         self.notifier.notify_all()
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         for persister in (self.persister, self.backfill_persister):
             if persister is not None:
-                await persister.stop()
+                steps.append(("drain_writes", persister.stop))
         if self.room_stats is not None:
-            await self.room_stats.stop()
+            steps.append(("stop_background", self.room_stats.stop))
         if hasattr(self, "replication"):
-            await self.replication.stop()
+            steps.append(("announce_and_unsubscribe", self.replication.stop))
         if self._runner is not None:
-            await self._runner.cleanup()
+            steps.append(("close_http", self._runner.cleanup))
+        steps += [("close_generators", self._close_generators)]
+        if hasattr(self, "pool"):
+            steps.append(("close_database", self.pool.close))
+        for name, step in steps:
+            with self._phase(f"shutdown:{name}"):
+                try:
+                    await asyncio.wait_for(step(), SHUTDOWN_STEP_S)
+                except TimeoutError:
+                    # Never hang on the way out; say where we were stuck.
+                    log.error("shutdown step %s took over %.0fs; skipping it", name, SHUTDOWN_STEP_S)
+                    for task in asyncio.all_tasks():
+                        log.error("task %r stack=%s", task.get_name(), task.get_stack(limit=8))
+        log.info("stopped instance=%s", self.name)
+
+    async def _close_generators(self) -> None:
         for generator in self.generators.values():
             await generator.close()
-        if hasattr(self, "pool"):
-            await self.pool.close()
-        log.info("stopped instance=%s", self.name)
 
 
 async def run(config: WorkerConfig) -> int:

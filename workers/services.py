@@ -93,7 +93,7 @@ def redis_server_bin(source: Source) -> Path:
     return Path(found)
 
 
-def _child_setup(uid: int | None, gid: int | None, death_signal: int) -> Callable[[], None]:
+def child_setup(uid: int | None, gid: int | None, death_signal: int) -> Callable[[], None]:
     """preexec_fn: drop to `uid` first (a credential change clears PDEATHSIG), then arm PDEATHSIG."""
 
     def setup() -> None:
@@ -192,7 +192,7 @@ def start_postgres(data_dir: Path, source: Source = "embedded") -> RunningServer
         rc = subprocess.call(
             [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
              "--no-sync", "--no-instructions"],
-            stdout=out, stderr=subprocess.STDOUT, preexec_fn=_child_setup(uid, gid, signal.SIGKILL),
+            stdout=out, stderr=subprocess.STDOUT, preexec_fn=child_setup(uid, gid, signal.SIGKILL),
         )  # fmt: skip
     if rc != 0:
         raise ServiceError(f"initdb failed ({rc}):\n{init_log.read_text(errors='replace')[-2000:]}")
@@ -205,7 +205,7 @@ def start_postgres(data_dir: Path, source: Source = "embedded") -> RunningServer
              "-k", str(data_dir), "-c", "fsync=off", "-c", "synchronous_commit=off",
              "-c", "full_page_writes=off", "-c", "max_connections=400", "-c", "shared_buffers=128MB"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_child_setup(uid, gid, signal.SIGINT),
+            preexec_fn=child_setup(uid, gid, signal.SIGINT),
         )  # fmt: skip
         out.close()
         server = RunningServer(
@@ -232,7 +232,7 @@ def start_redis(data_dir: Path, source: Source = "embedded") -> RunningServer:
             [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(data_dir)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_child_setup(None, None, signal.SIGTERM),
+            preexec_fn=child_setup(None, None, signal.SIGTERM),
         )  # fmt: skip
         out.close()
         server = RunningServer("redis", process, f"redis://127.0.0.1:{port}/0", log_path, signal.SIGTERM)

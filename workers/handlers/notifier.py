@@ -41,6 +41,8 @@ class Notifier:
         self._position_moved = asyncio.Event()
         self.notifications = 0
         self.wakeups = 0
+        #: Bumped on every notify and position move; lets a reader see it missed one.
+        self.generation = 0
 
     @contextmanager
     def waiter(self, user_id: str, rooms: frozenset[str]) -> Iterator[Waiter]:
@@ -71,6 +73,7 @@ class Notifier:
         """Wake the waiters of `rooms` and of `users`; returns how many were woken."""
         room_set, user_set = frozenset(rooms), frozenset(users)
         self.notifications += 1
+        self.generation += 1
         for listener in self._listeners:
             listener(room_set, user_set)
         woken: set[Waiter] = set()
@@ -85,6 +88,7 @@ class Notifier:
 
     def position_moved(self) -> None:
         """A stream position advanced (with or without rows): wake `wait_for_position` callers."""
+        self.generation += 1
         self._position_moved.set()
         self._position_moved = asyncio.Event()
 
@@ -94,7 +98,8 @@ class Notifier:
             await asyncio.wait_for(self._position_moved.wait(), within_s)
 
     def notify_all(self) -> None:
-        """Wake everyone (a position moved without rows, e.g. after a catch-up reset)."""
+        """Wake everyone (shutdown)."""
+        self.generation += 1
         for waiters in self._by_user.values():
             for waiter in waiters:
                 waiter.event.set()

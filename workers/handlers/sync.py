@@ -53,6 +53,7 @@ class SyncHandler:
         self._max_events = max_events
         self.syncs = 0
         self.behind_timeouts = 0
+        self.closing = False
 
     def current_token(self) -> SyncToken:
         return SyncToken(
@@ -82,17 +83,23 @@ class SyncHandler:
             return {"events": [], "next_batch": since_text}
         deadline = time.monotonic() + timeout_s
         while True:
+            # The token first, then the caches: whatever a cache returns now reflects every row up to
+            # `now` (rows are invalidated before positions advance, and a load started after `now`
+            # reads committed rows). The other order could pair a stale room list with a newer token.
+            moved = self._notifier.generation
+            now = self.current_token().merge(since)
             rooms = await self._caches.rooms_for_user.get(user_id)
             with self._notifier.waiter(user_id, rooms) as waiter:
-                now = self.current_token().merge(since)
                 events, now = await self._events_between(user_id, rooms, since, now)
                 remaining = deadline - time.monotonic()
-                if events or remaining <= 0:
+                if events or remaining <= 0 or self.closing:
                     return {
                         "events": [e.client_dict() for e in events],
                         "next_batch": await self.encode(now),
                     }
-                await waiter.wait(remaining)
+                if self._notifier.generation == moved:
+                    # Registered before anything newer than `now` could notify: no lost wake-up.
+                    await waiter.wait(remaining)
 
     async def room_state(self, user_id: str, room_id: str) -> list[tuple[tuple[str, str], str]] | None:
         """The room's current state, or None when the user is not joined."""

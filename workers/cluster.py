@@ -1,0 +1,192 @@
+"""A local cluster of real worker processes, for the demo, the benchmarks and the cluster tests.
+
+Each worker is `python -m workers.cli worker --config <file>` with its own YAML file, log file and
+free HTTP port, started with PR_SET_PDEATHSIG so none outlives the launcher. `start()` returns once
+every worker's /health says ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from workers.services import child_setup, free_port
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class WorkerSpec:
+    name: str
+    writes_events: bool = False
+    background_tasks: list[str] = field(default_factory=list)
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        database_url: str,
+        redis_url: str,
+        workdir: Path,
+        *,
+        persisters: int = 2,
+        sync_workers: int = 2,
+        background_workers: int = 1,
+        channel_prefix: str = "fanout",
+        announce_interval_s: float = 1.0,
+        extra_config: dict[str, Any] | None = None,
+        log_level: str = "INFO",
+    ) -> None:
+        self.database_url = database_url
+        self.redis_url = redis_url
+        self.workdir = workdir
+        self.channel_prefix = channel_prefix
+        self.announce_interval_s = announce_interval_s
+        self.extra_config = extra_config or {}
+        self.log_level = log_level
+        self.workers: dict[str, WorkerSpec] = {}
+        for i in range(1, persisters + 1):
+            self.workers[f"persister{i}"] = WorkerSpec(f"persister{i}", writes_events=True)
+        for i in range(1, sync_workers + 1):
+            self.workers[f"sync{i}"] = WorkerSpec(f"sync{i}")
+        for i in range(1, background_workers + 1):
+            self.workers[f"background{i}"] = WorkerSpec(f"background{i}", background_tasks=["room_stats"])
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def event_writers(self) -> list[str]:
+        return [w.name for w in self.workers.values() if w.writes_events]
+
+    @property
+    def sync_workers(self) -> list[str]:
+        return [w.name for w in self.workers.values() if w.name.startswith("sync")]
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.workers[name].port}"
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {name: self.url(name) for name in self.workers}
+
+    def config_path(self, name: str) -> Path:
+        return self.workdir / f"{name}.yaml"
+
+    def log_path(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+    def _write_config(self, spec: WorkerSpec) -> None:
+        if spec.port == 0:
+            spec.port = free_port()
+        config = {
+            "instance_name": spec.name,
+            "database_url": self.database_url,
+            "redis_url": self.redis_url,
+            "channel_prefix": self.channel_prefix,
+            "stream_writers": {"events": self.event_writers},
+            "http_host": "127.0.0.1",
+            "http_port": spec.port,
+            "position_announce_interval_s": self.announce_interval_s,
+            "background_tasks": spec.background_tasks,
+            "log_level": self.log_level,
+            **self.extra_config,
+        }
+        self.config_path(spec.name).write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _spawn(self, spec: WorkerSpec) -> None:
+        self._write_config(spec)
+        log = open(self.log_path(spec.name), "ab")  # handed to the child
+        spec.process = subprocess.Popen(
+            [sys.executable, "-m", "workers.cli", "worker", "--config", str(self.config_path(spec.name))],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=child_setup(None, None, signal.SIGTERM),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+
+    async def start(self, names: list[str] | None = None, timeout_s: float = 60.0) -> None:
+        """Start the named workers (default: all, persisters first) and wait until each is ready."""
+        chosen = [self.workers[n] for n in (names or list(self.workers))]
+        for spec in chosen:
+            self._spawn(spec)
+        await self.wait_ready([s.name for s in chosen], timeout_s)
+
+    async def wait_ready(self, names: list[str], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            for name in names:
+                while not await self._ready(session, name):
+                    spec = self.workers[name]
+                    if spec.process is not None and spec.process.poll() is not None:
+                        raise ClusterError(
+                            f"{name} exited with {spec.process.returncode}:\n{self.log_tail(name)}"
+                        )
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"{name} not ready after {timeout_s:.0f}s:\n{self.log_tail(name)}")
+                    await asyncio.sleep(0.1)
+
+    async def _ready(self, session: aiohttp.ClientSession, name: str) -> bool:
+        try:
+            async with session.get(
+                f"{self.url(name)}/health", timeout=aiohttp.ClientTimeout(total=2)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def health(self, name: str) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session, session.get(f"{self.url(name)}/health") as resp:
+            result: dict[str, Any] = await resp.json()
+            return result
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, no clean-up: what a crash looks like."""
+        spec = self.workers[name]
+        if spec.process is not None and spec.process.poll() is None:
+            spec.process.kill()
+            spec.process.wait()
+
+    async def restart(self, name: str, timeout_s: float = 60.0) -> None:
+        self.kill(name)
+        await self.start([name], timeout_s)
+
+    async def stop(self, timeout_s: float = 30.0) -> dict[str, int | None]:
+        """SIGTERM every worker (sync and background first, persisters last); returns exit codes."""
+        order = sorted(self.workers.values(), key=lambda s: s.writes_events)
+        for spec in order:
+            if spec.process is not None and spec.process.poll() is None:
+                spec.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        codes: dict[str, int | None] = {}
+        for spec in order:
+            if spec.process is None:
+                continue
+            while spec.process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            if spec.process.poll() is None:
+                spec.process.kill()
+                spec.process.wait()
+            codes[spec.name] = spec.process.returncode
+        return codes
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        try:
+            text = self.log_path(name).read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])

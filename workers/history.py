@@ -1,0 +1,123 @@
+"""The history checker: did every sync reader see every event of its rooms exactly once, in token order?
+
+It knows nothing of the worker's code: it takes what the clients recorded (each /sync's since,
+next_batch and events) and the events table at the end, and checks, per user:
+
+* no event delivered twice;
+* no gap: every event visible to the user between its first `since` and its last `next_batch`
+  was delivered;
+* nothing extra: no event the user may not see (another user's room, before joining, backfill);
+* tokens never go backwards, and every delivered event lies inside its response's window
+  (since, next_batch] for the event's writer.
+
+Visibility, defined here independently of the sync handler: an event is visible to a user when
+the user's membership in the room just after the event is `join` (replaying the room's member
+events in stream order), or when it is the user's own membership event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from idgen import MultiWriterStreamToken, SyncToken
+from workers.handlers.sync import SYNC_STREAMS
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """A row of the events table, as the checker needs it."""
+
+    stream_ordering: int
+    instance_name: str
+    event_id: str
+    room_id: str
+    type: str
+    state_key: str | None
+    membership: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRecord:
+    """One /sync answer as a client saw it."""
+
+    worker: str
+    since: str
+    next_batch: str
+    event_ids: tuple[str, ...]
+
+
+def events_token(text: str) -> MultiWriterStreamToken:
+    """The events component, keyed by instance id (as text): names are not needed to compare."""
+    stream, entries = SyncToken.parse_ids(text, SYNC_STREAMS)["events"]
+    return MultiWriterStreamToken(stream, {str(i): p for i, p in entries.items()})
+
+
+def visible_events(user_id: str, events: Iterable[StoredEvent]) -> list[StoredEvent]:
+    """The live events `user_id` may see, in stream order."""
+    membership: dict[str, str] = {}
+    visible: list[StoredEvent] = []
+    for event in sorted((e for e in events if e.stream_ordering > 0), key=lambda e: e.stream_ordering):
+        own_member_event = event.type == "m.room.member" and event.state_key == user_id
+        if own_member_event and event.membership is not None:
+            membership[event.room_id] = event.membership
+        if own_member_event or membership.get(event.room_id) == "join":
+            visible.append(event)
+    return visible
+
+
+def check_history(
+    user_id: str,
+    records: Sequence[SyncRecord],
+    stored: Sequence[StoredEvent],
+    instance_ids: Mapping[str, int],
+) -> list[str]:
+    """Every violation found for this user, as readable lines (empty: the history is correct)."""
+    if not records:
+        return []
+    problems: list[str] = []
+    by_id = {e.event_id: e for e in stored}
+    seen: dict[str, int] = {}
+    previous: MultiWriterStreamToken | None = None
+
+    def pos(token: MultiWriterStreamToken, event: StoredEvent) -> int:
+        return token.get_stream_pos_for_instance(str(instance_ids[event.instance_name]))
+
+    for index, record in enumerate(records):
+        since, upto = events_token(record.since), events_token(record.next_batch)
+        if previous is not None and not previous.is_before_or_eq(since):
+            problems.append(f"{user_id}: sync {index} started from a token before the previous next_batch")
+        if not since.is_before_or_eq(upto):
+            problems.append(f"{user_id}: sync {index} went backwards: {record.since} -> {record.next_batch}")
+        previous = upto
+        last_ordering = None
+        for event_id in record.event_ids:
+            event = by_id.get(event_id)
+            if event is None:
+                problems.append(f"{user_id}: sync {index} delivered unknown event {event_id}")
+                continue
+            if event_id in seen:
+                problems.append(f"{user_id}: {event_id} delivered twice (syncs {seen[event_id]}, {index})")
+            seen.setdefault(event_id, index)
+            if not pos(since, event) < event.stream_ordering <= pos(upto, event):
+                window = f"{record.since}..{record.next_batch}"
+                problems.append(
+                    f"{user_id}: {event_id} ({event.stream_ordering}) outside its window {window}"
+                )
+            if last_ordering is not None and event.stream_ordering < last_ordering:
+                problems.append(f"{user_id}: sync {index} events not in stream order at {event_id}")
+            last_ordering = event.stream_ordering
+    first, last = events_token(records[0].since), events_token(records[-1].next_batch)
+    expected = {
+        e.event_id
+        for e in visible_events(user_id, stored)
+        if pos(first, e) < e.stream_ordering <= pos(last, e)
+    }
+    for event_id in sorted(expected - seen.keys(), key=lambda i: by_id[i].stream_ordering):
+        problems.append(f"{user_id}: missed {event_id} (ordering {by_id[event_id].stream_ordering})")
+    for event_id in sorted(
+        seen.keys() - expected, key=lambda i: by_id[i].stream_ordering if i in by_id else 0
+    ):
+        if event_id in by_id:
+            problems.append(f"{user_id}: got {event_id} which it may not see")
+    return problems

@@ -1,0 +1,323 @@
+"""A realistic load on a running cluster, with sync readers that record what they saw, and the check.
+
+Users join and leave rooms, send messages and change room state, each action routed to the
+persister that owns the room. Every user long-polls /sync the whole time, switching between the
+sync workers (tokens must carry over), and records each answer. One probe user per sync worker,
+in every room, timestamps arrivals to measure persist-to-visible latency on every sync worker.
+At the end the recorded histories are checked against the events table (workers.history).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import random
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from workers.client import ApiError, ClusterClient
+from workers.history import StoredEvent, SyncRecord, check_history, events_token
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class LoadPlan:
+    users: int = 24
+    rooms: int = 8
+    rooms_per_user: int = 3
+    actions: int = 3000
+    concurrency: int = 16
+    sync_timeout_ms: int = 2000
+    seed: int = 7
+
+
+@dataclass
+class LoadReport:
+    actions: int = 0
+    events_sent: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+    syncs: int = 0
+    latency_ms: list[float] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    invalidation_rows: int = 0
+    per_key_invalidations: int = 0
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events_sent / self.seconds if self.seconds else 0.0
+
+    def percentile(self, q: float) -> float:
+        if not self.latency_ms:
+            return float("nan")
+        if len(self.latency_ms) == 1:
+            return self.latency_ms[0]
+        return statistics.quantiles(self.latency_ms, n=100, method="inclusive")[int(q) - 1]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "actions": self.actions,
+            "events_sent": self.events_sent,
+            "rejected_by_rules": self.rejected,
+            "seconds": round(self.seconds, 2),
+            "events_per_s": round(self.events_per_s, 1),
+            "syncs": self.syncs,
+            "latency_p50_ms": round(self.percentile(50), 1),
+            "latency_p99_ms": round(self.percentile(99), 1),
+            "latency_samples": len(self.latency_ms),
+            "invalidation_messages": self.invalidation_rows,
+            "per_key_invalidation_messages": self.per_key_invalidations,
+            "verified": not self.problems,
+            "problems": self.problems[:20],
+        }
+
+
+class _Reader:
+    """One user's sync loop: long-polls until told to stop and caught up with `target`."""
+
+    def __init__(self, client: ClusterClient, workers: Sequence[str], switch_every: int) -> None:
+        self.client = client
+        self.workers = list(workers)
+        self.switch_every = switch_every
+        self.records: list[SyncRecord] = []
+        self.arrivals: dict[str, float] = {}
+        self.token: str | None = None
+
+    async def initial(self) -> None:
+        self.token = (await self.client.sync(self.workers[0]))["next_batch"]
+
+    async def run(self, stop: asyncio.Event, caught_up: Callable[[str], bool], timeout_ms: int) -> None:
+        assert self.token is not None
+        count = 0
+        while not (stop.is_set() and caught_up(self.token)):
+            worker = self.workers[(count // self.switch_every) % len(self.workers)]
+            count += 1
+            result = await self.client.sync(worker, self.token, timeout_ms if not stop.is_set() else 200)
+            now = time.time()
+            ids = tuple(e["event_id"] for e in result["events"])
+            for event in result["events"]:
+                self.arrivals.setdefault(event["event_id"], now)
+            self.records.append(SyncRecord(worker, self.token, result["next_batch"], ids))
+            self.token = result["next_batch"]
+
+
+class LoadDriver:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        urls: dict[str, str],
+        event_writers: Sequence[str],
+        sync_workers: Sequence[str],
+        database_url: str,
+        plan: LoadPlan,
+    ) -> None:
+        self.session = session
+        self.urls = urls
+        self.event_writers = list(event_writers)
+        self.sync_workers = list(sync_workers)
+        self.database_url = database_url
+        self.plan = plan
+        self.rng = random.Random(plan.seed)
+        self.clients: list[ClusterClient] = []
+        self.readers: list[_Reader] = []
+        self.probes: list[_Reader] = []
+        self.rooms: list[str] = []
+        self.joined: dict[str, set[str]] = {}
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.report = LoadReport()
+        self._run_id = f"{int(time.time() * 1000) % 10**8:08d}{self.rng.randrange(10**4):04d}"
+
+    def _client(self) -> ClusterClient:
+        return ClusterClient(self.session, self.urls, self.event_writers)
+
+    async def setup(self) -> None:
+        """Register users and probes, start their readers at the current token, make and fill rooms."""
+        plan = self.plan
+        for i in range(plan.users):
+            client = self._client()
+            await client.register(
+                f"@u{i}-{self._run_id}", via=self.event_writers[i % len(self.event_writers)]
+            )
+            self.clients.append(client)
+            self.readers.append(_Reader(client, self.sync_workers[i % 2 :] + self.sync_workers[: i % 2], 3))
+            self.joined[str(client.user_id)] = set()
+            self.locks[str(client.user_id)] = asyncio.Lock()
+        for worker in self.sync_workers:
+            probe = self._client()
+            await probe.register(f"@probe-{worker}-{self._run_id}")
+            self.probes.append(_Reader(probe, [worker], 1_000_000))
+        for reader in self.readers + self.probes:
+            await reader.initial()
+        owner = self.clients[0]
+        for _ in range(plan.rooms):
+            room = await owner.create_room("public")
+            self.rooms.append(room)
+            self.joined[str(owner.user_id)].add(room)
+        for reader in self.probes:
+            await asyncio.gather(*(reader.client.membership(room, "join") for room in self.rooms))
+        for client in self.clients[1:]:
+            for room in self.rng.sample(self.rooms, min(plan.rooms_per_user, len(self.rooms))):
+                await client.membership(room, "join")
+                self.joined[str(client.user_id)].add(room)
+
+    def _next_action(self) -> tuple[str, ClusterClient]:
+        client = self.rng.choice(self.clients)
+        roll = self.rng.random()
+        kind = "message" if roll < 0.7 else "state" if roll < 0.8 else "join" if roll < 0.9 else "leave"
+        return kind, client
+
+    async def _act(self, kind: str, client: ClusterClient) -> None:
+        user = str(client.user_id)
+        async with self.locks[user]:
+            mine = sorted(self.joined[user])
+            others = sorted(set(self.rooms) - self.joined[user])
+            try:
+                if kind == "join" and others:
+                    room = self.rng.choice(others)
+                    await client.membership(room, "join")
+                    self.joined[user].add(room)
+                elif kind == "leave" and len(mine) > 1:
+                    room = self.rng.choice(mine)
+                    await client.membership(room, "leave")
+                    self.joined[user].discard(room)
+                elif kind == "state" and mine:
+                    await client.set_state(
+                        self.rng.choice(mine), "m.room.topic", "", {"topic": f"t{time.time()}"}
+                    )
+                elif mine:
+                    await client.send(
+                        self.rng.choice(mine), "m.room.message", {"body": f"hello {time.time()}"}
+                    )
+                else:
+                    return
+            except ApiError as e:
+                if e.status != 403:
+                    raise
+                self.report.rejected += 1
+                return
+        self.report.events_sent += 1
+
+    async def run(self, progress: Progress | None = None) -> LoadReport:
+        plan = self.plan
+        stop = asyncio.Event()
+        target: dict[str, int] = {}
+        instance_ids: dict[str, int] = {}
+
+        def caught_up(token: str) -> bool:
+            return bool(target) and _covers(token, target, instance_ids)
+
+        readers = [
+            asyncio.create_task(r.run(stop, caught_up, plan.sync_timeout_ms))
+            for r in self.readers + self.probes
+        ]
+        queue: asyncio.Queue[tuple[str, ClusterClient]] = asyncio.Queue()
+        for _ in range(plan.actions):
+            queue.put_nowait(self._next_action())
+        started = time.monotonic()
+        done = 0
+
+        async def actor() -> None:
+            nonlocal done
+            while not queue.empty():
+                kind, client = queue.get_nowait()
+                await self._act(kind, client)
+                done += 1
+                if progress is not None:
+                    elapsed = time.monotonic() - started
+                    progress(
+                        done, plan.actions, f"{self.report.events_sent / max(elapsed, 1e-9):,.0f} events/s"
+                    )
+
+        try:
+            await asyncio.gather(*(actor() for _ in range(plan.concurrency)))
+            self.report.seconds = time.monotonic() - started
+            self.report.actions = done
+            async with _connect(self.database_url) as conn:
+                records = await conn.fetch(
+                    "SELECT instance_name, max(stream_ordering) AS m FROM events WHERE stream_ordering > 0"
+                    " GROUP BY instance_name"
+                )
+                instance_ids.update(
+                    {
+                        r["instance_name"]: r["instance_id"]
+                        for r in await conn.fetch("SELECT * FROM instance_map")
+                    }
+                )
+            target.update({r["instance_name"]: r["m"] for r in records})
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*readers), 120)
+        finally:
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+        await self._verify(instance_ids)
+        return self.report
+
+    async def _verify(self, instance_ids: dict[str, int]) -> None:
+        async with _connect(self.database_url) as conn:
+            rows = await conn.fetch(
+                "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
+                " json::jsonb->'content'->>'membership' AS membership FROM events ORDER BY stream_ordering"
+            )
+            cache_rows = await conn.fetch(
+                "SELECT count(*) AS rows, coalesce(sum(1 + cardinality(keys)), 0) AS per_key"
+                " FROM cache_invalidation_stream_by_instance WHERE cache_func = 'cs_cache_fake'"
+            )
+        stored = [StoredEvent(**dict(r)) for r in rows]
+        for reader in self.readers + self.probes:
+            self.report.syncs += len(reader.records)
+            self.report.problems += check_history(
+                str(reader.client.user_id), reader.records, stored, instance_ids
+            )
+        for event_id, ts in (await self._message_times()).items():
+            arrivals = [p.arrivals.get(event_id) for p in self.probes]
+            if all(a is not None for a in arrivals):
+                self.report.latency_ms.append(max(0.0, (max(a for a in arrivals if a) - ts / 1000) * 1000))
+        # One cs_cache_fake row covers the room's two caches plus each member's room list.
+        self.report.invalidation_rows = int(cache_rows[0]["rows"])
+        self.report.per_key_invalidations = int(cache_rows[0]["per_key"])
+
+    def dump_histories(self, path: Path) -> None:
+        """Every reader's recorded syncs, for diagnosing a failed verification."""
+        data = {
+            str(r.client.user_id): [dataclasses.asdict(record) for record in r.records]
+            for r in self.readers + self.probes
+        }
+        path.write_text(json.dumps(data))
+
+    async def _message_times(self) -> dict[str, int]:
+        """event_id -> received_ts (ms, set by the persister) of every live message."""
+        async with _connect(self.database_url) as conn:
+            rows = await conn.fetch(
+                "SELECT event_id, received_ts FROM events"
+                " WHERE type = 'm.room.message' AND stream_ordering > 0"
+            )
+        return {r["event_id"]: r["received_ts"] for r in rows}
+
+
+def _covers(token: str, target: dict[str, int], instance_ids: dict[str, int]) -> bool:
+    """Whether `token`'s events component is at or past every writer's final position."""
+    events = events_token(token)
+    return all(
+        events.get_stream_pos_for_instance(str(instance_ids[name])) >= position
+        for name, position in target.items()
+    )
+
+
+@contextlib.asynccontextmanager
+async def _connect(url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
