@@ -90,13 +90,13 @@ class Node:
                 self.written.extend(r.seq for r in rows)
             self.client.notify(STREAM)
 
-    async def write_many(self, count: int) -> None:
-        """`count` rows with one ID each, allocated in one round trip (bulk loading)."""
+    async def write_many(self, count: int, pad: int = 0) -> None:
+        """`count` rows with one ID each, allocated in one round trip; payloads padded by `pad` bytes."""
         async with self.generator.get_next_mult(count) as tokens:
             rows = []
             for _ in tokens:
                 self.seq += 1
-                rows.append(TestRow(writer=self.name, seq=self.seq, payload=f"p{self.seq}"))
+                rows.append(TestRow(writer=self.name, seq=self.seq, payload=f"p{self.seq}" + "x" * pad))
             await self.pool.executemany(
                 "INSERT INTO test_rows (stream_id, instance_name, seq, payload) VALUES ($1, $2, $3, $4)",
                 [(t, self.name, r.seq, r.payload) for t, r in zip(tokens, rows, strict=True)],

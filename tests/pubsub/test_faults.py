@@ -1,0 +1,126 @@
+"""Real faults: the Redis server killed and restarted, the subscriber's connection killed by the server."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests.pubsub.conftest import STREAM, Node, NodeFactory, check_history, wait_for
+from workers.services import RunningServer, _redis_answers, redis_server_bin, start_redis
+
+
+def _start_on_port(port: int, data_dir: Path) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        [str(redis_server_bin("embedded")), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(data_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    return process
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RunningServer]:
+    server = start_redis(tmp_path / "r")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def _keep_writing(node: Node, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await node.write(1, rows_per_token=2)
+        await asyncio.sleep(0.01)
+
+
+async def test_redis_killed_and_restarted_mid_stream_loses_nothing(
+    make_node: NodeFactory, private_redis: RunningServer, tmp_path: Path
+) -> None:
+    url = private_redis.url
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    reader = await make_node("r1", url=url, announce_interval_s=0.1)
+    writer = await make_node("w1", url=url, announce_interval_s=0.1)
+    stop = asyncio.Event()
+    load = asyncio.create_task(_keep_writing(writer, stop))
+    restarted: subprocess.Popen[bytes] | None = None
+    try:
+        await wait_for(lambda: reader.applied_count() >= 20, what="rows before the kill")
+        private_redis.process.send_signal(signal.SIGKILL)
+        private_redis.process.wait()
+        written_while_down = len(writer.written)
+        await wait_for(
+            lambda: len(writer.written) >= written_while_down + 20, what="writes while Redis is down"
+        )
+        restarted = _start_on_port(port, tmp_path)
+        await wait_for(lambda: _redis_answers(port), what="restarted Redis")
+        await wait_for(lambda: reader.client.transport.connects >= 2, what="reader re-subscribed")
+        count = len(writer.written)
+        await wait_for(lambda: reader.applied_count() >= count + 20, what="live rows after the restart")
+    finally:
+        stop.set()
+        await load
+    await wait_for(lambda: reader.applied_count() == len(writer.written), what="every row")
+    check_history(reader.applied, {"w1": writer.written})
+    assert reader.metric("fanout_repl_catch_up_rows_total", stream=STREAM) > 0
+    await reader.client.stop()
+    await writer.client.stop()
+    if restarted is not None:
+        restarted.kill()
+        restarted.wait()
+
+
+async def test_server_killing_the_subscriber_connection_triggers_resync(
+    make_node: NodeFactory, private_redis: RunningServer
+) -> None:
+    url = private_redis.url
+    reader = await make_node("r1", url=url)
+    writer = await make_node("w1", url=url)
+    raw = aioredis.Redis.from_url(url)
+    try:
+        await writer.write(5)
+        await wait_for(lambda: reader.applied_count() == 5, what="first rows")
+        for _ in range(3):
+            await raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            await writer.write(5)
+        await wait_for(lambda: reader.applied_count() == len(writer.written), what="every row after kills")
+    finally:
+        await raw.aclose()
+    check_history(reader.applied, {"w1": writer.written})
+    reconnects = reader.metric("fanout_repl_reconnects_total", kind="subscribed")
+    assert reconnects >= 1
+
+
+async def test_subscriber_cut_off_by_the_output_buffer_limit_catches_up(
+    make_node: NodeFactory, private_redis: RunningServer
+) -> None:
+    """The GUIDE's pitfall: Redis disconnects a subscriber that fell behind; the catch-up saves it."""
+    url = private_redis.url
+    raw = aioredis.Redis.from_url(url)
+    await raw.config_set("client-output-buffer-limit", "pubsub 256kb 128kb 1")
+    reader = await make_node("r1", url=url)
+    writer = await make_node("w1", url=url)
+    original = reader.client.handler._apply_cb
+    stalled: list[bool] = []
+
+    async def stalling_apply(*args: object) -> None:
+        if not stalled:
+            stalled.append(True)
+            time.sleep(1.0)  # a blocked event loop: the socket is not read, Redis buffers, then cuts us off
+        await original(*args)  # type: ignore[arg-type]
+
+    reader.client.handler._apply_cb = stalling_apply
+    try:
+        await writer.write_many(3000, pad=2000)
+        await wait_for(lambda: reader.applied_count() == len(writer.written), limit_s=30, what="every row")
+    finally:
+        await raw.aclose()
+    check_history(reader.applied, {"w1": writer.written})
+    assert reader.metric("fanout_repl_reconnects_total") >= 1  # we really were cut off
+    assert reader.metric("fanout_repl_catch_up_rows_total", stream=STREAM) > 0
