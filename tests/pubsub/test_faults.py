@@ -112,7 +112,7 @@ async def test_subscriber_cut_off_by_the_output_buffer_limit_catches_up(
     async def stalling_apply(*args: object) -> None:
         if not stalled:
             stalled.append(True)
-            time.sleep(1.0)  # a blocked event loop: the socket is not read, Redis buffers, then cuts us off
+            time.sleep(1.0)  # noqa: ASYNC251 - a blocked event loop: the socket is not read, Redis buffers, then cuts us off
         await original(*args)  # type: ignore[arg-type]
 
     reader.client.handler._apply_cb = stalling_apply

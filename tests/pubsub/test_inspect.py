@@ -1,0 +1,66 @@
+"""`fanout inspect`: live decoding (rejections shown as such) and the positions table."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from pubsub import keys
+from tests.pubsub.conftest import STREAM, NodeFactory
+from workers.inspect import describe, main
+
+
+def test_describe_decodes_and_flags_rejections() -> None:
+    assert describe(b"POSITION s w1 3 7") == "POSITION stream=s instance=w1 prev_token=3 new_token=7"
+    assert describe(b"RDATA s w1 batch {}").startswith("RDATA stream=s instance=w1 token=batch {}")
+    assert describe(b"BOGUS").startswith("REJECTED unknown_command")
+
+
+async def test_positions_lists_every_writer(
+    make_node: NodeFactory, redis_url: str, channel_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    writer = await make_node("w1", announce_interval_s=0.1)
+    await writer.write(3)
+    token = writer.generator.get_current_token_for_writer("w1")
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        for _ in range(300):
+            if await raw.hget(keys.positions_key(channel_prefix, STREAM), "w1") == str(token).encode():
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await raw.aclose()
+    rc = await asyncio.to_thread(main, ["--redis-url", redis_url, "--prefix", channel_prefix, "--positions"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"{{w1={token}}}" in out
+    assert "w1" in out.split("heartbeats")[1]
+
+
+async def test_live_mode_prints_decoded_commands(
+    redis_url: str, channel_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task = asyncio.create_task(
+        asyncio.to_thread(main, ["--redis-url", redis_url, "--prefix", channel_prefix, "--count", "2"])
+    )
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+
+        async def subscribed() -> bool:
+            counts = await raw.pubsub_numsub(channel_prefix)
+            return bool(counts and counts[0][1] > 0)
+
+        for _ in range(500):
+            if await subscribed():
+                break
+            await asyncio.sleep(0.01)
+        await raw.publish(channel_prefix, b"POSITION s w1 1 2")
+        await raw.publish(channel_prefix, b"NONSENSE here")
+        assert await asyncio.wait_for(task, 10) == 0
+    finally:
+        await raw.aclose()
+    out = capsys.readouterr().out
+    assert "POSITION stream=s instance=w1 prev_token=1 new_token=2" in out
+    assert "REJECTED unknown_command" in out

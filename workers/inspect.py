@@ -1,0 +1,147 @@
+"""`fanout inspect`: read the replication traffic, or every stream's vector clock, as a person would.
+
+    fanout inspect [--redis-url URL --prefix P | --config FILE] [--streams a,b] [--positions] [--count N]
+
+Live mode subscribes to `<prefix>` (and `<prefix>/<stream>` for --streams) and prints each command
+decoded, one per line; lines that `pubsub` would reject are printed as `REJECTED <reason>`.
+`--positions` prints the positions hashes and heartbeat keys writers keep for people: hints,
+not the source of truth (that is the database).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from pubsub import keys
+from pubsub.errors import WireError
+from pubsub.wire import RData, parse_line
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fanout inspect", description=__doc__.split("\n")[0])
+    p.add_argument("--redis-url", help="redis://, rediss:// or unix:// URL")
+    p.add_argument("--prefix", help="channel prefix (default: from --config, else 'fanout')")
+    p.add_argument("--config", help="a worker's YAML configuration instead of --redis-url/--prefix")
+    p.add_argument("--positions", action="store_true", help="print every stream's vector clock and exit")
+    p.add_argument(
+        "--streams", default="", help="also subscribe to these per-stream channels (comma-separated)"
+    )
+    p.add_argument("--sharded", action="store_true", help="use SSUBSCRIBE (sharded pub/sub)")
+    p.add_argument("--count", type=int, default=0, help="exit after N messages (0: run until Ctrl-C)")
+    return p
+
+
+def describe(data: bytes, max_bytes: int = 1 << 20) -> str:
+    """One printable line for one received message."""
+    try:
+        cmd = parse_line(data, max_bytes)
+    except WireError as e:
+        return f"REJECTED {e.reason}: {e.detail} | {data[:120]!r}"
+    if isinstance(cmd, RData):
+        token = "batch" if cmd.token is None else cmd.token
+        return f"RDATA stream={cmd.stream} instance={cmd.instance} token={token} {cmd.row_json}"
+    fields = " ".join(f"{name}={getattr(cmd, name)}" for name in getattr(cmd, "__slots__", ()))
+    return f"{cmd.NAME} {fields}".rstrip()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+async def positions_table(client: aioredis.Redis, prefix: str) -> str:
+    """The positions hashes (stream x writer) and the heartbeats, as an aligned text table."""
+    clocks: dict[str, dict[str, str]] = {}
+    async for key in client.scan_iter(match=keys.positions_pattern(prefix), count=200):
+        name = key.decode() if isinstance(key, bytes) else key
+        raw = await client.hgetall(name)
+        clocks[name.rsplit(":", 1)[1]] = {_text(k): _text(v) for k, v in raw.items()}
+    beats: dict[str, tuple[str, int]] = {}
+    async for key in client.scan_iter(match=keys.heartbeat_pattern(prefix), count=200):
+        name = key.decode() if isinstance(key, bytes) else key
+        value, ttl = await client.get(name), await client.pttl(name)
+        try:
+            age = f"{time.time() - float(json.loads(value or '{}')['ts']):.1f}s ago"
+        except (TypeError, ValueError, KeyError):
+            age = "?"
+        beats[name.rsplit(":", 1)[1]] = (age, ttl)
+    lines = [f"streams (from {keys.positions_pattern(prefix)}):"]
+    if not clocks:
+        lines.append("  (none: no writer has announced yet)")
+    for stream in sorted(clocks):
+        clock = ", ".join(f"{w}={t}" for w, t in sorted(clocks[stream].items()))
+        lines.append(f"  {stream:<24} {{{clock}}}")
+    lines.append(f"heartbeats (from {keys.heartbeat_pattern(prefix)}):")
+    if not beats:
+        lines.append("  (none alive)")
+    for instance in sorted(beats):
+        age, ttl = beats[instance]
+        lines.append(f"  {instance:<24} last beat {age}, expires in {ttl / 1000:.1f}s")
+    return "\n".join(lines)
+
+
+async def _live(client: aioredis.Redis, channels: list[str], sharded: bool, count: int) -> None:
+    pubsub = client.pubsub()
+    if sharded:
+        await pubsub.ssubscribe(*channels)
+    else:
+        await pubsub.subscribe(*channels)
+    print(f"listening on {', '.join(channels)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    seen = 0
+    try:
+        while count == 0 or seen < count:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            if message is None:
+                continue
+            channel = message["channel"].decode(errors="replace")
+            print(f"{time.strftime('%H:%M:%S')} [{channel}] {describe(message['data'])}", flush=True)
+            seen += 1
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+async def _run(args: argparse.Namespace) -> int:
+    url, prefix, sharded = args.redis_url, args.prefix, args.sharded
+    if args.config:
+        from workers.config import ConfigError, load_config
+
+        try:
+            config = load_config(args.config)
+        except ConfigError as e:
+            print(f"fanout inspect: {e}", file=sys.stderr)
+            return 2
+        url = url or config.redis_url
+        prefix = prefix or config.channel_prefix
+        sharded = sharded or config.sharded_pubsub
+    if not url:
+        print("fanout inspect: give --redis-url or --config", file=sys.stderr)
+        return 2
+    prefix = prefix or "fanout"
+    client = aioredis.Redis.from_url(url, protocol=2)
+    try:
+        if args.positions:
+            print(await positions_table(client, prefix))
+            return 0
+        streams = [s for s in args.streams.split(",") if s]
+        channels = [keys.base_channel(prefix)] + [keys.stream_channel(prefix, s, True) for s in streams]
+        await _live(client, channels, sharded, args.count)
+        return 0
+    finally:
+        await client.aclose()
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return asyncio.run(_run(args))
+    except KeyboardInterrupt:
+        return 0
+    except (OSError, RedisError) as e:
+        print(f"fanout inspect: cannot reach Redis: {e}", file=sys.stderr)
+        return 1
