@@ -43,7 +43,7 @@ from workers.handlers.persist import EventPersister
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.sync import SyncHandler
 from workers.http.client_api import ApiDeps, ClientApi
-from workers.model import CacheInvalidation, Event
+from workers.model import CacheInvalidation, Event, UserRooms
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.streams.caches import CACHES, CacheRow, caches_stream
@@ -272,9 +272,9 @@ class Worker:
 
     # -- cache loaders ---------------------------------------------------------------------------
 
-    async def _load_rooms_for_user(self, user_id: str) -> frozenset[str]:
+    async def _load_rooms_for_user(self, user_id: str) -> UserRooms:
         async with self.pool.acquire() as conn:
-            return await event_store.rooms_for_user(conn, user_id)
+            return await event_store.user_rooms(conn, user_id)
 
     async def _load_joined_members(self, room_id: str) -> frozenset[str]:
         async with self.pool.acquire() as conn:

@@ -84,6 +84,15 @@ class CacheInvalidation:
     invalidation_ts: int
 
 
+@dataclass(frozen=True, slots=True)
+class UserRooms:
+    """The rooms a user has a membership in, and per room the user's membership changes in stream
+    order: what sync needs to decide visibility, cached as one entry per user."""
+
+    rooms: frozenset[str]
+    history: dict[str, tuple[tuple[int, str], ...]]
+
+
 @dataclass(slots=True)
 class StateChanges:
     """What a batch of events changes in current state, per room: the members whose membership moved."""

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Generic, Protocol, TypeVar
 
-from workers.model import CURRENT_STATE_CACHE, MEMBER_EVENT, CacheInvalidation
+from workers.model import CURRENT_STATE_CACHE, MEMBER_EVENT, CacheInvalidation, UserRooms
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -101,18 +101,17 @@ class EventLike(Protocol):
 
 
 class SyncCaches:
-    """The caches a sync worker reads: a user's rooms, a room's joined members, a room's state."""
+    """The caches a sync worker reads: a user's rooms (with the user's membership history), a room's
+    joined members, a room's state."""
 
     def __init__(
         self,
-        rooms_for_user: Callable[[str], Awaitable[frozenset[str]]],
+        rooms_for_user: Callable[[str], Awaitable[UserRooms]],
         joined_members: Callable[[str], Awaitable[frozenset[str]]],
         current_state: Callable[[str], Awaitable[dict[tuple[str, str], str]]],
         max_size: int = 10_000,
     ) -> None:
-        self.rooms_for_user: LruCache[str, frozenset[str]] = LruCache(
-            "rooms_for_user", max_size, rooms_for_user
-        )
+        self.rooms_for_user: LruCache[str, UserRooms] = LruCache("rooms_for_user", max_size, rooms_for_user)
         self.joined_members: LruCache[str, frozenset[str]] = LruCache(
             "joined_members", max_size, joined_members
         )

@@ -24,7 +24,7 @@ import asyncpg
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
-from workers.model import MEMBER_EVENT, Event
+from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import events as store
 
 #: The streams a sync token has a component for, in text order.
@@ -48,6 +48,7 @@ class SyncHandler:
         self._caches = caches
         self._notifier = notifier
         self._generators = generators
+        self._writers = tuple(generators["events"].writers)
         self._instance_map = instance_map
         self._catch_up_wait_s = catch_up_wait_s
         self._max_events = max_events
@@ -88,9 +89,9 @@ class SyncHandler:
             # reads committed rows). The other order could pair a stale room list with a newer token.
             moved = self._notifier.generation
             now = self.current_token().merge(since)
-            rooms = await self._caches.rooms_for_user.get(user_id)
-            with self._notifier.waiter(user_id, rooms) as waiter:
-                events, now = await self._events_between(user_id, rooms, since, now)
+            user_rooms = await self._caches.rooms_for_user.get(user_id)
+            with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
+                events, now = await self._events_between(user_id, user_rooms, since, now)
                 remaining = deadline - time.monotonic()
                 if events or remaining <= 0 or self.closing:
                     return {
@@ -127,21 +128,23 @@ class SyncHandler:
         return True
 
     async def _events_between(
-        self, user_id: str, rooms: frozenset[str], since: SyncToken, now: SyncToken
+        self, user_id: str, user_rooms: UserRooms, since: SyncToken, now: SyncToken
     ) -> tuple[list[Event], SyncToken]:
         """Visible events in (since, now] for the events component; may shrink `now` to a page."""
         low, high = since.get("events"), now.get("events")
-        if not rooms:
+        if not user_rooms.rooms:
             return [], now
+        writers = set(low.instance_map) | set(high.instance_map) | set(self._writers)
+        windows = {
+            w: (low.get_stream_pos_for_instance(w), high.get_stream_pos_for_instance(w))
+            for w in writers
+            if low.get_stream_pos_for_instance(w) < high.get_stream_pos_for_instance(w)
+        }
+        windows |= {w: (0, 0) for w in writers if w not in windows}
         async with self._pool.acquire() as conn:
-            candidates = await store.events_for_rooms(conn, rooms, low.stream, high.get_max_stream_pos())
-            candidates = [
-                e
-                for e in candidates
-                if low.get_stream_pos_for_instance(e.instance_name)
-                < e.stream_ordering
-                <= high.get_stream_pos_for_instance(e.instance_name)
-            ]
+            candidates = await store.events_for_rooms(
+                conn, user_rooms.rooms, windows, (low.stream, high.stream)
+            )
             if not candidates:
                 return [], now
             if len(candidates) > self._max_events:
@@ -151,15 +154,12 @@ class SyncHandler:
                 candidates = [e for e in candidates if e.stream_ordering <= cut]
                 page = high.bound_stream_token(cut).copy_and_advance(low)
                 now = SyncToken({**{s: now.get(s) for s in now.streams()}, "events": page})
-            history = await store.membership_history(
-                conn, user_id, {e.room_id for e in candidates}, candidates[-1].stream_ordering
-            )
-        return [e for e in candidates if _visible(e, user_id, history)], now
+        return [e for e in candidates if _visible(e, user_id, user_rooms.history)], now
 
 
-def _visible(event: Event, user_id: str, history: dict[str, list[tuple[int, str]]]) -> bool:
+def _visible(event: Event, user_id: str, history: dict[str, tuple[tuple[int, str], ...]]) -> bool:
     if event.type == MEMBER_EVENT and event.state_key == user_id:
         return True
-    changes = history.get(event.room_id, [])
+    changes = history.get(event.room_id, ())
     index = bisect.bisect_right(changes, (event.stream_ordering, "\uffff")) - 1
     return index >= 0 and changes[index][1] == "join"

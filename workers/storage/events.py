@@ -8,11 +8,11 @@ write is one statement over `unnest` arrays, so a batch costs a fixed number of 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import asyncpg
 
-from workers.model import MEMBER_EVENT, CacheInvalidation, Event
+from workers.model import MEMBER_EVENT, CacheInvalidation, Event, UserRooms
 from workers.storage import Conn
 
 _EVENT_COLUMNS = (
@@ -110,14 +110,29 @@ async def insert_batch(
         )
 
 
-async def events_for_rooms(conn: Conn, rooms: Iterable[str], low: int, high: int) -> list[Event]:
-    """Live events of `rooms` with low < stream_ordering <= high, in stream order."""
+async def events_for_rooms(
+    conn: Conn, rooms: Iterable[str], windows: Mapping[str, tuple[int, int]], default: tuple[int, int]
+) -> list[Event]:
+    """Live events of `rooms` inside their writer's window (low, high], in stream order.
+
+    `windows` maps a writer to its (low, high]; events of any other instance use `default`. Each
+    writer's range is scanned on its own, so a writer that lags does not widen the others' scans.
+    """
+    names = list(windows)
     records = await conn.fetch(
-        f"SELECT {_EVENT_COLUMNS} FROM events WHERE room_id = ANY($1::text[])"
-        " AND stream_ordering > $2 AND stream_ordering <= $3 ORDER BY stream_ordering",
+        f"SELECT {_EVENT_COLUMNS} FROM events e,"
+        " unnest($2::text[], $3::bigint[], $4::bigint[]) AS w(name, low, high)"
+        " WHERE e.room_id = ANY($1::text[]) AND e.instance_name = w.name"
+        " AND e.stream_ordering > w.low AND e.stream_ordering <= w.high"
+        f" UNION ALL SELECT {_EVENT_COLUMNS} FROM events WHERE room_id = ANY($1::text[])"
+        " AND instance_name <> ALL($2::text[]) AND stream_ordering > $5 AND stream_ordering <= $6"
+        " ORDER BY stream_ordering",
         list(rooms),
-        low,
-        high,
+        names,
+        [windows[n][0] for n in names],
+        [windows[n][1] for n in names],
+        default[0],
+        default[1],
     )
     return [_event(r) for r in records]
 
@@ -164,10 +179,20 @@ async def invalidations_by_writer(
     ]
 
 
-async def rooms_for_user(conn: Conn, user_id: str) -> frozenset[str]:
-    """Every room the user has a membership in, current or past (joined, left, invited, banned)."""
-    records = await conn.fetch("SELECT room_id FROM local_current_membership WHERE user_id = $1", user_id)
-    return frozenset(r["room_id"] for r in records)
+async def user_rooms(conn: Conn, user_id: str) -> UserRooms:
+    """Every room the user has a membership in (current or past) and the user's membership history."""
+    rooms = await conn.fetch("SELECT room_id FROM local_current_membership WHERE user_id = $1", user_id)
+    changes = await conn.fetch(
+        "SELECT room_id, stream_ordering, json FROM events WHERE type = 'm.room.member' AND state_key = $1"
+        " AND stream_ordering > 0 ORDER BY stream_ordering",
+        user_id,
+    )
+    history: dict[str, list[tuple[int, str]]] = {}
+    for r in changes:
+        value = json.loads(r["json"]).get("content", {}).get("membership")
+        if isinstance(value, str):
+            history.setdefault(r["room_id"], []).append((r["stream_ordering"], value))
+    return UserRooms(frozenset(r["room_id"] for r in rooms), {k: tuple(v) for k, v in history.items()})
 
 
 async def joined_members(conn: Conn, room_id: str) -> frozenset[str]:
@@ -192,23 +217,3 @@ async def current_state(conn: Conn, room_id: str) -> dict[tuple[str, str], str]:
         "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = $1", room_id
     )
     return {(r["type"], r["state_key"]): r["event_id"] for r in records}
-
-
-async def membership_history(
-    conn: Conn, user_id: str, rooms: Iterable[str], high: int
-) -> dict[str, list[tuple[int, str]]]:
-    """Per room, the user's (stream_ordering, membership) changes up to `high`, in stream order."""
-    records = await conn.fetch(
-        "SELECT room_id, stream_ordering, json FROM events WHERE type = 'm.room.member' AND state_key = $1"
-        " AND room_id = ANY($2::text[]) AND stream_ordering > 0 AND stream_ordering <= $3"
-        " ORDER BY stream_ordering",
-        user_id,
-        list(rooms),
-        high,
-    )
-    history: dict[str, list[tuple[int, str]]] = {}
-    for r in records:
-        value = json.loads(r["json"]).get("content", {}).get("membership")
-        if isinstance(value, str):
-            history.setdefault(r["room_id"], []).append((r["stream_ordering"], value))
-    return history
