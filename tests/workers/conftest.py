@@ -1,0 +1,51 @@
+"""In-process workers on the test's database and channel prefix, stopped at teardown."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from workers.app import Worker
+from workers.client import ClusterClient
+from workers.config import WorkerConfig
+
+MakeWorker = Callable[..., Awaitable[Worker]]
+
+
+@pytest.fixture
+async def make_worker(database_url: str, redis_url: str, channel_prefix: str) -> AsyncIterator[MakeWorker]:
+    started: list[Worker] = []
+
+    async def make(name: str, writers: list[str], **fields: Any) -> Worker:
+        config = WorkerConfig(
+            instance_name=name,
+            database_url=database_url,
+            redis_url=redis_url,
+            channel_prefix=channel_prefix,
+            stream_writers={"events": writers},
+            http_port=0,
+            position_announce_interval_s=0.2,
+            **fields,
+        )
+        worker = Worker(config)
+        started.append(worker)
+        await worker.start()
+        return worker
+
+    yield make
+    for worker in reversed(started):
+        await worker.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def client_for(session: aiohttp.ClientSession, workers: list[Worker], writers: list[str]) -> ClusterClient:
+    urls = {w.name: f"http://127.0.0.1:{w.http_port}" for w in workers}
+    return ClusterClient(session, urls, writers)

@@ -1,0 +1,136 @@
+"""The client API of in-process workers on real Postgres and Redis: auth, rules, errors, batching."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.workers.conftest import MakeWorker, client_for
+from workers.client import ApiError
+
+
+async def test_register_auth_and_bad_bodies(make_worker: MakeWorker, http: aiohttp.ClientSession) -> None:
+    worker = await make_worker("p1", ["p1"])
+    base = f"http://127.0.0.1:{worker.http_port}"
+    client = client_for(http, [worker], ["p1"])
+    await client.register("@alice")
+    with pytest.raises(ApiError) as taken:
+        await client_for(http, [worker], ["p1"]).register("@alice")
+    assert taken.value.status == 409
+    cases = [
+        ("POST", "/register", b"{not json", {}, 400, "NOT_JSON"),
+        ("POST", "/register", b"[1, 2]", {}, 400, "BAD_JSON"),
+        ("POST", "/register", b'{"user_id": "no at sign"}', {}, 400, "BAD_USER_ID"),
+        ("POST", "/createRoom", b"{}", {}, 401, "MISSING_TOKEN"),
+        ("POST", "/createRoom", b"{}", {"Authorization": "Bearer nope"}, 401, "UNKNOWN_TOKEN"),
+        ("POST", "/createRoom", b'{"join_rule": "anyone"}', {"Authorization": f"Bearer {client.token}"}, 400,
+         "BAD_JOIN_RULE"),
+        ("GET", "/sync?since=garbage", None, {"Authorization": f"Bearer {client.token}"}, 400, "BAD_TOKEN"),
+        ("GET", "/sync?since=m1~99.5", None, {"Authorization": f"Bearer {client.token}"}, 400, "BAD_TOKEN"),
+        ("GET", "/sync?timeout=soon", None, {"Authorization": f"Bearer {client.token}"}, 400, "BAD_TIMEOUT"),
+        ("POST", "/rooms/!nosuch/send/m.room.message", b"{}", {"Authorization": f"Bearer {client.token}"}, 404,
+         "NOT_FOUND"),
+        ("POST", "/rooms/bad room/send/x", b"{}", {"Authorization": f"Bearer {client.token}"}, 400, "BAD_ROOM_ID"),
+    ]  # fmt: skip
+    for method, path, body, headers, status, errcode in cases:
+        async with http.request(method, base + path, data=body, headers=headers) as resp:
+            payload = await resp.json()
+            assert (resp.status, payload["errcode"]) == (status, errcode), (path, payload)
+    # The worker kept serving through all of that.
+    assert (await client.sync("p1"))["events"] == []
+
+
+async def test_user_cannot_read_or_enter_another_users_room(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker("p1", ["p1"])
+    alice, bob = client_for(http, [worker], ["p1"]), client_for(http, [worker], ["p1"])
+    await alice.register("@alice")
+    await bob.register("@bob")
+    bob_since = (await bob.sync("p1"))["next_batch"]
+    room = await alice.create_room("invite")
+    await alice.send(room, "m.room.message", {"body": "secret"})
+    for attempt in (
+        bob.room_state(room, "p1"),
+        bob.membership(room, "join"),
+        bob.send(room, "m.room.message", {"body": "let me in"}),
+        bob.membership(room, "invite", target="@bob"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            await attempt
+        assert refused.value.status == 403
+    assert (await bob.sync("p1", bob_since, 300))["events"] == []
+    # Once invited and joined, bob sees the room from his join on, never what came before.
+    await alice.membership(room, "invite", target="@bob")
+    await bob.membership(room, "join")
+    await alice.send(room, "m.room.message", {"body": "welcome"})
+    seen = (await bob.sync("p1", bob_since, 1000))["events"]
+    assert [e["content"].get("body", e["content"].get("membership")) for e in seen] == [
+        "invite",
+        "join",
+        "welcome",
+    ]
+    assert len(await bob.room_state(room, "p1")) == 4
+
+
+async def test_wrong_writer_is_redirected_and_non_writer_refuses(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    p1 = await make_worker("p1", ["p1", "p2"])
+    p2 = await make_worker("p2", ["p1", "p2"])
+    reader = await make_worker("r1", ["p1", "p2"])
+    client = client_for(http, [p1, p2, reader], ["p1", "p2"])
+    await client.register("@alice")
+    room = await client.create_room("public")
+    owner = client.owner_url(room)
+    other = next(url for url in client.urls.values() if url != owner)
+    async with http.post(f"{other}/rooms/{room}/send/m.room.message", json={},
+                         headers={"Authorization": f"Bearer {client.token}"}) as resp:  # fmt: skip
+        body = await resp.json()
+    assert resp.status == 421 and body["errcode"] in ("WRONG_WRITER", "NOT_A_WRITER")
+
+
+async def test_backfill_never_reaches_the_live_timeline(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker("p1", ["p1"])
+    client = client_for(http, [worker], ["p1"])
+    await client.register("@alice")
+    since = (await client.sync("p1"))["next_batch"]
+    room = await client.create_room("public")
+    orderings = await client.backfill(room, [{"type": "m.room.message", "content": {"body": f"old {i}"}}
+                                             for i in range(3)])  # fmt: skip
+    assert orderings == [-1, -2, -3]
+    await client.send(room, "m.room.message", {"body": "new"})
+    events = (await client.sync("p1", since, 500))["events"]
+    assert [e["content"].get("body") for e in events if e["type"] == "m.room.message"] == ["new"]
+    assert all(e["stream_ordering"] > 0 for e in events)
+
+
+async def test_concurrent_sends_share_batches(make_worker: MakeWorker, http: aiohttp.ClientSession) -> None:
+    worker = await make_worker("p1", ["p1"])
+    client = client_for(http, [worker], ["p1"])
+    await client.register("@alice")
+    room = await client.create_room("public")
+    before = worker.persister.batches if worker.persister else 0
+    results = await asyncio.gather(*(client.send(room, "m.room.message", {"n": i}) for i in range(200)))
+    orderings = [r["stream_ordering"] for r in results]
+    assert len(set(orderings)) == 200
+    assert worker.persister is not None and worker.persister.batches - before < 200
+    async with worker.pool.acquire() as conn:
+        stored = await conn.fetchval("SELECT count(*) FROM events WHERE type = 'm.room.message'")
+        positions = await conn.fetchval("SELECT stream_id FROM stream_positions WHERE stream_name = 'events'")
+    assert stored == 200 and positions >= max(orderings)
+
+
+async def test_health_and_metrics(make_worker: MakeWorker, http: aiohttp.ClientSession) -> None:
+    worker = await make_worker("p1", ["p1"])
+    base = f"http://127.0.0.1:{worker.http_port}"
+    async with http.get(f"{base}/health") as resp:
+        health = await resp.json()
+    assert resp.status == 200 and health["ready"] and health["replication"]["subscribed"]
+    async with http.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    assert "fanout_events_persisted_total" in text and "fanout_repl" in text
