@@ -65,8 +65,9 @@ class ClusterClient:
         self.user_id, self.token = user_id, data["access_token"]
         return str(data["access_token"])
 
-    async def create_room(self, join_rule: str = "public") -> str:
-        url = self.urls[next(self._writers_cycle)]
+    async def create_room(self, join_rule: str = "public", via: str | None = None) -> str:
+        """Create a room on `via` (default: the events writers in turn); that writer will own it."""
+        url = self.urls[via or next(self._writers_cycle)]
         data = await self._call("POST", f"{url}/createRoom", {"join_rule": join_rule})
         return str(data["room_id"])
 

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
 
 from workers.cluster import LocalCluster
 from workers.loadgen import LoadDriver, LoadPlan, LoadReport
 from workers.services import EmbeddedServices
+from workers.storage import connect
 from workers.storage.migrate import migrate_url
 
 
@@ -73,23 +73,17 @@ def _servers(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 async def _create_database(url: str) -> None:
     base, _, name = url.rpartition("/")
-    conn = await asyncpg.connect(f"{base}/postgres")
-    try:
+    async with connect(f"{base}/postgres") as conn:
         if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
             await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
 
 
 async def _room_stats_position(database_url: str) -> tuple[int, int]:
-    conn = await asyncpg.connect(database_url)
-    try:
+    async with connect(database_url) as conn:
         position = await conn.fetchval(
             "SELECT position FROM background_progress WHERE task_name = 'room_stats'"
         )
         top = await conn.fetchval("SELECT coalesce(max(stream_ordering), 0) FROM events")
-    finally:
-        await conn.close()
     return int(position or 0), int(top)
 
 

@@ -10,22 +10,21 @@ At the end the recorded histories are checked against the events table (workers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import random
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
 
 from workers.client import ApiError, ClusterClient
 from workers.history import StoredEvent, SyncRecord, check_history, events_token
+from workers.storage import connect
 
 Progress = Callable[[int, int, str], None]
 
@@ -46,6 +45,7 @@ class LoadReport:
     actions: int = 0
     events_sent: int = 0
     rejected: int = 0
+    failed: int = 0
     seconds: float = 0.0
     syncs: int = 0
     latency_ms: list[float] = field(default_factory=list)
@@ -69,6 +69,7 @@ class LoadReport:
             "actions": self.actions,
             "events_sent": self.events_sent,
             "rejected_by_rules": self.rejected,
+            "failed_requests": self.failed,
             "seconds": round(self.seconds, 2),
             "events_per_s": round(self.events_per_s, 1),
             "syncs": self.syncs,
@@ -201,9 +202,16 @@ class LoadDriver:
                 else:
                     return
             except ApiError as e:
-                if e.status != 403:
+                if e.status == 403:
+                    self.report.rejected += 1
+                    return
+                if e.status < 500:
                     raise
-                self.report.rejected += 1
+                self.report.failed += 1
+                return
+            except (aiohttp.ClientError, TimeoutError):
+                # The persister is down or restarting: the outcome is unknown, the database decides.
+                self.report.failed += 1
                 return
         self.report.events_sent += 1
 
@@ -242,7 +250,7 @@ class LoadDriver:
             await asyncio.gather(*(actor() for _ in range(plan.concurrency)))
             self.report.seconds = time.monotonic() - started
             self.report.actions = done
-            async with _connect(self.database_url) as conn:
+            async with connect(self.database_url) as conn:
                 records = await conn.fetch(
                     "SELECT instance_name, max(stream_ordering) AS m FROM events WHERE stream_ordering > 0"
                     " GROUP BY instance_name"
@@ -264,7 +272,7 @@ class LoadDriver:
         return self.report
 
     async def _verify(self, instance_ids: dict[str, int]) -> None:
-        async with _connect(self.database_url) as conn:
+        async with connect(self.database_url) as conn:
             rows = await conn.fetch(
                 "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
                 " json::jsonb->'content'->>'membership' AS membership FROM events ORDER BY stream_ordering"
@@ -297,7 +305,7 @@ class LoadDriver:
 
     async def _message_times(self) -> dict[str, int]:
         """event_id -> received_ts (ms, set by the persister) of every live message."""
-        async with _connect(self.database_url) as conn:
+        async with connect(self.database_url) as conn:
             rows = await conn.fetch(
                 "SELECT event_id, received_ts FROM events"
                 " WHERE type = 'm.room.message' AND stream_ordering > 0"
@@ -312,12 +320,3 @@ def _covers(token: str, target: dict[str, int], instance_ids: dict[str, int]) ->
         events.get_stream_pos_for_instance(str(instance_ids[name])) >= position
         for name, position in target.items()
     )
-
-
-@contextlib.asynccontextmanager
-async def _connect(url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(url)
-    try:
-        yield conn
-    finally:
-        await conn.close()

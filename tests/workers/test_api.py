@@ -19,20 +19,19 @@ async def test_register_auth_and_bad_bodies(make_worker: MakeWorker, http: aioht
     with pytest.raises(ApiError) as taken:
         await client_for(http, [worker], ["p1"]).register("@alice")
     assert taken.value.status == 409
+    auth = {"Authorization": f"Bearer {client.token}"}
     cases = [
         ("POST", "/register", b"{not json", {}, 400, "NOT_JSON"),
         ("POST", "/register", b"[1, 2]", {}, 400, "BAD_JSON"),
         ("POST", "/register", b'{"user_id": "no at sign"}', {}, 400, "BAD_USER_ID"),
         ("POST", "/createRoom", b"{}", {}, 401, "MISSING_TOKEN"),
         ("POST", "/createRoom", b"{}", {"Authorization": "Bearer nope"}, 401, "UNKNOWN_TOKEN"),
-        ("POST", "/createRoom", b'{"join_rule": "anyone"}', {"Authorization": f"Bearer {client.token}"}, 400,
-         "BAD_JOIN_RULE"),
-        ("GET", "/sync?since=garbage", None, {"Authorization": f"Bearer {client.token}"}, 400, "BAD_TOKEN"),
-        ("GET", "/sync?since=m1~99.5", None, {"Authorization": f"Bearer {client.token}"}, 400, "BAD_TOKEN"),
-        ("GET", "/sync?timeout=soon", None, {"Authorization": f"Bearer {client.token}"}, 400, "BAD_TIMEOUT"),
-        ("POST", "/rooms/!nosuch/send/m.room.message", b"{}", {"Authorization": f"Bearer {client.token}"}, 404,
-         "NOT_FOUND"),
-        ("POST", "/rooms/bad room/send/x", b"{}", {"Authorization": f"Bearer {client.token}"}, 400, "BAD_ROOM_ID"),
+        ("POST", "/createRoom", b'{"join_rule": "anyone"}', auth, 400, "BAD_JOIN_RULE"),
+        ("GET", "/sync?since=garbage", None, auth, 400, "BAD_TOKEN"),
+        ("GET", "/sync?since=m1~99.5", None, auth, 400, "BAD_TOKEN"),
+        ("GET", "/sync?timeout=soon", None, auth, 400, "BAD_TIMEOUT"),
+        ("POST", "/rooms/!nosuch/send/m.room.message", b"{}", auth, 404, "NOT_FOUND"),
+        ("POST", "/rooms/bad room/send/x", b"{}", auth, 400, "BAD_ROOM_ID"),
     ]  # fmt: skip
     for method, path, body, headers, status, errcode in cases:
         async with http.request(method, base + path, data=body, headers=headers) as resp:
@@ -86,8 +85,8 @@ async def test_wrong_writer_is_redirected_and_non_writer_refuses(
     room = await client.create_room("public")
     owner = client.owner_url(room)
     other = next(url for url in client.urls.values() if url != owner)
-    async with http.post(f"{other}/rooms/{room}/send/m.room.message", json={},
-                         headers={"Authorization": f"Bearer {client.token}"}) as resp:  # fmt: skip
+    auth = {"Authorization": f"Bearer {client.token}"}
+    async with http.post(f"{other}/rooms/{room}/send/m.room.message", json={}, headers=auth) as resp:
         body = await resp.json()
     assert resp.status == 421 and body["errcode"] in ("WRONG_WRITER", "NOT_A_WRITER")
 

@@ -46,7 +46,8 @@ def test_one_invalidation_row_per_room_chunked_by_members() -> None:
         (_member("@b", "dance"), rooms.RoomView(True, "public", None, None), rooms.BadEvent),
         (NewEvent("$m", "!r", "m.room.message", "@b", {}), rooms.RoomView(True, "public", "leave", None),
          rooms.Forbidden),
-        (NewEvent("$m", "!r", "m.room.message", "@b", {}), rooms.RoomView(True, "public", "join", None), None),
+        (NewEvent("$m", "!r", "m.room.message", "@b", {}), rooms.RoomView(True, "public", "join", None),
+         None),
     ],
 )  # fmt: skip
 def test_room_rules(event: NewEvent, view: rooms.RoomView, error: type[Exception] | None) -> None:

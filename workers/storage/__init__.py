@@ -3,6 +3,8 @@ so the caller decides what runs in one transaction."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import asyncpg
@@ -10,3 +12,13 @@ from asyncpg.pool import PoolConnectionProxy
 
 #: A plain connection or one borrowed from a pool.
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str) -> AsyncIterator[asyncpg.Connection[Any]]:
+    """One short-lived connection (tools, tests, the demo); workers use their pool."""
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
+    finally:
+        await conn.close()

@@ -1,0 +1,38 @@
+"""Real worker subprocesses on the test's database and channel prefix."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workers.cluster import LocalCluster
+
+MakeCluster = Callable[..., Awaitable[LocalCluster]]
+
+
+@pytest.fixture
+async def make_cluster(
+    database_url: str, redis_url: str, channel_prefix: str, tmp_path: Path
+) -> AsyncIterator[MakeCluster]:
+    clusters: list[LocalCluster] = []
+
+    async def make(**options: Any) -> LocalCluster:
+        options.setdefault("announce_interval_s", 0.2)
+        cluster = LocalCluster(
+            database_url,
+            redis_url,
+            tmp_path / f"cluster{len(clusters)}",
+            channel_prefix=channel_prefix,
+            **options,
+        )
+        clusters.append(cluster)
+        await cluster.start()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        codes = await cluster.stop()
+        assert all(code == 0 for code in codes.values()), (codes, {n: cluster.log_tail(n) for n in codes})
