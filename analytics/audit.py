@@ -1,6 +1,8 @@
 """The invalidation audit: a PySpark job over the `caches` stream's log.
 
-Run it as ``fanout audit [run] ...``, ``fanout audit export ...`` or ``spark-submit analytics/audit.py ...``.
+Run it as ``fanout audit [run] ...``, ``fanout audit export ...`` or
+``spark-submit --jars /usr/share/java/postgresql.jar analytics/audit.py ...`` (under spark-submit the JVM is
+already running, so the jar must come from ``--jars``; from Python we put it in ``spark.jars`` ourselves).
 Everything the job does is a small function over DataFrames, so the notebook (`analytics/audit.ipynb`) and
 the benchmark call the same code. The file is self-contained (pyspark only, matplotlib for charts) because
 ``spark-submit`` ships one file to a cluster's driver; nothing else of fanout has to be installed there.
@@ -101,6 +103,9 @@ APPLIED_SCHEMA = T.StructType(
 )
 
 
+_JAVA_EXCEPTION = re.compile(r"(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): [^\n]*")
+
+
 class AuditError(Exception):
     """Bad arguments or configuration (missing jar, unreachable database): the message says what to do."""
 
@@ -159,9 +164,16 @@ def _jdbc_query_row(spark: SparkSession, source: PostgresSource, sql: str) -> An
     """One small row from Postgres, through Spark's own JDBC path (so a bad URL fails here, clearly)."""
     try:
         return _jdbc_reader(spark, source).option("query", sql).load().first()
-    except Exception as e:  # py4j wraps the driver's SQLException; keep only its first line
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AuditError(f"cannot query {source.database_url}: {first_line}") from e
+    except Exception as e:  # py4j wraps the JVM's exception: keep the line that names it
+        text = str(e)
+        found = _JAVA_EXCEPTION.search(text)
+        reason = found.group(0) if found else (text.strip().splitlines() or [type(e).__name__])[0]
+        if "org.postgresql.Driver" in text:
+            reason += (
+                f" (the JDBC jar is not on the driver's classpath: under spark-submit pass "
+                f"--jars {source.jdbc_jar})"
+            )
+        raise AuditError(f"cannot query {source.database_url}: {reason}") from e
 
 
 def _jdbc_table(

@@ -9,8 +9,13 @@ For each size (default 1M and 10M rows) it generates a log inside Postgres (`ana
 
 Both results are summed and compared (groups, rows, keys, bytes, per-key messages); a disagreement exits 1.
 Without `--database-url` it starts embedded servers and throws them away afterwards. Progress goes to
-stderr; the result is one JSON object on stdout followed by a table. Measured on the 2-core dev machine:
-see the final report of issue 6 (10M rows take several minutes end to end, most of it generation).
+stderr; the result is one JSON object on stdout followed by a table.
+
+Measured 2026-11-22 on the shared 2-core machine (local[*], 8 shuffle partitions, 4 JDBC partitions): 1M rows
+Spark 22.4 s (45k rows/s, including ~10 s of JVM warm-up on the first query) vs Postgres 1.7 s (604k rows/s);
+10M rows Spark 32.5 s (308k rows/s) vs Postgres 14.6 s (686k rows/s); results identical. The whole default
+run takes about 2.6 minutes (10M-row generation ~65 s). On one small machine Postgres wins; Spark's case is
+scale-out across executors and reading Parquet exports without loading the database.
 """
 
 from __future__ import annotations
