@@ -37,6 +37,7 @@ from idgen import InstanceMap, MultiWriterIdGenerator
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from workers.config import ConfigError, WorkerConfig, load_config
+from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
@@ -146,6 +147,10 @@ class Worker:
             backfill_stream(self.pool, self.generators[BACKFILL], self.writers(BACKFILL)),
             caches_stream(self.pool, self.generators[CACHES], self.writers(CACHES)),
         ]
+        self.applied = AppliedRangesRecorder(self.pool, self.name, CACHES)
+        for writer in self.writers(CACHES):
+            if writer != self.name:
+                self.applied.begin(writer, self.generators[CACHES].get_current_token_for_writer(writer))
         with self._phase("subscribe"):
             self.replication = ReplicationClient(
                 ReplicationSettings.from_config(config),
@@ -158,6 +163,7 @@ class Worker:
             await self.replication.start()
         with self._phase("catch_up"):
             await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
+        self.applied.start()
         if config.writes(EVENTS):
             with self._phase("start_persisters"):
                 self.persister = EventPersister(
@@ -239,6 +245,8 @@ class Worker:
             self._invalidations.labels("replication").inc(len(rows))
 
     def _position_moved(self, stream: str, instance: str, token: int) -> None:
+        if stream == CACHES:
+            self.applied.advanced(instance, token)
         rooms, users = self._woken.pop(stream, (set(), set()))
         if rooms or users:
             self.notifier.notify(rooms, users)
@@ -323,6 +331,8 @@ class Worker:
             steps.append(("stop_background", self.room_stats.stop))
         if hasattr(self, "replication"):
             steps.append(("announce_and_unsubscribe", self.replication.stop))
+        if hasattr(self, "applied"):
+            steps.append(("record_applied", self.applied.stop))
         if self._runner is not None:
             steps.append(("close_http", self._runner.cleanup))
         steps += [("close_generators", self._close_generators)]

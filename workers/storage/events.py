@@ -42,7 +42,8 @@ async def insert_batch(
     instance_name: str,
 ) -> None:
     """Insert `events` (in stream order), fold their state into current state and membership, and
-    log the cache invalidations. Call inside a transaction.
+    log the cache invalidations. Call inside a transaction unless `needs_transaction` says one
+    statement suffices (a batch of messages only: one INSERT is atomic on its own).
 
     Several persisters may write the same room: current state and membership keep the row with the
     highest stream ordering, whatever order the transactions commit in.
@@ -108,6 +109,11 @@ async def insert_batch(
             [None if row.keys is None else json.dumps(row.keys) for _, row in invalidations],
             [row.invalidation_ts for _, row in invalidations],
         )
+
+
+def needs_transaction(events: Sequence[Event], invalidations: Sequence[object]) -> bool:
+    """Whether `insert_batch` will run more than one statement for this batch."""
+    return bool(invalidations) or any(e.state_key is not None for e in events)
 
 
 async def events_for_rooms(

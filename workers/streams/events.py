@@ -36,7 +36,8 @@ class EventRow(BaseModel):
 
     @classmethod
     def of(cls, event: Event) -> EventRow:
-        return cls(
+        """The row of a persisted event (trusted: built without re-validation; receivers validate)."""
+        return cls.model_construct(
             event_id=event.event_id,
             room_id=event.room_id,
             type=event.type,

@@ -1,0 +1,389 @@
+"""`fanout bench cluster`: what the worker cluster sustains, beside a raw ceiling measured in the same run.
+
+Phases (each prints progress on stderr; the result is one JSON document plus a table):
+
+1. ceiling: plain asyncpg, batches of `--batch` events: one nextval-for-n query and one multi-row
+   INSERT per batch in a transaction, from 1 and 2 processes.
+2. write path: the persisters' own code (EventPersister via an in-process Worker, publishing to
+   Redis for real) driven directly by many concurrent tasks, from 1 and 2 persister processes.
+3. HTTP: the same through `POST /rooms/{room}/send` on real worker subprocesses, 1 and 2 persisters.
+4. latency: persist-to-visible on every sync worker at a fixed offered load over HTTP.
+5. memory: the write path pushes `--rss-events` events (default 1,000,000) through a cluster while
+   users long-poll a sync worker; then each worker's peak RSS (VmHWM) is read from /proc.
+
+Targets (from the issue): write path >= 0.5 of the ceiling; a sync worker under 200 MB after
+1,000,000 events.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from workers.client import ClusterClient
+from workers.cluster import LocalCluster
+from workers.handlers import rooms
+from workers.model import NewEvent
+from workers.routing import writer_for_room
+from workers.services import EmbeddedServices
+from workers.storage import connect
+from workers.storage.migrate import migrate_url
+
+
+def say(message: str) -> None:
+    print(f"bench cluster: {message}", file=sys.stderr, flush=True)
+
+
+# -- phase 1: the ceiling ------------------------------------------------------------------------
+
+
+async def _ceiling_child(database_url: str, seconds: float, batch: int, name: str) -> int:
+    async with connect(database_url) as conn:
+        done = 0
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            async with conn.transaction():
+                ids = [
+                    r[0]
+                    for r in await conn.fetch(
+                        "SELECT nextval('events_stream_seq') FROM generate_series(1, $1)", batch
+                    )
+                ]
+                await conn.execute(
+                    "INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key,"
+                    " sender, json, received_ts) SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[],"
+                    " $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[])",
+                    ids,
+                    [name] * batch,
+                    [f"$c{name}{i}" for i in ids],
+                    ["!ceiling"] * batch,
+                    ["m.room.message"] * batch,
+                    [None] * batch,
+                    ["@bench"] * batch,
+                    ['{"content":{"body":"x"}}'] * batch,
+                    [int(time.time() * 1000)] * batch,
+                )
+            done += batch
+        return done
+
+
+# -- phase 2 and 5: the write path in a child process ---------------------------------------------
+
+
+async def _write_path_child(
+    database_url: str, redis_url: str, prefix: str, name: str, writers: list[str], seconds: float,
+    events: int, concurrency: int,
+) -> int:  # fmt: skip
+    from workers.app import Worker
+    from workers.config import WorkerConfig
+
+    config = WorkerConfig(
+        instance_name=name, database_url=database_url, redis_url=redis_url, channel_prefix=prefix,
+        stream_writers={"events": writers}, http_port=0, log_level="WARNING",
+    )  # fmt: skip
+    worker = Worker(config)
+    await worker.start()
+    assert worker.persister is not None
+    persister = worker.persister
+    owned: list[str] = []
+    while len(owned) < 16:
+        room = rooms.new_room_id()
+        if writer_for_room(room, writers) == name:
+            owned.append(room)
+    deadline = time.monotonic() + seconds
+    done = 0
+
+    async def sender(index: int) -> None:
+        nonlocal done
+        while time.monotonic() < deadline and (events == 0 or done < events):
+            done += 1
+            room = owned[(index + done) % len(owned)]
+            await persister.persist(
+                NewEvent(rooms.new_event_id(), room, "m.room.message", "@bench", {"n": done})
+            )
+
+    try:
+        await asyncio.gather(*(sender(i) for i in range(concurrency)))
+    finally:
+        say(f"{name}: {persister.events} events in {persister.batches} batches")
+        await worker.stop()
+    return done
+
+
+def _child_main(kind: str, args: tuple[Any, ...], queue: Any) -> None:
+    if kind == "ceiling":
+        queue.put(asyncio.run(_ceiling_child(*args)))
+    else:
+        queue.put(asyncio.run(_write_path_child(*args)))
+
+
+def _in_processes(kind: str, arg_sets: list[tuple[Any, ...]]) -> tuple[int, float]:
+    """Run one child per argument set at once; (total count, wall seconds)."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    started = time.monotonic()
+    procs = [ctx.Process(target=_child_main, args=(kind, a, queue)) for a in arg_sets]
+    for p in procs:
+        p.start()
+    total = sum(queue.get() for _ in procs)
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"{kind} child failed with exit code {p.exitcode}")
+    return total, time.monotonic() - started
+
+
+# -- phase 3 and 4: HTTP ------------------------------------------------------------------------------
+
+
+async def _http_load(
+    cluster: LocalCluster, seconds: float, concurrency: int, rate: float | None = None
+) -> tuple[int, list[float]]:
+    """Send messages for `seconds` (at `rate` per second if given); returns (sent, latencies ms)."""
+    latencies: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        client = ClusterClient(session, cluster.urls, cluster.event_writers)
+        await client.register(f"@bench-{uuid.uuid4().hex[:8]}")
+        room_ids = [await client.create_room("public") for _ in range(4 * len(cluster.event_writers))]
+        probes: list[tuple[ClusterClient, str]] = []
+        for worker in cluster.sync_workers if rate is not None else []:
+            probe = ClusterClient(session, cluster.urls, cluster.event_writers)
+            await probe.register(f"@probe-{worker}-{uuid.uuid4().hex[:8]}")
+            for room in room_ids:
+                await probe.membership(room, "join")
+            probes.append((probe, worker))
+        arrivals: dict[str, list[float]] = {}
+        stop = asyncio.Event()
+
+        async def follow(probe: ClusterClient, worker: str) -> None:
+            token = (await probe.sync(worker))["next_batch"]
+            while not stop.is_set():
+                result = await probe.sync(worker, token, 500)
+                now = time.time()
+                for event in result["events"]:
+                    arrivals.setdefault(event["event_id"], []).append(now)
+                token = result["next_batch"]
+
+        followers = [asyncio.create_task(follow(p, w)) for p, w in probes]
+        await asyncio.sleep(0.5 if probes else 0)
+        sent: dict[str, float] = {}
+        deadline = time.monotonic() + seconds
+        interval = concurrency / rate if rate else 0.0
+
+        async def sender(index: int) -> None:
+            next_at = time.monotonic()
+            while time.monotonic() < deadline:
+                result = await client.send(
+                    room_ids[(index + len(sent)) % len(room_ids)], "m.room.message", {}
+                )
+                sent[result["event_id"]] = 0.0
+                if interval:
+                    next_at += interval
+                    await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+        await asyncio.gather(*(sender(i) for i in range(concurrency)))
+        await asyncio.sleep(1.0 if probes else 0)
+        stop.set()
+        await asyncio.gather(*followers, return_exceptions=True)
+    if probes:
+        async with connect(cluster.database_url) as conn:
+            rows = await conn.fetch(
+                "SELECT event_id, received_ts FROM events WHERE event_id = ANY($1)", list(sent)
+            )
+        for row in rows:
+            seen = arrivals.get(row["event_id"], [])
+            if len(seen) == len(probes):
+                latencies.append(max(0.0, (max(seen) - row["received_ts"] / 1000) * 1000))
+    return len(sent), latencies
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextlib.contextmanager
+def _servers(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    if args.database_url and args.redis_url:
+        yield args.database_url, args.redis_url
+        return
+    with EmbeddedServices(with_postgres=not args.database_url, with_redis=not args.redis_url) as services:
+        yield args.database_url or services.database_url, args.redis_url or services.redis_url
+
+
+async def _fresh_database(admin_url: str, tag: str) -> str:
+    base, _, _ = admin_url.rpartition("/")
+    name = f"bench_{tag}_{uuid.uuid4().hex[:6]}"
+    async with connect(admin_url) as conn:
+        await conn.execute(f"CREATE DATABASE {name}")
+    url = f"{base}/{name}"
+    await migrate_url(url)
+    return url
+
+
+async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir: Path) -> dict[str, Any]:
+    result: dict[str, Any] = {"seconds_per_phase": args.seconds, "batch": args.batch}
+    for k in (1, 2):
+        say(f"ceiling: raw asyncpg batched insert from {k} process(es)")
+        db = await _fresh_database(admin_url, "ceiling")
+        count, wall = _in_processes("ceiling", [(db, args.seconds, args.batch, f"c{i}") for i in range(k)])
+        result[f"ceiling_{k}"] = round(count / args.seconds, 1)
+        say(f"write path: EventPersister driven directly, {k} persister process(es)")
+        db = await _fresh_database(admin_url, "writepath")
+        writers = [f"p{i}" for i in range(1, k + 1)]
+        prefix = f"bench-{uuid.uuid4().hex[:6]}"
+        count, wall = _in_processes(
+            "write",
+            [(db, redis_url, prefix, w, writers, args.seconds, 0, args.concurrency) for w in writers],
+        )
+        result[f"write_path_{k}"] = round(count / args.seconds, 1)
+        say(f"HTTP: POST /send on worker subprocesses, {k} persister(s)")
+        db = await _fresh_database(admin_url, "http")
+        cluster = LocalCluster(db, redis_url, workdir / f"http{k}", persisters=k, sync_workers=0,
+                               background_workers=0, channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
+                               log_level="WARNING")  # fmt: skip
+        await cluster.start()
+        try:
+            sent, _ = await _http_load(cluster, args.seconds, args.concurrency)
+        finally:
+            await cluster.stop()
+        result[f"http_{k}"] = round(sent / args.seconds, 1)
+    say(f"latency: {args.rate} events/s offered over HTTP, 2 persisters, 2 sync workers")
+    db = await _fresh_database(admin_url, "latency")
+    cluster = LocalCluster(db, redis_url, workdir / "latency", persisters=2, sync_workers=2, background_workers=0,
+                           channel_prefix=f"bench-{uuid.uuid4().hex[:6]}", log_level="WARNING")  # fmt: skip
+    await cluster.start()
+    try:
+        sent, latencies = await _http_load(cluster, args.seconds, 8, rate=args.rate)
+    finally:
+        await cluster.stop()
+    result["latency_offered_per_s"] = args.rate
+    result["latency_achieved_per_s"] = round(sent / args.seconds, 1)
+    result["latency_p50_ms"] = round(_percentile(latencies, 50), 2)
+    result["latency_p99_ms"] = round(_percentile(latencies, 99), 2)
+    result["latency_samples"] = len(latencies)
+    if args.rss_events:
+        result.update(await _memory_phase(args, admin_url, redis_url, workdir))
+    result["write_path_vs_ceiling_1"] = round(result["write_path_1"] / result["ceiling_1"], 3)
+    result["write_path_vs_ceiling_2"] = round(result["write_path_2"] / result["ceiling_2"], 3)
+    result["target_write_path_met"] = (
+        min(result["write_path_vs_ceiling_1"], result["write_path_vs_ceiling_2"]) >= 0.5
+    )
+    return result
+
+
+async def _memory_phase(
+    args: argparse.Namespace, admin_url: str, redis_url: str, workdir: Path
+) -> dict[str, Any]:
+    say(f"memory: {args.rss_events:,} events through 2 persisters while users long-poll a sync worker")
+    db = await _fresh_database(admin_url, "memory")
+    prefix = f"bench-{uuid.uuid4().hex[:6]}"
+    cluster = LocalCluster(db, redis_url, workdir / "memory", persisters=0, sync_workers=1, background_workers=0,
+                           channel_prefix=prefix, log_level="WARNING",
+                           extra_config={"stream_writers": {"events": ["p1", "p2"]}})  # fmt: skip
+    await cluster.start()
+    stop = asyncio.Event()
+    try:
+        async with aiohttp.ClientSession() as session:
+            readers = []
+            for i in range(8):
+                reader = ClusterClient(session, cluster.urls, ["sync1"])
+                await reader.register(f"@reader{i}-{uuid.uuid4().hex[:6]}", via="sync1")
+                readers.append(reader)
+
+            async def poll(reader: ClusterClient) -> None:
+                token = (await reader.sync("sync1"))["next_batch"]
+                while not stop.is_set():
+                    token = (await reader.sync("sync1", token, 1000))["next_batch"]
+
+            polls = [asyncio.create_task(poll(r)) for r in readers]
+            per_writer = args.rss_events // 2
+            started = time.monotonic()
+            loop = asyncio.get_running_loop()
+            count, _ = await loop.run_in_executor(
+                None,
+                _in_processes,
+                "write",
+                [
+                    (db, redis_url, prefix, w, ["p1", "p2"], 10**9, per_writer, args.concurrency)
+                    for w in ("p1", "p2")
+                ],
+            )
+            elapsed = time.monotonic() - started
+            health = await cluster.health("sync1")
+            stop.set()
+            await asyncio.gather(*polls, return_exceptions=True)
+        spec = cluster.workers["sync1"]
+        assert spec.process is not None
+        rss = _peak_rss_mb(spec.process.pid)
+    finally:
+        await cluster.stop()
+    return {
+        "memory_events": count,
+        "memory_events_per_s": round(count / elapsed, 1),
+        "sync_worker_applied_upto": health["persisted_upto"]["events"],
+        "sync_worker_peak_rss_mb": round(rss, 1),
+        "target_rss_met": rss < 200,
+    }
+
+
+def _table(result: dict[str, Any]) -> str:
+    rows = [
+        ("raw batched insert (ceiling)", result["ceiling_1"], result["ceiling_2"]),
+        ("write path (EventPersister)", result["write_path_1"], result["write_path_2"]),
+        ("HTTP POST /send", result["http_1"], result["http_2"]),
+        ("write path / ceiling", result["write_path_vs_ceiling_1"], result["write_path_vs_ceiling_2"]),
+    ]
+    lines = [f"{'events/s':<32}{'1 persister':>14}{'2 persisters':>14}"]
+    lines += [f"{name:<32}{a:>14,}{b:>14,}" for name, a, b in rows]
+    lines.append(
+        f"persist-to-visible on every sync worker at {result['latency_offered_per_s']}/s offered "
+        f"({result['latency_achieved_per_s']}/s achieved): p50 {result['latency_p50_ms']} ms, "
+        f"p99 {result['latency_p99_ms']} ms ({result['latency_samples']} samples)"
+    )
+    if "sync_worker_peak_rss_mb" in result:
+        lines.append(
+            f"sync worker peak RSS after {result['memory_events']:,} events: {result['sync_worker_peak_rss_mb']} MB"
+            f" (target < 200 MB: {'met' if result['target_rss_met'] else 'NOT met'})"
+        )
+    lines.append(f"write path >= 0.5 x ceiling: {'met' if result['target_write_path_met'] else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="fanout bench cluster", description=__doc__.split("\n\n")[0])
+    p.add_argument("--database-url", help="an admin URL (benchmark databases are created on it)")
+    p.add_argument("--redis-url")
+    p.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput phase")
+    p.add_argument("--batch", type=int, default=200, help="events per batch in the ceiling")
+    p.add_argument("--concurrency", type=int, default=64, help="concurrent senders per persister")
+    p.add_argument("--rate", type=float, default=300.0, help="offered events/s in the latency phase")
+    p.add_argument("--rss-events", type=int, default=1_000_000, help="events for the memory phase (0: skip)")
+    args = p.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="fanout-bench-cluster-"))
+    with _servers(args) as (admin_url, redis_url):
+        result = asyncio.run(_run(args, admin_url, redis_url, workdir))
+    print(json.dumps(result, indent=2))
+    print(_table(result))
+    return 0
