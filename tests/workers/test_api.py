@@ -133,3 +133,30 @@ async def test_health_and_metrics(make_worker: MakeWorker, http: aiohttp.ClientS
     async with http.get(f"{base}/metrics") as resp:
         text = await resp.text()
     assert "fanout_events_persisted_total" in text and "fanout_repl" in text
+
+
+async def test_reader_records_the_caches_rows_it_applied(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    persister = await make_worker("p1", ["p1"])
+    reader = await make_worker("r1", ["p1"])
+    client = client_for(http, [persister, reader], ["p1"])
+    await client.register("@alice")
+    room = await client.create_room("public")
+    for i in range(5):
+        await client.set_state(room, "m.room.topic", "", {"topic": str(i)})
+    async with persister.pool.acquire() as conn:
+        published = await conn.fetchval(
+            "SELECT max(stream_id) FROM cache_invalidation_stream_by_instance WHERE instance_name = 'p1'"
+        )
+    for _ in range(100):
+        await reader.applied.flush()
+        async with reader.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT from_id, to_id FROM replication_applied_ranges WHERE worker_name = 'r1'"
+                " AND stream_name = 'caches' AND instance_name = 'p1'"
+            )
+        if row is not None and row["to_id"] >= published:
+            break
+        await asyncio.sleep(0.05)
+    assert row is not None and row["from_id"] == 0 and row["to_id"] >= published
