@@ -149,8 +149,7 @@ class Worker:
         ]
         self.applied = AppliedRangesRecorder(self.pool, self.name, CACHES)
         for writer in self.writers(CACHES):
-            if writer != self.name:
-                self.applied.begin(writer, self.generators[CACHES].get_current_token_for_writer(writer))
+            self.applied.begin(writer, self.generators[CACHES].get_current_token_for_writer(writer))
         with self._phase("subscribe"):
             self.replication = ReplicationClient(
                 ReplicationSettings.from_config(config),
@@ -270,6 +269,9 @@ class Worker:
     ) -> None:
         """The IDs are finished: publish, then wake local readers."""
         self.replication.notify()
+        if invalidations:
+            # Batches run one at a time, so every own caches row up to this ID is applied here.
+            self.applied.advanced(self.name, max(stream_id for stream_id, _ in invalidations))
         self._persisted.inc(len(events))
         live = [e for e in events if e.stream_ordering > 0]
         if live:

@@ -1,0 +1,71 @@
+"""compose/: no Docker engine here, so check what can be checked for real: the file's structure, the
+Dockerfile's inputs, and every worker's configuration running a real worker against the test servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from workers.app import Worker
+from workers.config import load_config
+
+COMPOSE = Path(__file__).resolve().parents[2] / "compose"
+WORKERS = ["persister1", "persister2", "sync1", "sync2", "background1"]
+
+
+def _services() -> dict[str, Any]:
+    document = yaml.safe_load((COMPOSE / "docker-compose.yml").read_text())
+    services: dict[str, Any] = document["services"]
+    return services
+
+
+def test_compose_file_describes_the_cluster() -> None:
+    services = _services()
+    assert set(services) == {"postgres", "redis", *WORKERS}
+    host_ports = [p.split(":")[0] for s in services.values() for p in s.get("ports", [])]
+    assert len(host_ports) == len(set(host_ports))
+    for name in WORKERS:
+        service = services[name]
+        mount = service["volumes"][0].split(":")
+        assert mount[0] == f"./config/{name}.yaml" and mount[1] == "/etc/fanout/worker.yaml"
+        assert (COMPOSE / mount[0]).exists()
+        assert (
+            "FANOUT_DATABASE_URL" in service["environment"]
+            and "/health" in service["healthcheck"]["test"][-1]
+        )
+    repo = COMPOSE.parent
+    for line in (COMPOSE / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (repo / source).exists(), source
+
+
+@pytest.mark.parametrize("name", WORKERS)
+async def test_each_worker_configuration_runs(
+    name: str, database_url: str, redis_url: str, channel_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    environment = _services()[name]["environment"]
+    for key, value in environment.items():
+        monkeypatch.setenv(key, str(value))
+    config = load_config(COMPOSE / "config" / f"{name}.yaml")
+    assert config.instance_name == name
+    assert config.writers_of("events") == ["persister1", "persister2"]
+    # Point the same file at the test's servers and a free port, as compose points it at its own.
+    monkeypatch.setenv("FANOUT_DATABASE_URL", database_url)
+    monkeypatch.setenv("FANOUT_REDIS_URL", redis_url)
+    monkeypatch.setenv("FANOUT_HTTP_PORT", "0")
+    monkeypatch.setenv("FANOUT_HTTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("FANOUT_CHANNEL_PREFIX", channel_prefix)
+    monkeypatch.setenv("FANOUT_POSITION_ANNOUNCE_INTERVAL_S", "0.1")
+    worker = Worker(load_config(COMPOSE / "config" / f"{name}.yaml"))
+    await worker.start()
+    try:
+        ready, detail = worker.health()
+        assert ready, detail
+        assert (worker.persister is not None) == name.startswith("persister")
+        assert (worker.room_stats is not None) == (name == "background1")
+    finally:
+        await worker.stop()
