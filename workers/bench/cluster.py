@@ -247,13 +247,13 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
     for k in (1, 2):
         say(f"ceiling: raw asyncpg batched insert from {k} process(es)")
         db = await _fresh_database(admin_url, "ceiling")
-        count, wall = _in_processes("ceiling", [(db, args.seconds, args.batch, f"c{i}") for i in range(k)])
+        count, _ = _in_processes("ceiling", [(db, args.seconds, args.batch, f"c{i}") for i in range(k)])
         result[f"ceiling_{k}"] = round(count / args.seconds, 1)
         say(f"write path: EventPersister driven directly, {k} persister process(es)")
         db = await _fresh_database(admin_url, "writepath")
         writers = [f"p{i}" for i in range(1, k + 1)]
         prefix = f"bench-{uuid.uuid4().hex[:6]}"
-        count, wall = _in_processes(
+        count, _ = _in_processes(
             "write",
             [(db, redis_url, prefix, w, writers, args.seconds, 0, args.concurrency) for w in writers],
         )
@@ -271,8 +271,10 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
         result[f"http_{k}"] = round(sent / args.seconds, 1)
     say(f"latency: {args.rate} events/s offered over HTTP, 2 persisters, 2 sync workers")
     db = await _fresh_database(admin_url, "latency")
-    cluster = LocalCluster(db, redis_url, workdir / "latency", persisters=2, sync_workers=2, background_workers=0,
-                           channel_prefix=f"bench-{uuid.uuid4().hex[:6]}", log_level="WARNING")  # fmt: skip
+    cluster = LocalCluster(
+        db, redis_url, workdir / "latency", persisters=2, sync_workers=2, background_workers=0,
+        channel_prefix=f"bench-{uuid.uuid4().hex[:6]}", log_level="WARNING",
+    )  # fmt: skip
     await cluster.start()
     try:
         sent, latencies = await _http_load(cluster, args.seconds, 8, rate=args.rate)
@@ -299,9 +301,10 @@ async def _memory_phase(
     say(f"memory: {args.rss_events:,} events through 2 persisters while users long-poll a sync worker")
     db = await _fresh_database(admin_url, "memory")
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
-    cluster = LocalCluster(db, redis_url, workdir / "memory", persisters=0, sync_workers=1, background_workers=0,
-                           channel_prefix=prefix, log_level="WARNING",
-                           extra_config={"stream_writers": {"events": ["p1", "p2"]}})  # fmt: skip
+    cluster = LocalCluster(
+        db, redis_url, workdir / "memory", persisters=0, sync_workers=1, background_workers=0,
+        channel_prefix=prefix, log_level="WARNING", extra_config={"stream_writers": {"events": ["p1", "p2"]}},
+    )  # fmt: skip
     await cluster.start()
     stop = asyncio.Event()
     try:
@@ -331,7 +334,13 @@ async def _memory_phase(
                 ],
             )
             elapsed = time.monotonic() - started
+            async with connect(db) as conn:
+                top = int(await conn.fetchval("SELECT max(stream_ordering) FROM events"))
             health = await cluster.health("sync1")
+            deadline = time.monotonic() + 120
+            while health["persisted_upto"]["events"] < top and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)
+                health = await cluster.health("sync1")
             stop.set()
             await asyncio.gather(*polls, return_exceptions=True)
         spec = cluster.workers["sync1"]
@@ -363,9 +372,10 @@ def _table(result: dict[str, Any]) -> str:
         f"p99 {result['latency_p99_ms']} ms ({result['latency_samples']} samples)"
     )
     if "sync_worker_peak_rss_mb" in result:
+        met = "met" if result["target_rss_met"] else "NOT met"
         lines.append(
-            f"sync worker peak RSS after {result['memory_events']:,} events: {result['sync_worker_peak_rss_mb']} MB"
-            f" (target < 200 MB: {'met' if result['target_rss_met'] else 'NOT met'})"
+            f"sync worker peak RSS after {result['memory_events']:,} events:"
+            f" {result['sync_worker_peak_rss_mb']} MB (target < 200 MB: {met})"
         )
     lines.append(f"write path >= 0.5 x ceiling: {'met' if result['target_write_path_met'] else 'NOT met'}")
     return "\n".join(lines)
