@@ -99,6 +99,14 @@ class _Lane:
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
 
+    def acquire_idle(self) -> Connection | None:
+        """A kept connection if one is idle right now (no await: the common case), else None."""
+        if self._closed:
+            raise IdGenError("the ID generator is closed")
+        if self._idle:
+            return self._idle.pop()[0]
+        return None
+
     async def acquire(self) -> Connection:
         while True:
             if self._closed:
@@ -126,7 +134,8 @@ class _Lane:
             return
         loop = asyncio.get_running_loop()
         self._idle.append((conn, loop.time()))
-        self._wake()
+        if self._waiters:
+            self._wake()
         if self._timer is None:
             self._timer = loop.call_later(self._idle_s, self._expire)
 
@@ -184,7 +193,9 @@ class _Allocation:
         sign = self._gen._sign
         if self._single:
             return sign * ids[0]
-        return [sign * i for i in ids]
+        if sign == 1:
+            return list(ids)  # a copy: the caller may change it, `_complete` finishes the IDs we got
+        return [-i for i in ids]
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -214,7 +225,8 @@ class MultiWriterIdGenerator:
         "_stream_name",
         "_tables",
         "_track",
-        "_upsert_in_flight",
+        "_upsert_busy",
+        "_upsert_done",
         "_writers",
     )
 
@@ -231,7 +243,8 @@ class MultiWriterIdGenerator:
     _stream_name: str
     _tables: tuple[StreamTable, ...]
     _track: bool
-    _upsert_in_flight: asyncio.Future[None] | None
+    _upsert_busy: bool
+    _upsert_done: asyncio.Future[None] | None
     _writers: tuple[str, ...]
 
     def __init__(self) -> None:
@@ -274,7 +287,8 @@ class MultiWriterIdGenerator:
         self._track = track_positions_table
         self._lane = _Lane(pool, max_connections, IDLE_RELEASE_S)
         self._stored = 0
-        self._upsert_in_flight = None
+        self._upsert_busy = False
+        self._upsert_done = None
         seq = self._sequence
         self._sql_next = f"SELECT nextval('{seq}')"
         self._sql_next_mult = f"SELECT nextval('{seq}') FROM generate_series(1, $1)"
@@ -403,12 +417,15 @@ class MultiWriterIdGenerator:
         marker = book.begin_allocation()
         ids: Sequence[int] = ()
         try:
-            conn = await self._lane.acquire()
+            conn = self._lane.acquire_idle()
+            if conn is None:
+                conn = await self._lane.acquire()
             try:
                 if n == 1:
                     ids = (int(await conn.fetchval(self._sql_next)),)
                 else:
-                    ids = [int(r[0]) for r in await conn.fetch(self._sql_next_mult, n)]
+                    # asyncpg decodes bigint to int already
+                    ids = [r[0] for r in await conn.fetch(self._sql_next_mult, n)]
             except BaseException:
                 self._lane.discard(conn)
                 raise
@@ -438,15 +455,19 @@ class MultiWriterIdGenerator:
         """Return once `stream_positions` holds at least our own position as of the call."""
         target = self._book.own_position()
         while self._stored < target:
-            in_flight = self._upsert_in_flight
-            if in_flight is not None:
-                await asyncio.shield(in_flight)
+            if self._upsert_busy:
+                # Created only when someone waits: the uncontended path allocates no future.
+                waiter = self._upsert_done
+                if waiter is None:
+                    waiter = self._upsert_done = asyncio.get_running_loop().create_future()
+                await asyncio.shield(waiter)
                 continue
-            done = asyncio.get_running_loop().create_future()
-            self._upsert_in_flight = done
+            self._upsert_busy = True
             try:
                 value = self._book.own_position()
-                conn = await self._lane.acquire()
+                conn = self._lane.acquire_idle()
+                if conn is None:
+                    conn = await self._lane.acquire()
                 try:
                     await conn.execute(
                         self._sql_upsert, self._stream_name, self._instance, self._sign * value
@@ -458,9 +479,10 @@ class MultiWriterIdGenerator:
                 if value > self._stored:
                     self._stored = value
             finally:
-                self._upsert_in_flight = None
-                if not done.done():
-                    done.set_result(None)
+                self._upsert_busy = False
+                waiter, self._upsert_done = self._upsert_done, None
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
 
     # -- positions ---------------------------------------------------------------------------------
 

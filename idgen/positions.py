@@ -25,12 +25,12 @@ that another writer is still writing, so only IDs this process finished itself a
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from idgen.errors import InconsistentSequenceError
 
-# Own finished IDs kept above persisted-upto waiting for a gap to close. Dropping them is always safe
-# (they only speed things up), so the set is bounded rather than allowed to grow behind a dead writer.
+# Runs of own finished IDs kept above persisted-upto waiting for a gap to close. Dropping them is always
+# safe (they only speed things up), so they are bounded rather than allowed to grow behind a dead writer.
 MAX_KNOWN_FINISHED = 100_000
 
 
@@ -52,6 +52,7 @@ class StreamPositions:
         "_persisted_upto",
         "_positions",
         "_reported",
+        "_settled",
         "_unfinished",
         "_unheard",
         "_unheard_floor",
@@ -95,7 +96,9 @@ class StreamPositions:
         self._unfinished: set[int] = set()
         self._finished_above: set[int] = set()
         self._fetch_markers: list[int] = []
-        self._known_finished: list[int] = []
+        # Heap of (first, last): runs of consecutive IDs finished here, not yet below persisted-upto.
+        self._known_finished: list[tuple[int, int]] = []
+        self._settled = False  # `_update` has not run yet: the loaded state may not be its fixed point
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -158,22 +161,34 @@ class StreamPositions:
     def end_allocation(self, marker: int, ids: Sequence[int]) -> None:
         """The allocation that `marker` stands for returned `ids` (empty if it failed: a harmless gap)."""
         self._fetch_markers.remove(marker)
-        for i in ids:
-            if i <= marker:
+        if ids:
+            lowest = min(ids)
+            if lowest <= marker:
                 raise InconsistentSequenceError(
-                    f"the sequence handed out ID {i}, not above the highest ID already seen ({marker}): "
+                    f"the sequence handed out ID {lowest}, not above the highest ID already seen ({marker}): "
                     "it was moved backwards; stop all writers and setval it past every used ID"
                 )
-        self._unfinished.update(ids)
-        if ids:
-            self._max_seen = max(self._max_seen, max(ids))
+            self._unfinished.update(ids)
+            highest = max(ids)
+            if highest > self._max_seen:
+                self._max_seen = highest
+            if self._settled and not self._finished_above:
+                # Busy since begin_allocation and still busy, no finished ID waiting for this marker, and
+                # `_update` has run since the last change: it would change nothing now.
+                return
         self._update(())
 
     def finish(self, ids: Iterable[int]) -> None:
         """`ids` (allocated here) have finished, committed or not. Finishing twice is a no-op."""
-        done = [i for i in ids if i in self._unfinished]
-        self._unfinished.difference_update(done)
-        self._finished_above.update(done)
+        unfinished = self._unfinished
+        done = unfinished.intersection(ids)
+        unfinished.difference_update(done)
+        if done and self._is_writer and not (self._finished_above or unfinished or self._fetch_markers):
+            # Idle now with nothing older waiting: what `_update_local` would do, without the set.
+            self._local = max(self._local, max(done))
+            self._positions[self._instance] = self._local
+        else:
+            self._finished_above.update(done)
         self._update(done)
 
     def advance(self, instance: str, position: int) -> None:
@@ -191,7 +206,8 @@ class StreamPositions:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _update(self, finished_now: Sequence[int]) -> None:
+    def _update(self, finished_now: Collection[int]) -> None:
+        """`finished_now`: distinct IDs this process has just finished (empty when nothing finished)."""
         if self._is_writer:
             self._update_local()
         persisted = self._persisted_upto
@@ -199,29 +215,33 @@ class StreamPositions:
         if floor is not None and floor > persisted:
             persisted = floor
         known = self._known_finished
-        for i in sorted(finished_now):
-            if i > persisted + 1:
-                heapq.heappush(known, i)
-            elif i == persisted + 1:
-                persisted = i
-        while known and known[0] <= persisted + 1:
-            top = heapq.heappop(known)
-            if top > persisted:
-                persisted = top
+        if finished_now and max(finished_now) > persisted:
+            for first, last in _runs(finished_now):
+                if last <= persisted:
+                    continue
+                if first <= persisted + 1:
+                    persisted = last
+                else:
+                    heapq.heappush(known, (first, last))
+        while known and known[0][0] <= persisted + 1:
+            last = heapq.heappop(known)[1]
+            if last > persisted:
+                persisted = last
         if len(known) > MAX_KNOWN_FINISHED:
             known.clear()
         self._persisted_upto = persisted
         if self._is_writer:
             reported = max(self._reported, self._local, persisted)
-            if not self.busy:
+            if not (self._unfinished or self._fetch_markers):
                 reported = max(reported, self._max_seen)
             self._reported = reported
+        self._settled = True
 
     def _update_local(self) -> None:
         finished = self._finished_above
         if not finished:
             return
-        if not self.busy:
+        if not (self._unfinished or self._fetch_markers):
             self._local = max(self._local, max(finished))
             finished.clear()
         else:
@@ -245,5 +265,23 @@ class StreamPositions:
         if self._unheard:
             candidates.append(self._unheard_floor)
         if self._is_writer:
-            candidates.append(max(self._reported, self._local) if self.busy else self._max_seen)
+            busy = self._unfinished or self._fetch_markers
+            candidates.append(max(self._reported, self._local) if busy else self._max_seen)
         return min(candidates) if candidates else None
+
+
+def _runs(ids: Collection[int]) -> list[tuple[int, int]]:
+    """Distinct `ids` as ascending runs of consecutive values, (first, last) each."""
+    first, last = min(ids), max(ids)
+    if last - first == len(ids) - 1:  # distinct: one run (e.g. a batch from one nextval query)
+        return [(first, last)]
+    ordered = sorted(ids)
+    runs: list[tuple[int, int]] = []
+    prev = first
+    for i in ordered[1:]:
+        if i != prev + 1:
+            runs.append((first, prev))
+            first = i
+        prev = i
+    runs.append((first, prev))
+    return runs

@@ -145,10 +145,37 @@ def test_known_finished_set_is_bounded() -> None:
     book = StreamPositions("a", ["a", "b"], persisted_upto=0, positions={"b": 0})
     ids = list(range(2, MAX_KNOWN_FINISHED + 4, 1))
     allocate(book, *ids)
-    book.finish(ids)  # 1 is missing: all of these wait for it, then the set is dropped
+    book.finish(ids)  # 1 is missing: all of these wait for it (one run)
     assert book.persisted_upto == 0
     book.advance("b", MAX_KNOWN_FINISHED + 3)
     assert book.persisted_upto == MAX_KNOWN_FINISHED + 3
+
+
+def test_known_finished_runs_are_bounded_and_dropping_them_is_safe() -> None:
+    book = StreamPositions("a", ["a", "b"], persisted_upto=0, positions={"b": 0})
+    top = 2 * MAX_KNOWN_FINISHED + 6
+    allocate(book, *range(2, top + 1))
+    evens = list(range(2, top + 1, 2))
+    book.finish(evens)  # more disjoint runs than are kept, all waiting for 1: they are dropped
+    assert book.persisted_upto == 0
+    book.finish(list(range(3, top + 1, 2)))
+    assert book.persisted_upto == 0
+    assert book.own_position() == top
+    book.advance("b", top)
+    assert book.persisted_upto == top
+
+
+def test_finished_batches_close_a_gap_in_any_order() -> None:
+    book = StreamPositions("a", ["a", "b"], persisted_upto=0, positions={"b": 0})
+    batches = [list(range(1 + 100 * k, 101 + 100 * k)) for k in range(4)]
+    for batch in batches:
+        allocate(book, *batch)
+    book.finish(batches[2] + [399])  # finishing twice is a no-op
+    book.finish(batches[1][::-1])
+    book.finish(batches[3])
+    assert book.persisted_upto == 0
+    book.finish(batches[0])
+    assert book.persisted_upto == 400
 
 
 # -- model: several writers sharing one sequence, announcing positions to each other and to a reader --
