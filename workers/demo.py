@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ import aiohttp
 
 from workers.cluster import LocalCluster
 from workers.loadgen import LoadDriver, LoadPlan, LoadReport
-from workers.services import EmbeddedServices
+from workers.services import given_or_embedded
 from workers.storage import connect
 from workers.storage.migrate import migrate_url
 
@@ -58,17 +56,6 @@ class ProgressBar:
 
 def say(message: str) -> None:
     print(f"demo: {message}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _servers(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    """(database admin URL or the given database URL, redis URL), embedded where not given."""
-    if args.database_url and args.redis_url:
-        yield args.database_url, args.redis_url
-        return
-    with EmbeddedServices(with_postgres=not args.database_url, with_redis=not args.redis_url) as services:
-        database = args.database_url or services.database_url.rsplit("/", 1)[0] + "/fanout_demo"
-        yield database, args.redis_url or services.redis_url
 
 
 async def _create_database(url: str) -> None:
@@ -167,7 +154,9 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fanout-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    with _servers(args) as (database_url, redis_url):
+    with given_or_embedded(args.database_url, args.redis_url) as (database_url, redis_url):
+        if not args.database_url:
+            database_url = database_url.rsplit("/", 1)[0] + "/fanout_demo"
         summary = asyncio.run(run_demo(args, database_url, redis_url, workdir))
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         _print_summary(summary)

@@ -14,6 +14,14 @@ CURRENT_STATE_CACHE = "cs_cache_fake"
 MEMBERS_PER_INVALIDATION = 50
 
 
+def membership_of(event_type: str, content: dict[str, Any]) -> str | None:
+    """The membership an event sets: content.membership of an m.room.member event, else None."""
+    if event_type != MEMBER_EVENT:
+        return None
+    value = content.get("membership")
+    return value if isinstance(value, str) else None
+
+
 @dataclass(frozen=True, slots=True)
 class NewEvent:
     """An event a client asked to send, before it has a stream ordering."""
@@ -28,10 +36,7 @@ class NewEvent:
     @property
     def membership(self) -> str | None:
         """The membership this event sets, for m.room.member events."""
-        if self.type != MEMBER_EVENT:
-            return None
-        value = self.content.get("membership")
-        return value if isinstance(value, str) else None
+        return membership_of(self.type, self.content)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +55,7 @@ class Event:
 
     @property
     def membership(self) -> str | None:
-        if self.type != MEMBER_EVENT:
-            return None
-        value = self.content.get("membership")
-        return value if isinstance(value, str) else None
+        return membership_of(self.type, self.content)
 
     def to_json(self) -> str:
         """The stored JSON form (what clients receive)."""

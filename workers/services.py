@@ -31,7 +31,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -243,6 +243,19 @@ def start_redis(data_dir: Path, source: Source = "embedded") -> RunningServer:
             if attempt == 2 or "in use" not in server.log_tail():
                 raise
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def given_or_embedded(database_url: str | None, redis_url: str | None) -> Iterator[tuple[str, str]]:
+    """(database URL, Redis URL): the given ones, embedded servers for those not given.
+
+    An embedded PostgreSQL is reached through its admin database `postgres`.
+    """
+    if database_url and redis_url:
+        yield database_url, redis_url
+        return
+    with EmbeddedServices(with_postgres=not database_url, with_redis=not redis_url) as services:
+        yield database_url or services.database_url, redis_url or services.redis_url
 
 
 class EmbeddedServices:

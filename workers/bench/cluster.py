@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import multiprocessing
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,7 @@ from workers.cluster import LocalCluster
 from workers.handlers import rooms
 from workers.model import NewEvent
 from workers.routing import writer_for_room
-from workers.services import EmbeddedServices
+from workers.services import given_or_embedded
 from workers.storage import connect
 from workers.storage.migrate import migrate_url
 
@@ -223,15 +221,6 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-@contextlib.contextmanager
-def _servers(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    if args.database_url and args.redis_url:
-        yield args.database_url, args.redis_url
-        return
-    with EmbeddedServices(with_postgres=not args.database_url, with_redis=not args.redis_url) as services:
-        yield args.database_url or services.database_url, args.redis_url or services.redis_url
-
-
 async def _fresh_database(admin_url: str, tag: str) -> str:
     base, _, _ = admin_url.rpartition("/")
     name = f"bench_{tag}_{uuid.uuid4().hex[:6]}"
@@ -392,7 +381,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rss-events", type=int, default=1_000_000, help="events for the memory phase (0: skip)")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="fanout-bench-cluster-"))
-    with _servers(args) as (admin_url, redis_url):
+    with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
         result = asyncio.run(_run(args, admin_url, redis_url, workdir))
     print(json.dumps(result, indent=2))
     print(_table(result))
