@@ -14,6 +14,20 @@ from asyncpg.pool import PoolConnectionProxy
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
 
+async def _keep_session(conn: asyncpg.Connection[Any]) -> None:
+    """Pool reset hook: nothing to undo. Our code never changes session state on pooled connections
+    (no SET, LISTEN, temporary tables or session locks left behind), so the default reset query
+    would be one more round trip on every release for nothing. asyncpg still rolls back a
+    transaction left open and clears listeners before calling this."""
+
+
+async def create_pool(url: str, max_size: int) -> asyncpg.Pool[Any]:
+    """The worker's connection pool."""
+    pool = await asyncpg.create_pool(url, min_size=2, max_size=max_size, reset=_keep_session)
+    assert pool is not None
+    return pool
+
+
 @contextlib.asynccontextmanager
 async def connect(url: str) -> AsyncIterator[asyncpg.Connection[Any]]:
     """One short-lived connection (tools, tests, the demo); workers use their pool."""
