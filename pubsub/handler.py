@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from itertools import groupby
 from typing import Any
 
-from prometheus_client import Gauge
 from pydantic import BaseModel, ValidationError
 
 from pubsub.errors import WireError
@@ -90,7 +89,11 @@ class ReplicationHandler:
         self.user_sync_listeners: list[UserSyncListener] = []
         self.on_replicate: Callable[[], None] | None = None
         self._states = {s.name: _StreamState(s) for s in streams}
-        self._gauges: dict[tuple[str, str], tuple[Gauge, Gauge]] = {}
+        # Our own lines come back when one channel carries everything: recognised by prefix,
+        # before any parsing (a writer hears every row it sends).
+        self._echo_prefixes = _own_prefixes(instance_name, self._states)
+        self._unread_prefixes = _own_prefixes(instance_name, self._other_streams)
+        metrics.gauge_source = self._gauge_values
         self._background: set[asyncio.Task[None]] = set()
         self._ratelog = RateLimitedLog(log)
         self._started_at = 0.0
@@ -130,7 +133,14 @@ class ReplicationHandler:
 
     def handle_line(self, data: bytes | str, now: float) -> None:
         """Validate one received line and route it; never raises."""
-        self.metrics.bytes_in.inc(len(data))
+        self.metrics.bytes_in += len(data)
+        if isinstance(data, bytes):
+            if data.startswith(self._echo_prefixes):
+                self.metrics.drop("echo")
+                return
+            if data.startswith(self._unread_prefixes):
+                self.metrics.drop("not_subscribed")
+                return
         try:
             cmd = parse_line(data, self.max_line_bytes)
         except WireError as e:
@@ -286,8 +296,6 @@ class ReplicationHandler:
             await self._catch_up(stream, writer, cur, cmd.new_token)
         if cmd.new_token > stream.current_token(writer):
             await self._apply(stream, writer, cmd.new_token, [])
-        else:
-            self._set_gauges(stream, writer)
         if generation == self.generation:
             state.connected.add(writer)
 
@@ -297,7 +305,7 @@ class ReplicationHandler:
         log.info("catching up: stream=%s instance=%s from=%d to=%d", stream.name, writer, cur, upto)
         while cur < upto:
             rows = await stream.fetch_updates(writer, cur, upto, limit)
-            self.metrics.catch_up_fetches.labels(stream.name).inc()
+            self.metrics.catch_up_fetch(stream.name)
             if not rows:
                 return
             limited = len(rows) >= limit
@@ -309,7 +317,7 @@ class ReplicationHandler:
                     continue
                 rows = complete
                 limit = self.catch_up_batch_size
-            self.metrics.catch_up_rows.labels(stream.name).inc(len(rows))
+            self.metrics.catch_up_fetched(stream.name, len(rows))
             for token, group in groupby(rows, key=lambda r: r[0]):
                 await self._apply(stream, writer, token, [row for _t, row in group])
             cur = rows[-1][0]
@@ -320,7 +328,6 @@ class ReplicationHandler:
         if rows:
             await self._apply_cb(stream, writer, token, rows)
         stream.advance(writer, token)
-        self._set_gauges(stream, writer)
         for listener in self.position_listeners:
             try:
                 result = listener(stream.name, writer, token)
@@ -329,17 +336,16 @@ class ReplicationHandler:
             except Exception:
                 log.exception("position listener failed: stream=%s instance=%s", stream.name, writer)
 
-    def _set_gauges(self, stream: Stream[Any], writer: str) -> None:
-        gauges = self._gauges.get((stream.name, writer))
-        if gauges is None:
-            gauges = self._gauges[(stream.name, writer)] = (
-                self.metrics.position.labels(stream.name, writer),
-                self.metrics.lag.labels(stream.name, writer),
-            )
-        cur = stream.current_token(writer)
-        announced = self._states[stream.name].announced.get(writer, cur)
-        gauges[0].set(cur)
-        gauges[1].set(max(0, announced - cur))
+    def _gauge_values(self) -> list[tuple[str, str, int, int]]:
+        """(stream, writer, applied position, announced minus applied), read when metrics are scraped."""
+        out = []
+        for name, state in self._states.items():
+            for writer in sorted(state.stream.writers):
+                if writer == self.instance_name:
+                    continue
+                cur = state.stream.current_token(writer)
+                out.append((name, writer, cur, max(0, state.announced.get(writer, cur) - cur)))
+        return out
 
     # -- health --------------------------------------------------------------------------------
 
@@ -352,7 +358,7 @@ class ReplicationHandler:
                     continue
                 quiet = now - state.last_heard.get(writer, self._started_at)
                 silent = quiet > silent_after_s
-                self.metrics.silent.labels(state.stream.name, writer).set(1 if silent else 0)
+                self.metrics.silent[(state.stream.name, writer)] = 1 if silent else 0
                 if silent:
                     result.append((state.stream.name, writer, quiet))
         return result
@@ -376,3 +382,12 @@ class ReplicationHandler:
 
     def is_connected(self, stream: str, writer: str) -> bool:
         return writer in self._states[stream].connected
+
+
+def _own_prefixes(instance: str, streams: Iterable[str]) -> tuple[bytes, ...]:
+    """The byte prefixes of `instance`'s RDATA and POSITION lines on `streams`."""
+    return tuple(
+        f"{command} {stream} {instance} ".encode()
+        for stream in sorted(streams)
+        for command in ("RDATA", "POSITION")
+    )

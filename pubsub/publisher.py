@@ -169,7 +169,7 @@ class StreamPublisher:
         try:
             await self.transport.publish_many(lines)
         except (RedisError, OSError) as e:
-            self.metrics.publish_errors.inc()
+            self.metrics.publish_errors += 1
             self._ratelog.warning(
                 "publish", "publish failed (%s): %d lines lost; readers will catch up", e, len(lines)
             )

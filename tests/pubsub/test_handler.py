@@ -276,3 +276,40 @@ async def test_a_lost_batch_row_is_noticed(make: Callable[..., Harness]) -> None
     h.send("POSITION s w1 3 3")
     await h.settle()
     assert h.applied == [("w1", 3, ["a", "b"])]
+
+
+async def test_own_lines_are_dropped_by_prefix_before_parsing(make: Callable[..., Harness]) -> None:
+    """A writer hears its own RDATA/POSITION on a shared channel: skipped without parsing or validating."""
+    h = make()
+    h.send(
+        rd("me", 3, "x"),
+        "POSITION s me 0 3",
+        "RDATA s me not-a-token {",  # ours by name: never parsed, so not a rejection either
+        rd("me", 3, "x", stream="elsewhere"),
+        rd("meme", 3, "x"),  # a longer name with our name as prefix is not ours
+    )
+    await h.settle()
+    assert h.dropped("echo") == 3
+    assert h.dropped("not_subscribed") == 1
+    assert h.rejected("not_a_writer") == 1
+    assert h.rejected("bad_token") == 0
+    assert h.applied == []
+
+
+async def test_metrics_are_plain_counters_exposed_at_collection(make: Callable[..., Harness]) -> None:
+    h = make()
+    h.send("POSITION s w1 0 0", rd("w1", 4, "x"), "POSITION s w1 4 6", "BOGUS")
+    await h.settle()
+    metrics = h.handler.metrics
+    assert metrics.value("fanout_repl_commands_in_total", {"command": "RDATA", "stream": "s"}) == 1
+    assert metrics.value("fanout_repl_commands_in_total", {"command": "POSITION", "stream": "s"}) == 2
+    assert metrics.value("fanout_repl_bytes_in_total") == sum(
+        len(x) for x in ["POSITION s w1 0 0", rd("w1", 4, "x"), "POSITION s w1 4 6", "BOGUS"]
+    )
+    assert metrics.value("fanout_repl_rejected_total", {"reason": "unknown_command"}) == 1
+    # Positions and lags are read live from the stream when collected.
+    assert metrics.value("fanout_repl_position", {"stream": "s", "writer": "w1"}) == 6
+    assert metrics.value("fanout_repl_position", {"stream": "s", "writer": "w2"}) == 0
+    assert metrics.value("fanout_repl_lag", {"stream": "s", "writer": "w1"}) == 0
+    names = {m.name for m in metrics.registry.collect()}
+    assert {"fanout_repl_dropped", "fanout_repl_reconnects", "fanout_repl_catch_up_rows"} <= names

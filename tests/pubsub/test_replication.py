@@ -189,3 +189,18 @@ async def test_user_sync_commands_are_routed(make_node: NodeFactory) -> None:
     await sender.client.send(ClearUserSync("abcde"))
     await wait_for(lambda: len(seen) == 2, what="user sync commands")
     assert seen == [UserSync("abcde", "@alice:example.org", "DEV1", "start", 1234), ClearUserSync("abcde")]
+
+
+async def test_receive_fast_path_takes_buffered_replies_from_hiredis(make_node: NodeFactory) -> None:
+    """The read loop drains replies hiredis already parsed; if a redis-py upgrade moves its parser
+    internals this fails (the loop would silently fall back to one `parse_response` per message)."""
+    from pubsub.redis_transport import _buffered_replies
+
+    reader = await make_node("r1")
+    writer = await make_node("w1")
+    pubsub = reader.client.transport._pubsub
+    assert pubsub is not None
+    assert _buffered_replies(pubsub) is not None
+    await writer.write_many(500)
+    await wait_for(lambda: reader.applied_count() == 500, what="every row through the fast path")
+    check_history(reader.applied, {"w1": writer.written})
