@@ -123,3 +123,15 @@ def test_size_limit() -> None:
 def test_format_refuses_multiline_rows() -> None:
     with pytest.raises(WireError):
         format_command(RData("s", "w", 1, '{"a":\n1}'))
+
+
+def test_packed_publish_matches_redis_py() -> None:
+    """The transport packs (S)PUBLISH itself; the bytes must be what redis-py would send."""
+    from redis.connection import Connection
+
+    from pubsub.redis_transport import _pack_publish
+
+    data = 'RDATA s w1 7 {"row": {"p": "é \\r\\n"}}'.encode()
+    for command in (b"PUBLISH", b"SPUBLISH"):
+        expected = b"".join(Connection().pack_command(command, b"fanout/s", data))
+        assert _pack_publish(command, b"fanout/s", data) == expected
