@@ -156,8 +156,12 @@ async def _our_subscriber(conn: Connection, url: str, prefix: str, index: int, t
         await asyncio.wait_for(done.wait(), JOB_TIMEOUT_S)
     except TimeoutError:
         pass
-    await client.stop()
-    return {"received": applied, "arrivals": arrivals}
+    dropped = {reason: count for (reason,), count in client.metrics.dropped.items()}
+    try:
+        await asyncio.wait_for(client.stop(), 10)
+    except TimeoutError:
+        dropped["bench_stop_timed_out"] = 1
+    return {"received": applied, "arrivals": arrivals, "dropped": dropped}
 
 
 class _SubscriberPool:
@@ -259,6 +263,12 @@ def _result(
     out: dict[str, Any] = {"complete": all(n >= total for n in received)}
     if not out["complete"]:
         out["missing_rows"] = sum(total - n for n in received)
+    dropped: dict[str, int] = {}
+    for r in results:
+        for reason, count in r.get("dropped", {}).items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    if dropped:
+        out["dropped_by_subscribers"] = dropped
     finished = max((t for r in results for t in r["arrivals"] if not math.isnan(t)), default=math.nan)
     elapsed = finished - start
     out["rows_per_s"] = round(total / elapsed, 1) if out["complete"] else 0.0
