@@ -79,6 +79,7 @@ class StreamPublisher:
         self._poke = asyncio.Event()
         self._announce_all = True
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._ratelog = RateLimitedLog(log)
 
     def start(self) -> None:
@@ -86,11 +87,19 @@ class StreamPublisher:
             source.sent_upto = source.stream.current_token(self.instance_name)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="repl-publisher")
 
-    async def stop(self) -> None:
-        if self._task is not None:
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Let the loop finish the flush it is in (cancelling it mid-write would cost the connection
+        and the rows staged for it), then stop it; cancel only after `grace_s`."""
+        if self._task is None:
+            return
+        self._stopping = True
+        self._poke.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), grace_s)
+        except TimeoutError:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
 
     def stage_rows(self, stream: str, token: int, rows: Sequence[BaseModel]) -> None:
         """Remember `rows` of wire `token` for publishing; call before the ID is finished."""
@@ -117,13 +126,15 @@ class StreamPublisher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
-        while True:
+        while not self._stopping:
             timeout = max(0.0, next_tick - loop.time())
             try:
                 await asyncio.wait_for(self._poke.wait(), timeout)
             except TimeoutError:
                 pass
             self._poke.clear()
+            if self._stopping:
+                return
             tick = loop.time() >= next_tick
             announce = self._announce_all or tick
             self._announce_all = False
