@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench venv jdbc clean
+.PHONY: demo test lint bench venv jdbc redis-server clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,10 +29,23 @@ jdbc:
 	    echo "missing $(JDBC_JAR): run 'sudo apt-get install libpostgresql-jdbc-java' or set JDBC_JAR=path"; exit 1; \
 	  fi; }
 
+# The TLS test needs a TLS-capable Redis (the bundled Valkey has no TLS): Debian's redis-server,
+# installed without starting its service (policy-rc.d), only when missing and only as root.
+redis-server:
+	@command -v redis-server >/dev/null || [ -n "$$REDIS_SERVER_BIN" ] || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing redis-server (for the TLS test)"; \
+	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null); \
+	    status=$$?; rm -f /usr/sbin/policy-rc.d; exit $$status; \
+	  else \
+	    echo "missing redis-server: run 'sudo apt-get install redis-server' or set REDIS_SERVER_BIN"; exit 1; \
+	  fi; }
+
 demo: $(STAMP) jdbc
 	$(BIN)/fanout demo
 
-test: $(STAMP) jdbc
+test: $(STAMP) jdbc redis-server
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
