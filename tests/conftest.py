@@ -33,6 +33,22 @@ class Servers:
         base, _, _ = self.admin_url.rpartition("/")
         return f"{base}/{name}"
 
+    async def create_database(self, name: str) -> str:
+        """A copy of the migrated template; returns its URL."""
+        admin = await asyncpg.connect(self.admin_url)
+        try:
+            await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+        finally:
+            await admin.close()
+        return self.database_url(name)
+
+    async def drop_database(self, name: str) -> None:
+        admin = await asyncpg.connect(self.admin_url)
+        try:
+            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        finally:
+            await admin.close()
+
 
 async def _prepare_template(servers: Servers) -> None:
     conn = await asyncpg.connect(servers.admin_url)
@@ -76,17 +92,8 @@ def servers() -> Iterator[Servers]:
 async def database_url(servers: Servers) -> AsyncIterator[str]:
     """A fresh, migrated database for this test (a copy of the template), dropped afterwards."""
     name = f"t_{uuid.uuid4().hex[:16]}"
-    admin = await asyncpg.connect(servers.admin_url)
-    try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
-    finally:
-        await admin.close()
-    yield servers.database_url(name)
-    admin = await asyncpg.connect(servers.admin_url)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
+    yield await servers.create_database(name)
+    await servers.drop_database(name)
 
 
 @pytest.fixture

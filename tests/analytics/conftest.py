@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from analytics import audit
-from tests.conftest import TEMPLATE_DB, Servers
+from tests.conftest import Servers
 
 T0 = 1_700_000_040_000  # a whole minute (and a whole two minutes)
 MINUTE = 60_000
@@ -62,31 +62,15 @@ KNOWN_RANGES = [
 ]
 
 
-async def _create(servers: Servers, name: str) -> None:
-    admin = await asyncpg.connect(servers.admin_url)
-    try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
-    finally:
-        await admin.close()
-
-
-async def _drop(servers: Servers, name: str) -> None:
-    admin = await asyncpg.connect(servers.admin_url)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
-
-
 @contextlib.contextmanager
 def scratch_database(servers: Servers) -> Iterator[str]:
     """A fresh migrated database (sync, for module/session fixtures), dropped afterwards."""
     name = f"a_{uuid.uuid4().hex[:16]}"
-    asyncio.run(_create(servers, name))
+    url = asyncio.run(servers.create_database(name))
     try:
-        yield servers.database_url(name)
+        yield url
     finally:
-        asyncio.run(_drop(servers, name))
+        asyncio.run(servers.drop_database(name))
 
 
 async def insert_ranges(url: str, ranges: list[tuple[str, str, str, str, int, int]]) -> None:

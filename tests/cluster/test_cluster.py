@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -42,7 +44,7 @@ async def test_persister_killed_mid_load_and_restarted(make_cluster: MakeCluster
         )
         await driver.setup()
         load = asyncio.create_task(driver.run())
-        await _wait_for(lambda: driver.report.events_sent >= 150)
+        await _wait_until(lambda: driver.report.events_sent >= 150)
         cluster.kill("persister1")
         async with connect(database_url) as conn:
             top_at_kill = await conn.fetchval("SELECT max(stream_ordering) FROM events")
@@ -75,11 +77,12 @@ async def test_idle_writer_does_not_hold_back_readers_or_background(
             top = await conn.fetchval("SELECT max(stream_ordering) FROM events")
             assert await conn.fetchval("SELECT count(*) FROM events WHERE instance_name = 'persister2'") == 0
 
-        async def background_position() -> int:
+        async def background_reached_top() -> bool:
             async with connect(database_url) as conn:
-                return int(await conn.fetchval("SELECT coalesce(max(position), 0) FROM background_progress"))
+                position = await conn.fetchval("SELECT coalesce(max(position), 0) FROM background_progress")
+            return bool(position >= top)
 
-        await _wait_for_async(lambda: _reached(background_position, top))
+        await _wait_until(background_reached_top)
         health = await cluster.health("sync1")
         assert health["persisted_upto"]["events"] >= top  # the linear position is not stuck on persister2
         result = await alice.sync("sync1", since, 1000)
@@ -105,22 +108,11 @@ async def test_user_cannot_read_another_users_room(make_cluster: MakeCluster) ->
         assert (await mallory.sync("sync1", since, 500))["events"] == []
 
 
-async def _reached(read: object, target: int) -> bool:
-    assert callable(read)
-    return bool(await read() >= target)
-
-
-async def _wait_for(condition: object, timeout_s: float = 60.0) -> None:
-    assert callable(condition)
+async def _wait_until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
-
-
-async def _wait_for_async(condition: object, timeout_s: float = 60.0) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout_s
-    while not await condition():
+    while True:
+        result = condition()
+        if await result if inspect.isawaitable(result) else result:
+            return
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.05)

@@ -31,7 +31,7 @@ from workers.storage.events import insert_batch, needs_transaction
 
 log = logging.getLogger(__name__)
 
-#: (live events, backfilled events, caches rows) of one batch.
+#: (events, caches rows with their stream ids) of one batch.
 BatchCallback = Callable[[Sequence[Event], Sequence[tuple[int, CacheInvalidation]]], Awaitable[None] | None]
 
 

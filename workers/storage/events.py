@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import asyncpg
 
-from workers.model import MEMBER_EVENT, CacheInvalidation, Event, UserRooms
+from workers.model import MEMBER_EVENT, CacheInvalidation, Event, UserRooms, membership_of
 from workers.storage import Conn
 
 _EVENT_COLUMNS = (
@@ -195,8 +195,8 @@ async def user_rooms(conn: Conn, user_id: str) -> UserRooms:
     )
     history: dict[str, list[tuple[int, str]]] = {}
     for r in changes:
-        value = json.loads(r["json"]).get("content", {}).get("membership")
-        if isinstance(value, str):
+        value = membership_of(MEMBER_EVENT, json.loads(r["json"]).get("content", {}))
+        if value is not None:
             history.setdefault(r["room_id"], []).append((r["stream_ordering"], value))
     return UserRooms(frozenset(r["room_id"] for r in rooms), {k: tuple(v) for k, v in history.items()})
 
