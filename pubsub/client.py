@@ -28,7 +28,7 @@ from pubsub.publisher import StreamPublisher
 from pubsub.redis_transport import RedisTransport
 from pubsub.streams import Stream, StreamRegistry
 from pubsub.types import ApplyCallback, DropFilter, PositionListener
-from pubsub.wire import REPLICATE, ClearUserSync, Command, UserSync, format_command
+from pubsub.wire import REPLICATE, ClearUserSync, Command, UserSync, command_name, format_command
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class ReplicationClient:
     def add_user_sync_listener(self, listener: UserSyncListener) -> None:
         self.handler.user_sync_listeners.append(listener)
 
-    def stage_rows(self, stream: str, token: int, rows: Sequence[BaseModel]) -> None:
+    def stage_rows(self, stream: str, token: int, rows: Sequence[BaseModel | str]) -> None:
         """See `StreamPublisher.stage_rows`: call before the ID is finished, then `notify`."""
         self.publisher.stage_rows(stream, token, rows)
 
@@ -159,7 +159,7 @@ class ReplicationClient:
     async def send(self, cmd: Command) -> None:
         """Publish a cluster-wide command (USER_SYNC, CLEAR_USER_SYNC, REPLICATE) on the base channel."""
         await self.transport.publish(self._base_channel, format_command(cmd))
-        self.metrics.command_out(cmd.NAME, "")
+        self.metrics.command_out(command_name(cmd), "")
 
     async def send_user_sync(self, cmd: UserSync | ClearUserSync) -> None:
         await self.send(cmd)

@@ -49,7 +49,7 @@ class _Source:
         self.stream = stream
         self.channel = channel
         self.sent_upto = sent_upto
-        self.staged: dict[int, list[BaseModel]] = {}
+        self.staged: dict[int, list[BaseModel | str]] = {}
 
 
 class StreamPublisher:
@@ -101,8 +101,9 @@ class StreamPublisher:
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None
 
-    def stage_rows(self, stream: str, token: int, rows: Sequence[BaseModel]) -> None:
-        """Remember `rows` of wire `token` for publishing; call before the ID is finished."""
+    def stage_rows(self, stream: str, token: int, rows: Sequence[BaseModel | str]) -> None:
+        """Remember `rows` of wire `token` for publishing; call before the ID is finished. A row is
+        a model of the stream's row type or its JSON text (see `Stream.encode_payload`)."""
         source = self._sources.get(stream)
         if source is None:
             raise StreamConfigError(f"{self.instance_name} does not write stream {stream!r}")

@@ -3,6 +3,8 @@
 * `publish_many` sends lines in one write (PUBLISH, or SPUBLISH when sharded), packed here as
   RESP and read back on one pooled connection: redis-py's `Pipeline` spent about 30% of the
   writer's CPU in `fanout bench pubsub` profiles packing commands and parsing replies one by one.
+  The replies are taken like received messages below: one `read_response` per socket read, the
+  rest straight from the hiredis reader (each `read_response` costs a timeout context).
 * The subscriber loop reads raw replies (no per-message dict building) and hands each line to
   `on_line`. It reconnects with capped exponential backoff and full jitter.
 * Receive fast path: one socket read brings hundreds of messages, but redis-py returns them one
@@ -65,15 +67,14 @@ def _pack_publish(command: bytes, channel: bytes, data: bytes) -> bytes:
     )
 
 
-def _buffered_replies(pubsub: PubSub) -> Callable[[], Any] | None:
-    """`gets()` of the hiredis reader of `pubsub`'s connection: the next complete reply already
+def _buffered_replies(connection: Any) -> Callable[[], Any] | None:
+    """`gets()` of the hiredis reader of a redis-py `connection`: the next complete reply already
     received, or `_NOT_ENOUGH_DATA` when none is buffered; None when the connection does not parse
     with hiredis.
 
     Reaches into redis-py's parser (`connection._parser._reader`, the same object its
     `read_response` takes replies from); `tests/pubsub` checks that the path is taken.
     """
-    connection = pubsub.connection
     reader = getattr(getattr(connection, "_parser", None), "_reader", None)
     gets = getattr(reader, "gets", None)
     if gets is None or type(reader).__module__.split(".")[0] != "hiredis":
@@ -157,8 +158,14 @@ class RedisTransport:
         connection = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             await connection.send_packed_command(payload, check_health=False)
-            for _ in range(replies):
-                await connection.read_response()
+            gets = _buffered_replies(connection)
+            while replies:
+                await connection.read_response()  # reads the socket (with its timeout) when needed
+                replies -= 1
+                while replies and gets is not None and (reply := gets()) is not _NOT_ENOUGH_DATA:
+                    if isinstance(reply, Exception):
+                        raise reply  # as read_response would
+                    replies -= 1
         except BaseException:
             # Replies of this batch may still be in flight: the connection cannot be reused.
             await connection.disconnect(nowait=True)
@@ -235,7 +242,7 @@ class RedisTransport:
             reply = await pubsub.parse_response(block=True)
             now = time()
             self._last_received = now
-            gets = _buffered_replies(pubsub)
+            gets = _buffered_replies(pubsub.connection)
             while reply is not _NOT_ENOUGH_DATA:
                 if type(reply) is list and len(reply) == 3 and reply[0] in _MESSAGE_KINDS:
                     on_line(reply[2], now)

@@ -88,20 +88,28 @@ class Stream(Generic[RowT]):
 
         Raises pydantic.ValidationError. See `encode_payload` for the shape.
         """
+        # The validators directly: `model_validate_json` adds a Python frame per row.
         if numbered:
-            env = self._numbered.model_validate_json(payload)
-            return env.row, env.prev, env.n  # type: ignore[attr-defined]
-        return self._batched.model_validate_json(payload).row, -1, 0  # type: ignore[attr-defined]
+            env = self._numbered.__pydantic_validator__.validate_json(payload)
+            return env.row, env.prev, env.n
+        return self._batched.__pydantic_validator__.validate_json(payload).row, -1, 0
 
     @staticmethod
-    def encode_payload(row: BaseModel, prev: int | None = None, n: int = 0) -> str:
+    def encode_payload(row: BaseModel | str, prev: int | None = None, n: int = 0) -> str:
         """The RDATA JSON: `{"row": {...}}` on batch rows; on the numbered row of a token also the
         writer's previous announced token and the number of rows of the token:
         `{"prev": 40, "n": 3, "row": {...}}`. Readers use them to see a lost RDATA at once
-        (Redis pub/sub may lose any message) instead of applying later rows past a hole."""
+        (Redis pub/sub may lose any message) instead of applying later rows past a hole.
+
+        `row` is a row model, or the JSON text of one when the writer builds it directly (readers
+        validate either way)."""
+        if isinstance(row, str):
+            body = row
+        else:
+            body = row.__pydantic_serializer__.to_json(row).decode()  # model_dump_json, minus its wrapper
         if prev is None:
-            return f'{{"row":{row.model_dump_json()}}}'
-        return f'{{"prev":{prev},"n":{n},"row":{row.model_dump_json()}}}'
+            return f'{{"row":{body}}}'
+        return f'{{"prev":{prev},"n":{n},"row":{body}}}'
 
     async def fetch_updates(
         self, instance: str, from_token: int, to_token: int, limit: int

@@ -15,13 +15,14 @@ as text, the stream's row model validates it later (that is cheaper than validat
 
 `parse_line` and `format_command` are pure and inverse: `parse_line(format_command(c)) == c`
 for every valid command. Any invalid input raises `WireError` whose `reason` is a metric label.
+Commands are NamedTuples: immutable like frozen dataclasses, at a third of their construction
+cost (one is built per line on both sides of the hot path).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pubsub.errors import WireError
 
@@ -31,15 +32,11 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 _USER = re.compile(r"[\x21-\x7e]{1,255}")
 
 
-@dataclass(frozen=True, slots=True)
-class Replicate:
+class Replicate(NamedTuple):
     """A subscriber (re)joined; every writer answers with a POSITION per stream it writes."""
 
-    NAME = "REPLICATE"
 
-
-@dataclass(frozen=True, slots=True)
-class Position:
+class Position(NamedTuple):
     """`instance` moved `stream` from `prev_token` to `new_token`; rows between were sent as RDATA."""
 
     stream: str
@@ -47,11 +44,8 @@ class Position:
     prev_token: int
     new_token: int
 
-    NAME = "POSITION"
 
-
-@dataclass(frozen=True, slots=True)
-class RData:
+class RData(NamedTuple):
     """One row; `token` None means "batch": more rows with the same token follow."""
 
     stream: str
@@ -59,11 +53,8 @@ class RData:
     token: int | None
     row_json: str
 
-    NAME = "RDATA"
 
-
-@dataclass(frozen=True, slots=True)
-class UserSync:
+class UserSync(NamedTuple):
     """A process (`instance_id`, random per start) saw a user start or stop syncing."""
 
     instance_id: str
@@ -72,25 +63,30 @@ class UserSync:
     state: Literal["start", "end"]
     last_sync_ms: int
 
-    NAME = "USER_SYNC"
 
-
-@dataclass(frozen=True, slots=True)
-class ClearUserSync:
+class ClearUserSync(NamedTuple):
     """A process is shutting down: forget every sync it reported."""
 
     instance_id: str
-
-    NAME = "CLEAR_USER_SYNC"
 
 
 Command = Replicate | Position | RData | UserSync | ClearUserSync
 REPLICATE = Replicate()
 
 
+#: Names already found valid: a cluster has a handful of streams and instances, and the regex
+#: showed in receive-path profiles. Bounded, so forged names cannot grow it.
+_VALID_NAMES: set[str] = set()
+_VALID_NAMES_MAX = 4096
+
+
 def _name(value: str, what: str) -> str:
+    if value in _VALID_NAMES:
+        return value
     if NAME_PATTERN.fullmatch(value) is None:
         raise WireError("bad_name", f"{what} {value[:40]!r} is not a valid name")
+    if len(_VALID_NAMES) < _VALID_NAMES_MAX:
+        _VALID_NAMES.add(value)
     return value
 
 
@@ -197,6 +193,20 @@ def format_command(cmd: Command) -> str:
         device = "None" if cmd.device_id is None else cmd.device_id
         return f"USER_SYNC {cmd.instance_id} {cmd.user_id} {device} {cmd.state} {cmd.last_sync_ms}"
     return f"CLEAR_USER_SYNC {cmd.instance_id}"
+
+
+_NAMES: dict[type, str] = {
+    Replicate: "REPLICATE",
+    Position: "POSITION",
+    RData: "RDATA",
+    UserSync: "USER_SYNC",
+    ClearUserSync: "CLEAR_USER_SYNC",
+}
+
+
+def command_name(cmd: Command) -> str:
+    """The command's name on the wire (also its metric label)."""
+    return _NAMES[type(cmd)]
 
 
 def command_stream(cmd: Command) -> str:

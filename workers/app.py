@@ -37,6 +37,7 @@ from idgen import InstanceMap, MultiWriterIdGenerator
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from workers.config import ConfigError, WorkerConfig, load_config
+from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
@@ -48,7 +49,7 @@ from workers.model import CacheInvalidation, Event, UserRooms
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.streams.caches import CACHES, CacheRow, caches_stream
-from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream
+from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream, row_json
 
 log = logging.getLogger(__name__)
 CATCH_UP_INTERVALS = 10
@@ -168,6 +169,7 @@ class Worker:
                 self.persister = EventPersister(
                     self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
                     on_committed=self._committed, on_finished=self._finished,
+                    max_in_flight=config.persist_batches_in_flight,
                 )  # fmt: skip
                 self.backfill_persister = EventPersister(
                     self.pool, self.name, self.generators[BACKFILL], None,
@@ -182,6 +184,7 @@ class Worker:
                 self.room_stats.start()
         with self._phase("serve_http"):
             await self._serve()
+        tune_gc()
         self._ready = True
         log.info("ready instance=%s http=%s:%d", self.name, config.http_host, self.http_port)
 
@@ -260,7 +263,7 @@ class Worker:
         self._invalidations.labels("local").inc(len(invalidations))
         for event in events:
             stream = EVENTS if event.stream_ordering > 0 else BACKFILL
-            self.replication.stage_rows(stream, abs(event.stream_ordering), [EventRow.of(event)])
+            self.replication.stage_rows(stream, abs(event.stream_ordering), [row_json(event)])
         for stream_id, row in invalidations:
             self.replication.stage_rows(CACHES, stream_id, [CacheRow.of(row)])
 
@@ -270,8 +273,9 @@ class Worker:
         """The IDs are finished: publish, then wake local readers."""
         self.replication.notify()
         if invalidations:
-            # Batches run one at a time, so every own caches row up to this ID is applied here.
-            self.applied.advanced(self.name, max(stream_id for stream_id, _ in invalidations))
+            # Batches may finish out of order: our own position only covers finished IDs, and
+            # every finished batch ran `_committed` (invalidated here) before finishing.
+            self.applied.advanced(self.name, self.generators[CACHES].get_current_token_for_writer(self.name))
         self._persisted.inc(len(events))
         live = [e for e in events if e.stream_ordering > 0]
         if live:

@@ -47,6 +47,13 @@ class WorkerConfig(BaseSettings):
     max_line_bytes: int = Field(1 << 20, ge=1024, description="Longest accepted pub/sub line")
     catch_up_batch_size: int = Field(1000, ge=1, le=100_000)
     db_pool_size: int = Field(10, ge=1, le=200)
+    persist_batches_in_flight: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="Batches a persister has in the database at once (each holds a"
+        " pool connection while it inserts)",
+    )
     background_tasks: list[Literal["room_stats"]] = Field(
         default_factory=list, description="Background tasks this instance runs"
     )

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 
 from pubsub import keys
 from pubsub.errors import WireError
-from pubsub.wire import RData, parse_line
+from pubsub.wire import RData, command_name, parse_line
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,8 +47,8 @@ def describe(data: bytes, max_bytes: int = 1 << 20) -> str:
     if isinstance(cmd, RData):
         token = "batch" if cmd.token is None else cmd.token
         return f"RDATA stream={cmd.stream} instance={cmd.instance} token={token} {cmd.row_json}"
-    fields = " ".join(f"{name}={getattr(cmd, name)}" for name in getattr(cmd, "__slots__", ()))
-    return f"{cmd.NAME} {fields}".rstrip()
+    fields = " ".join(f"{name}={value}" for name, value in cmd._asdict().items())
+    return f"{command_name(cmd)} {fields}".rstrip()
 
 
 def _text(value: bytes | str) -> str:

@@ -222,7 +222,7 @@ async def test_failed_apply_is_retried_by_the_next_position(make: Callable[..., 
     failures = {"left": 1}
 
     def fail_once(token: int) -> bool:
-        if token == 2 and failures["left"]:
+        if token == 3 and failures["left"]:
             failures["left"] -= 1
             return True
         return False
@@ -231,9 +231,12 @@ async def test_failed_apply_is_retried_by_the_next_position(make: Callable[..., 
     h.send("POSITION s w1 0 0")
     for token in (1, 2, 3):
         h.table.add("w1", token, Row(payload=f"r{token}"))
-    h.send(rd("w1", 1, "r1"), rd("w1", 2, "r2", prev=1), rd("w1", 3, "r3", prev=2))
+    h.send(rd("w1", 1, "r1"))
+    await h.settle()
+    h.send(rd("w1", 2, "r2", prev=1), rd("w1", 3, "r3", prev=2))  # one apply for both: it fails
     await h.settle()
     assert [t for _, t, _ in h.applied] == [1]
+    assert h.position("w1") == 1
     h.send("POSITION s w1 3 3")
     await h.settle()
     assert [t for _, t, _ in h.applied] == [1, 2, 3]
@@ -313,3 +316,29 @@ async def test_metrics_are_plain_counters_exposed_at_collection(make: Callable[.
     assert metrics.value("fanout_repl_lag", {"stream": "s", "writer": "w1"}) == 0
     names = {m.name for m in metrics.registry.collect()}
     assert {"fanout_repl_dropped", "fanout_repl_reconnects", "fanout_repl_catch_up_rows"} <= names
+
+
+async def test_single_row_tokens_queued_back_to_back_are_applied_together(
+    make: Callable[..., Harness],
+) -> None:
+    """One apply (and one advance, one wake-up) for a run of single-row tokens of one writer; the
+    run ends at anything that does not continue the writer's chain."""
+    h = make()
+    h.send("POSITION s w1 0 0", "POSITION s w2 0 0")
+    await h.settle()
+    h.send(
+        rd("w1", 1, "a"), rd("w1", 2, "b", prev=1), rd("w1", 3, "c", prev=2),
+        rd("w2", 1, "x"),  # another writer ends the run
+        rd("w1", 4, "d", prev=3), rd("w1", 5, "e", prev=4),
+        rd("w1", 3, "c-again", prev=2),  # a duplicate is not folded in (and then ignored)
+        rd("w1", 6, "f", prev=5),
+    )  # fmt: skip
+    await h.settle()
+    assert h.applied == [
+        ("w1", 3, ["a", "b", "c"]),
+        ("w2", 1, ["x"]),
+        ("w1", 5, ["d", "e"]),
+        ("w1", 6, ["f"]),
+    ]
+    assert h.dropped("duplicate") == 1
+    assert h.position("w1") == 6

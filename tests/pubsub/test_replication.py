@@ -200,7 +200,7 @@ async def test_receive_fast_path_takes_buffered_replies_from_hiredis(make_node: 
     writer = await make_node("w1")
     pubsub = reader.client.transport._pubsub
     assert pubsub is not None
-    assert _buffered_replies(pubsub) is not None
+    assert _buffered_replies(pubsub.connection) is not None
     await writer.write_many(500)
     await wait_for(lambda: reader.applied_count() == 500, what="every row through the fast path")
     check_history(reader.applied, {"w1": writer.written})

@@ -5,12 +5,24 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workers.handlers import rooms
 from workers.handlers.caches import LruCache
 from workers.handlers.notifier import Notifier
-from workers.model import CURRENT_STATE_CACHE, MEMBERS_PER_INVALIDATION, NewEvent, StateChanges
+from workers.http import client_api
+from workers.model import (
+    CURRENT_STATE_CACHE,
+    MEMBER_EVENT,
+    MEMBERS_PER_INVALIDATION,
+    MEMBERSHIPS,
+    Event,
+    NewEvent,
+    StateChanges,
+)
 from workers.routing import writer_for_room
+from workers.streams.events import EventRow, row_json
 
 
 def _member(user: str, membership: str, sender: str | None = None) -> NewEvent:
@@ -99,3 +111,24 @@ def test_rooms_spread_over_writers_stably() -> None:
     assert writer_for_room("!x", writers) == writer_for_room("!x", writers)
     with pytest.raises(ValueError):
         writer_for_room("!x", [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    user=st.from_regex(client_api._USER_ID, fullmatch=True),
+    room=st.from_regex(client_api._ROOM_ID, fullmatch=True),
+    event_type=st.one_of(st.just(MEMBER_EVENT), st.from_regex(client_api._TYPE, fullmatch=True)),
+    state_key=st.one_of(st.none(), st.text(max_size=255)),
+    membership=st.one_of(st.sampled_from(sorted(MEMBERSHIPS)), st.text(max_size=300), st.integers()),
+    ordering=st.integers(min_value=-(2**62), max_value=2**62),
+)
+def test_staged_event_row_is_what_readers_accept(
+    user: str, room: str, event_type: str, state_key: str | None, membership: object, ordering: int
+) -> None:
+    """The persister stages `row_json(event)` without validating it (see its docstring): for every
+    event the API can accept, readers must validate it to the same row as `EventRow.of`."""
+    event = Event(
+        ordering, "p1", rooms.new_event_id(), room, event_type, user, {"membership": membership},
+        state_key, 1,
+    )  # fmt: skip
+    assert EventRow.model_validate_json(row_json(event)) == EventRow.of(event)

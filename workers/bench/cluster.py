@@ -3,7 +3,7 @@
 Phases (each prints progress on stderr; the result is one JSON document plus a table):
 
 1. ceiling: plain asyncpg, batches of `--batch` events: one nextval-for-n query and one multi-row
-   INSERT per batch in a transaction, from 1 and 2 processes.
+   INSERT per batch (the persister's statement) in a transaction, from 1 and 2 processes.
 2. write path: the persisters' own code (EventPersister via an in-process Worker, publishing to
    Redis for real) driven directly by many concurrent tasks, from 1 and 2 persister processes.
 3. HTTP: the same through `POST /rooms/{room}/send` on real worker subprocesses, 1 and 2 persisters.
@@ -60,20 +60,19 @@ async def _ceiling_child(database_url: str, seconds: float, batch: int, name: st
                         "SELECT nextval('events_stream_seq') FROM generate_series(1, $1)", batch
                     )
                 ]
+                now = int(time.time() * 1000)
+                # The persister's statement (workers.storage.events.insert_batch) with rows of the
+                # same shape and size as the write path's, built as cheaply as Python allows.
                 await conn.execute(
-                    "INSERT INTO events (stream_ordering, instance_name, event_id, room_id, type, state_key,"
-                    " sender, json, received_ts) SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[],"
-                    " $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[])",
-                    ids,
-                    [name] * batch,
-                    [f"$c{name}{i}" for i in ids],
-                    ["!ceiling"] * batch,
-                    ["m.room.message"] * batch,
-                    [None] * batch,
-                    ["@bench"] * batch,
-                    ['{"content":{"body":"x"}}'] * batch,
-                    [int(time.time() * 1000)] * batch,
-                )
+                    "INSERT INTO events SELECT * FROM unnest($1::events[])",
+                    [
+                        (i, f"${i:032x}", name, "!ceilingroom000000", "m.room.message", None, "@bench",
+                         f'{{"event_id":"${i:032x}","room_id":"!ceilingroom000000","type":"m.room.message",'
+                         f'"sender":"@bench","content":{{"n":{i}}},"origin_server_ts":{now},'
+                         f'"stream_ordering":{i},"instance_name":"{name}"}}', now)
+                        for i in ids
+                    ],
+                )  # fmt: skip
             done += batch
         return done
 
@@ -265,7 +264,7 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
                                log_level="WARNING")  # fmt: skip
         await cluster.start()
         try:
-            sent, _ = await _http_load(cluster, args.seconds, args.concurrency)
+            sent, _ = await _http_load(cluster, args.seconds, args.http_concurrency)
         finally:
             await cluster.stop()
         result[f"http_{k}"] = round(sent / args.seconds, 1)
@@ -396,7 +395,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--redis-url")
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput phase")
     p.add_argument("--batch", type=int, default=200, help="events per batch in the ceiling")
-    p.add_argument("--concurrency", type=int, default=256, help="concurrent senders per persister")
+    p.add_argument(
+        "--concurrency", type=int, default=1024,
+        help="concurrent senders per persister on the write path (enough to keep its batches in flight full)",
+    )  # fmt: skip
+    p.add_argument("--http-concurrency", type=int, default=256, help="concurrent HTTP senders")
     p.add_argument("--rate", type=float, default=300.0, help="offered events/s in the latency phase")
     p.add_argument("--rss-events", type=int, default=1_000_000, help="events for the memory phase (0: skip)")
     args = p.parse_args(argv)

@@ -1,13 +1,19 @@
 """The event persister: batches concurrent sends into one transaction.
 
-Requests queue up while the previous batch is in the database; the loop then takes everything
-queued (up to `max_batch`) as one batch: one `get_next_mult` per stream, one multi-row insert per
-table, one commit. So under load a persister costs a few round trips per batch, not per event,
-and events of one room keep their arrival order (one loop, IDs handed out in queue order).
+Requests queue up; the loop takes everything queued (up to `max_batch`) as one batch: one
+`get_next_mult` per stream, one multi-row insert per table, one commit. So under load a persister
+costs a few round trips per batch, not per event.
+
+Up to `max_in_flight` batches are in the database at once: while one waits on its insert, the next
+is allocated and sent, so the writer's CPU is not idle during round trips. Allocation stays
+serial (a batch asks for its IDs only once the previous batch has its own), so events get stream
+orderings in arrival order, and events of one room keep their order. Batches may commit out of
+order; the ID generator then holds the writer's position below the unfinished one, and the
+publisher sends RDATA only up to that position, in token order.
 
 Order on the writer, for every batch:
 1. commit the rows (events, current state, membership, the caches log);
-2. `on_committed`: the worker invalidates its own caches;
+2. `on_committed`: the worker invalidates its own caches and stages the rows for RDATA;
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
@@ -17,6 +23,7 @@ A failed transaction fails every request of the batch (their IDs become harmless
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -64,6 +71,7 @@ class EventPersister:
         backfill: bool = False,
         max_batch: int = 500,
         max_queue: int = 20_000,
+        max_in_flight: int = 2,
     ) -> None:
         self._pool = pool
         self._instance = instance_name
@@ -73,7 +81,15 @@ class EventPersister:
         self._on_finished = on_finished
         self._backfill = backfill
         self._max_batch = max_batch
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue(max_queue)
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._max_queue = max_queue
+        # A deque and a wake-up event rather than asyncio.Queue: its per-item bookkeeping showed in
+        # write path profiles. `_unfinished` counts queued and in-flight events, for `stop`.
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._arrived = asyncio.Event()
+        self._unfinished = 0
+        self._drained = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.batches = 0
@@ -93,12 +109,14 @@ class EventPersister:
         """Queue `events` back to back, so they get increasing stream orderings in this order."""
         if self._stopping:
             raise PersisterStopped("this worker is shutting down")
-        if self._queue.maxsize - self._queue.qsize() < len(events):
-            raise PersisterOverloaded(f"{self._queue.qsize()} events queued")
+        if len(self._queue) + len(events) > self._max_queue:
+            raise PersisterOverloaded(f"{len(self._queue)} events queued")
         loop = asyncio.get_running_loop()
         pending = [_Pending(event, loop.create_future()) for event in events]
-        for item in pending:
-            self._queue.put_nowait(item)
+        self._queue.extend(pending)
+        self._unfinished += len(pending)
+        self._drained.clear()
+        self._arrived.set()
         if len(pending) == 1:
             return [await pending[0].future]
         return list(await asyncio.gather(*(item.future for item in pending)))
@@ -106,7 +124,8 @@ class EventPersister:
     async def stop(self) -> None:
         """Take no new events, finish everything queued, then stop the loop."""
         self._stopping = True
-        await self._queue.join()
+        if self._unfinished:
+            await self._drained.wait()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -114,24 +133,40 @@ class EventPersister:
 
     async def _run(self) -> None:
         while True:
-            batch = [await self._queue.get()]
+            # Take the slot first: while all batches are in the database, arrivals keep queueing
+            # and the next batch grows.
+            await self._slots.acquire()
+            while not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
             # One turn of the loop lets every sender that is ready enqueue: batches grow with load.
             await asyncio.sleep(0)
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            try:
-                await self._persist_batch(batch)
-            except Exception as e:
-                self.failed_batches += 1
-                log.exception("batch failed events=%d", len(batch))
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(e)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
+            queue = self._queue
+            batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
+            allocated = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(self._run_batch(batch, allocated))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            await allocated
 
-    async def _persist_batch(self, batch: list[_Pending]) -> None:
+    async def _run_batch(self, batch: list[_Pending], allocated: asyncio.Future[None]) -> None:
+        try:
+            await self._persist_batch(batch, allocated)
+        except Exception as e:
+            self.failed_batches += 1
+            log.exception("batch failed events=%d", len(batch))
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(e)
+        finally:
+            if not allocated.done():
+                allocated.set_result(None)
+            self._slots.release()
+            self._unfinished -= len(batch)
+            if not self._unfinished:
+                self._drained.set()
+
+    async def _persist_batch(self, batch: list[_Pending], allocated: asyncio.Future[None]) -> None:
         now = int(time.time() * 1000)
         changes = StateChanges()
         if not self._backfill:
@@ -159,6 +194,7 @@ class EventPersister:
                 )
                 for stream_id, p in zip(ids, batch, strict=True)
             ]
+            allocated.set_result(None)
             invalidations = list(zip(cache_ids, invalidation_rows, strict=False))
             async with self._pool.acquire() as conn:
                 if needs_transaction(events, invalidations):
@@ -181,4 +217,4 @@ class EventPersister:
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        return len(self._queue)

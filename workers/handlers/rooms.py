@@ -8,7 +8,7 @@ state then follows stream order (the higher ordering wins), which every reader s
 from __future__ import annotations
 
 import json
-import uuid
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,11 +97,14 @@ def check(event: NewEvent, view: RoomView) -> None:
 
 
 def new_event_id() -> str:
-    return f"${uuid.uuid4().hex}"
+    """128 random bits: unique, not secret (reading a room takes membership, not its ids). From
+    `random` (seeded from the OS, reseeded after fork): a system call per event showed in write
+    path profiles."""
+    return f"${random.getrandbits(128):032x}"
 
 
 def new_room_id() -> str:
-    return f"!{uuid.uuid4().hex[:18]}"
+    return f"!{random.getrandbits(72):018x}"
 
 
 def create_room_events(creator: str, join_rule: str, room_id: str | None = None) -> list[NewEvent]:
