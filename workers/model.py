@@ -41,6 +41,10 @@ class NewEvent(NamedTuple):
         """The membership this event sets, for m.room.member events."""
         return membership_of(self.type, self.content)
 
+    def persisted(self, stream_ordering: int, instance_name: str, received_ts: int) -> Event:
+        """This event as stored (its fields are Event's, in Event's order, between these)."""
+        return Event(stream_ordering, instance_name, *self, received_ts)
+
 
 class Event(NamedTuple):
     """A persisted event: live ones have positive stream orderings, backfilled ones negative."""

@@ -13,6 +13,7 @@ import pytest
 from tests.cluster.conftest import MakeCluster
 from workers.client import ApiError, ClusterClient
 from workers.loadgen import LoadDriver, LoadPlan
+from workers.routing import writer_for_room
 from workers.storage import connect
 
 PLAN = LoadPlan(users=8, rooms=6, rooms_per_user=3, actions=400, concurrency=8, sync_timeout_ms=500)
@@ -51,6 +52,17 @@ async def test_persister_killed_mid_load_and_restarted(make_cluster: MakeCluster
         restarted_ms = int(time.time() * 1000)
         await cluster.start(["persister1"])
         report = await load
+        # The load may have run out while persister1 was down (refused sends fail fast): write to
+        # its rooms now, so the check below always has rows from after the restart.
+        owned = [
+            (client, room)
+            for client in driver.clients
+            for room in sorted(driver.joined[str(client.user_id)])
+            if writer_for_room(room, cluster.event_writers) == "persister1"
+        ]
+        assert owned
+        for client, room in owned[:5]:
+            await client.send(room, "m.room.message", {"after": "restart"})
     assert report.problems == []
     async with connect(database_url) as conn:
         after = await conn.fetchval(

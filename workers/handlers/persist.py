@@ -180,20 +180,8 @@ class EventPersister:
                 cache_ids = await stack.enter_async_context(
                     self._caches_gen.get_next_mult(len(invalidation_rows))
                 )
-            events = [
-                Event(
-                    stream_ordering=stream_id,
-                    instance_name=self._instance,
-                    event_id=p.event.event_id,
-                    room_id=p.event.room_id,
-                    type=p.event.type,
-                    sender=p.event.sender,
-                    content=p.event.content,
-                    state_key=p.event.state_key,
-                    received_ts=now,
-                )
-                for stream_id, p in zip(ids, batch, strict=True)
-            ]
+            me = self._instance
+            events = [p.event.persisted(stream_id, me, now) for stream_id, p in zip(ids, batch, strict=True)]
             allocated.set_result(None)
             invalidations = list(zip(cache_ids, invalidation_rows, strict=False))
             async with self._pool.acquire() as conn:
