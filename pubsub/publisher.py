@@ -37,7 +37,7 @@ from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
 from pubsub.redis_transport import RedisTransport
 from pubsub.streams import Stream
-from pubsub.wire import Position, RData, format_command
+from pubsub.wire import Position, format_command, format_rdata
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +146,8 @@ class StreamPublisher:
                 await self._write_hints()
 
     def _build_lines(self, source: _Source, announce: bool) -> list[tuple[str, str]]:
-        stream, me = source.stream, self.instance_name
-        encode = stream.encode_payload
+        stream, me, channel = source.stream, self.instance_name, source.channel
+        name, encode = stream.name, stream.encode_payload
         current = stream.current_token(me)
         lines: list[tuple[str, str]] = []
         prev = source.sent_upto
@@ -157,9 +157,8 @@ class StreamPublisher:
             for token in ready:
                 rows = source.staged.pop(token)
                 for row in rows[:-1]:
-                    lines.append((source.channel, format_command(RData(stream.name, me, None, encode(row)))))
-                payload = encode(rows[-1], last, len(rows))
-                lines.append((source.channel, format_command(RData(stream.name, me, token, payload))))
+                    lines.append((channel, format_rdata(name, me, None, encode(row))))
+                lines.append((channel, format_rdata(name, me, token, encode(rows[-1], last, len(rows)))))
                 last = token
             if ready:
                 prev = ready[-1]

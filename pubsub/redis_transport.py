@@ -139,15 +139,21 @@ class RedisTransport:
         command = b"SPUBLISH" if self.sharded else b"PUBLISH"
         chunks: list[bytes] = []
         size = 0
+        channels: dict[str, bytes] = {}
+        drop_filter = self.drop_filter
         for channel, line in messages:
-            n = self._published
-            self._published += 1
-            if self.drop_filter is not None and self.drop_filter(n):
-                self.metrics.drop("test_hook")
-                continue
+            if drop_filter is not None:
+                n = self._published
+                self._published += 1
+                if drop_filter(n):
+                    self.metrics.drop("test_hook")
+                    continue
             data = line.encode()
             size += len(data)
-            chunks.append(_pack_publish(command, channel.encode(), data))
+            name = channels.get(channel)
+            if name is None:
+                name = channels[channel] = channel.encode()
+            chunks.append(_pack_publish(command, name, data))
         if chunks:
             await self._send_packed(b"".join(chunks), len(chunks))
             self.metrics.bytes_out += size

@@ -178,13 +178,17 @@ def parse_line(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Co
     raise WireError("unknown_command", f"unknown command {name[:40]!r}")
 
 
+def format_rdata(stream: str, instance: str, token: int | None, row_json: str) -> str:
+    """`format_command(RData(...))` without building the command (the writer's hot path)."""
+    if "\n" in row_json or "\r" in row_json:
+        raise WireError("newline", "row JSON must be one line")
+    return f"RDATA {stream} {instance} {'batch' if token is None else token} {row_json}"
+
+
 def format_command(cmd: Command) -> str:
     """Encode a command as its line. Raises `WireError` if the row JSON spans several lines."""
     if isinstance(cmd, RData):
-        if "\n" in cmd.row_json or "\r" in cmd.row_json:
-            raise WireError("newline", "row JSON must be one line")
-        token = "batch" if cmd.token is None else str(cmd.token)
-        return f"RDATA {cmd.stream} {cmd.instance} {token} {cmd.row_json}"
+        return format_rdata(*cmd)
     if isinstance(cmd, Position):
         return f"POSITION {cmd.stream} {cmd.instance} {cmd.prev_token} {cmd.new_token}"
     if isinstance(cmd, Replicate):

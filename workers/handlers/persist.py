@@ -28,7 +28,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 import asyncpg
 
@@ -50,10 +49,8 @@ class PersisterStopped(Exception):
     """The persister is shutting down and takes no new events."""
 
 
-@dataclass(slots=True)
-class _Pending:
-    event: NewEvent
-    future: asyncio.Future[Event]
+#: A queued event and the future its caller awaits.
+_Pending = tuple[NewEvent, "asyncio.Future[Event]"]
 
 
 class EventPersister:
@@ -103,23 +100,24 @@ class EventPersister:
 
     async def persist(self, event: NewEvent) -> Event:
         """Queue `event`; returns it persisted, with its stream ordering, once its batch finished."""
-        return (await self.persist_many([event]))[0]
+        return await self._enqueue((event,))[0]
 
     async def persist_many(self, events: Sequence[NewEvent]) -> list[Event]:
         """Queue `events` back to back, so they get increasing stream orderings in this order."""
+        return list(await asyncio.gather(*self._enqueue(events)))
+
+    def _enqueue(self, events: Sequence[NewEvent]) -> list[asyncio.Future[Event]]:
         if self._stopping:
             raise PersisterStopped("this worker is shutting down")
         if len(self._queue) + len(events) > self._max_queue:
             raise PersisterOverloaded(f"{len(self._queue)} events queued")
-        loop = asyncio.get_running_loop()
-        pending = [_Pending(event, loop.create_future()) for event in events]
-        self._queue.extend(pending)
-        self._unfinished += len(pending)
+        create_future = asyncio.get_running_loop().create_future
+        futures: list[asyncio.Future[Event]] = [create_future() for _ in events]
+        self._queue.extend(zip(events, futures, strict=True))
+        self._unfinished += len(events)
         self._drained.clear()
         self._arrived.set()
-        if len(pending) == 1:
-            return [await pending[0].future]
-        return list(await asyncio.gather(*(item.future for item in pending)))
+        return futures
 
     async def stop(self) -> None:
         """Take no new events, finish everything queued, then stop the loop."""
@@ -155,9 +153,9 @@ class EventPersister:
         except Exception as e:
             self.failed_batches += 1
             log.exception("batch failed events=%d", len(batch))
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(e)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(e)
         finally:
             if not allocated.done():
                 allocated.set_result(None)
@@ -170,8 +168,8 @@ class EventPersister:
         now = int(time.time() * 1000)
         changes = StateChanges()
         if not self._backfill:
-            for pending in batch:
-                changes.add(pending.event)
+            for new, _ in batch:
+                changes.add(new)
         invalidation_rows = changes.invalidations(now)
         async with contextlib.AsyncExitStack() as stack:
             ids = await stack.enter_async_context(self._events_gen.get_next_mult(len(batch)))
@@ -181,7 +179,7 @@ class EventPersister:
                     self._caches_gen.get_next_mult(len(invalidation_rows))
                 )
             me = self._instance
-            events = [p.event.persisted(stream_id, me, now) for stream_id, p in zip(ids, batch, strict=True)]
+            events = [new.persisted(i, me, now) for i, (new, _) in zip(ids, batch, strict=True)]
             allocated.set_result(None)
             invalidations = list(zip(cache_ids, invalidation_rows, strict=False))
             async with self._pool.acquire() as conn:
@@ -199,9 +197,9 @@ class EventPersister:
             await result
         self.batches += 1
         self.events += len(events)
-        for pending, event in zip(batch, events, strict=True):
-            if not pending.future.done():
-                pending.future.set_result(event)
+        for (_, future), event in zip(batch, events, strict=True):
+            if not future.done():
+                future.set_result(event)
 
     @property
     def queued(self) -> int:
