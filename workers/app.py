@@ -313,7 +313,8 @@ class Worker:
         }
         if self.persister is not None:
             detail["persister"] = {"events": self.persister.events, "batches": self.persister.batches,
-                                   "queued": self.persister.queued}  # fmt: skip
+                                   "queued": self.persister.queued,
+                                   "batches_in_flight": self.persister.batches_in_flight}  # fmt: skip
         if self.room_stats is not None:
             detail["room_stats"] = {
                 "position": self.room_stats.position,

@@ -204,3 +204,7 @@ class EventPersister:
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def batches_in_flight(self) -> int:
+        return len(self._in_flight)

@@ -1,0 +1,47 @@
+"""Batches in flight at once: they may commit out of order, but positions and RDATA stay in order."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.pubsub.conftest import wait_for
+from tests.workers.conftest import MakeWorker
+from workers.handlers.rooms import new_event_id
+from workers.model import NewEvent
+from workers.storage import connect
+from workers.streams.events import EVENTS
+
+
+async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_one(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    p1 = await make_worker("p1", ["p1"], persist_batches_in_flight=2)
+    r1 = await make_worker("r1", ["p1"])
+    assert p1.persister is not None
+    own, seen = p1.generators[EVENTS], r1.generators[EVENTS]
+    async with connect(database_url) as blocker:
+        # An uncommitted row with the same event_id holds the first batch's insert on the unique index.
+        held = blocker.transaction()
+        await held.start()
+        await blocker.execute(
+            "INSERT INTO events VALUES (-999999, '$held', 'other', '!r', 't', NULL, '@s', '{}', 0)"
+        )
+        first = asyncio.create_task(
+            p1.persister.persist(NewEvent("$held", "!room", "m.room.message", "@u", {"n": 1}))
+        )
+        await wait_for(lambda: p1.persister.batches_in_flight == 1, what="first batch in the database")
+        second = await p1.persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {}))
+        assert not first.done()
+        # Finished but behind an unfinished ID: neither this writer nor a reader may pass it.
+        assert own.get_current_token_for_writer("p1") < second.stream_ordering
+        await asyncio.sleep(3 * p1.config.position_announce_interval_s)
+        assert seen.get_current_token_for_writer("p1") < second.stream_ordering
+        await held.rollback()
+    first_event = await first
+    assert first_event.stream_ordering < second.stream_ordering  # IDs in arrival order
+    await wait_for(lambda: seen.get_current_token_for_writer("p1") >= second.stream_ordering)
+    async with connect(database_url) as conn:
+        stored = await conn.fetch(
+            "SELECT event_id FROM events WHERE stream_ordering > 0 ORDER BY stream_ordering"
+        )
+    assert [r["event_id"] for r in stored][-2:] == ["$held", second.event_id]
