@@ -27,6 +27,7 @@ BENCHES: dict[str, str] = {
     "pubsub": "workers.bench.pubsub",
     "cluster": "workers.bench.cluster",
     "audit": "workers.bench.audit",
+    "instructions": "workers.bench.instructions",
 }
 
 

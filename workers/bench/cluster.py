@@ -33,10 +33,12 @@ from queue import Empty
 from typing import Any
 
 import aiohttp
+import asyncpg
 
 from workers.client import ClusterClient
 from workers.cluster import LocalCluster
 from workers.handlers import rooms
+from workers.handlers.persist import EventPersister
 from workers.model import NewEvent
 from workers.routing import writer_for_room
 from workers.services import given_or_embedded
@@ -51,31 +53,36 @@ def say(message: str) -> None:
 # -- phase 1: the ceiling ------------------------------------------------------------------------
 
 
+async def insert_raw_batch(conn: asyncpg.Connection, batch: int, name: str) -> None:
+    """One batch of the ceiling: `batch` IDs in one query, then the persister's statement
+    (workers.storage.events.insert_batch) with rows of the write path's shape and size, built as
+    cheaply as Python allows, in one transaction."""
+    async with conn.transaction():
+        ids = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT nextval('events_stream_seq') FROM generate_series(1, $1)", batch
+            )
+        ]
+        now = int(time.time() * 1000)
+        await conn.execute(
+            "INSERT INTO events SELECT * FROM unnest($1::events[])",
+            [
+                (i, f"${i:032x}", name, "!ceilingroom000000", "m.room.message", None, "@bench",
+                 f'{{"event_id":"${i:032x}","room_id":"!ceilingroom000000","type":"m.room.message",'
+                 f'"sender":"@bench","content":{{"n":{i}}},"origin_server_ts":{now},'
+                 f'"stream_ordering":{i},"instance_name":"{name}"}}', now)
+                for i in ids
+            ],
+        )  # fmt: skip
+
+
 async def _ceiling_child(database_url: str, seconds: float, batch: int, name: str) -> int:
     async with connect(database_url) as conn:
         done = 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            async with conn.transaction():
-                ids = [
-                    r[0]
-                    for r in await conn.fetch(
-                        "SELECT nextval('events_stream_seq') FROM generate_series(1, $1)", batch
-                    )
-                ]
-                now = int(time.time() * 1000)
-                # The persister's statement (workers.storage.events.insert_batch) with rows of the
-                # same shape and size as the write path's, built as cheaply as Python allows.
-                await conn.execute(
-                    "INSERT INTO events SELECT * FROM unnest($1::events[])",
-                    [
-                        (i, f"${i:032x}", name, "!ceilingroom000000", "m.room.message", None, "@bench",
-                         f'{{"event_id":"${i:032x}","room_id":"!ceilingroom000000","type":"m.room.message",'
-                         f'"sender":"@bench","content":{{"n":{i}}},"origin_server_ts":{now},'
-                         f'"stream_ordering":{i},"instance_name":"{name}"}}', now)
-                        for i in ids
-                    ],
-                )  # fmt: skip
+            await insert_raw_batch(conn, batch, name)
             done += batch
         return done
 
@@ -98,12 +105,25 @@ async def _write_path_child(
     await worker.start()
     assert worker.persister is not None
     persister = worker.persister
+    try:
+        return await drive_persister(
+            persister, name, writers, time.monotonic() + seconds, events, concurrency
+        )
+    finally:
+        say(f"{name}: {persister.events} events in {persister.batches} batches")
+        await worker.stop()
+
+
+async def drive_persister(
+    persister: EventPersister, name: str, writers: list[str], deadline: float, events: int, concurrency: int
+) -> int:
+    """`concurrency` tasks each persisting one message at a time into rooms this writer owns, until
+    `deadline` or `events` sent (0: no limit); returns how many were sent."""
     owned: list[str] = []
     while len(owned) < 16:
         room = rooms.new_room_id()
         if writer_for_room(room, writers) == name:
             owned.append(room)
-    deadline = time.monotonic() + seconds
     done = 0
 
     async def sender(index: int) -> None:
@@ -115,11 +135,7 @@ async def _write_path_child(
                 NewEvent(rooms.new_event_id(), room, "m.room.message", "@bench", {"n": done})
             )
 
-    try:
-        await asyncio.gather(*(sender(i) for i in range(concurrency)))
-    finally:
-        say(f"{name}: {persister.events} events in {persister.batches} batches")
-        await worker.stop()
+    await asyncio.gather(*(sender(i) for i in range(concurrency)))
     return done
 
 
@@ -234,7 +250,7 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def _fresh_database(admin_url: str, tag: str) -> str:
+async def fresh_database(admin_url: str, tag: str) -> str:
     base, _, _ = admin_url.rpartition("/")
     name = f"bench_{tag}_{uuid.uuid4().hex[:6]}"
     async with connect(admin_url) as conn:
@@ -254,11 +270,11 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
         ratios: list[float] = []
         for round_no in range(1, args.rounds + 1):
             say(f"ceiling: raw asyncpg batched insert from {k} process(es) (round {round_no}/{args.rounds})")
-            db = await _fresh_database(admin_url, "ceiling")
+            db = await fresh_database(admin_url, "ceiling")
             count, _ = _in_processes("ceiling", [(db, args.seconds, args.batch, f"c{i}") for i in range(k)])
             ceilings.append(count / args.seconds)
             say(f"write path: EventPersister driven directly, {k} persister process(es) (round {round_no})")
-            db = await _fresh_database(admin_url, "writepath")
+            db = await fresh_database(admin_url, "writepath")
             writers = [f"p{i}" for i in range(1, k + 1)]
             prefix = f"bench-{uuid.uuid4().hex[:6]}"
             count, _ = _in_processes(
@@ -276,7 +292,7 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
             for c, w, r in zip(ceilings, writes, ratios, strict=True)
         ]
         say(f"HTTP: POST /send on worker subprocesses, {k} persister(s)")
-        db = await _fresh_database(admin_url, "http")
+        db = await fresh_database(admin_url, "http")
         cluster = LocalCluster(db, redis_url, workdir / f"http{k}", persisters=k, sync_workers=0,
                                background_workers=0, channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
                                log_level="WARNING")  # fmt: skip
@@ -287,7 +303,7 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
             await cluster.stop()
         result[f"http_{k}"] = round(sent / args.seconds, 1)
     say(f"latency: {args.rate} events/s offered over HTTP, 2 persisters, 2 sync workers")
-    db = await _fresh_database(admin_url, "latency")
+    db = await fresh_database(admin_url, "latency")
     cluster = LocalCluster(
         db, redis_url, workdir / "latency", persisters=2, sync_workers=2, background_workers=0,
         channel_prefix=f"bench-{uuid.uuid4().hex[:6]}", log_level="WARNING",
@@ -315,7 +331,7 @@ async def _memory_phase(
     args: argparse.Namespace, admin_url: str, redis_url: str, workdir: Path
 ) -> dict[str, Any]:
     say(f"memory: {args.rss_events:,} events through 2 persisters while users long-poll a sync worker")
-    db = await _fresh_database(admin_url, "memory")
+    db = await fresh_database(admin_url, "memory")
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     cluster = LocalCluster(
         db, redis_url, workdir / "memory", persisters=0, sync_workers=1, background_workers=0,

@@ -1,0 +1,146 @@
+"""`fanout bench instructions`: CPU instructions per persisted event, counted by callgrind.
+
+Throughput on a shared machine moves by a third from one run to the next; instruction counts do
+not (the same code and inputs give the same count to within 0.1%). So this is the measure to
+compare two versions of the write path. Each kind runs in its own process under `valgrind
+--tool=callgrind` with instrumentation off; the process switches it on (`callgrind_control -i on`)
+around the measured part only, after a warm-up, and off again:
+
+* write path: an in-process Worker's EventPersister, driven as in `fanout bench cluster` (tasks
+  each persisting one message at a time), `--events` events;
+* ceiling: the same process doing `fanout bench cluster`'s raw batched insert for as many rows:
+  the client side of the cheapest way to put these rows in the database.
+
+Under valgrind the client is about 50 times slower while the servers are not, so batches are
+always full: the counts describe a persister under load. Needs valgrind (Debian: valgrind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from workers.bench.cluster import drive_persister, fresh_database, insert_raw_batch
+from workers.services import given_or_embedded
+from workers.storage import connect
+
+BATCH = 200
+
+
+def say(message: str) -> None:
+    print(f"bench instructions: {message}", file=sys.stderr, flush=True)
+
+
+def _instrument(on: bool) -> None:
+    subprocess.run(
+        ["callgrind_control", "-i", "on" if on else "off", str(os.getpid())], capture_output=True, check=True
+    )
+
+
+async def _measure_write_path(database_url: str, redis_url: str, events: int, concurrency: int) -> None:
+    from workers.app import Worker
+    from workers.config import WorkerConfig
+
+    config = WorkerConfig(
+        instance_name="p1", database_url=database_url, redis_url=redis_url,
+        channel_prefix=f"instr-{uuid.uuid4().hex[:6]}", stream_writers={"events": ["p1"]}, http_port=0,
+        log_level="WARNING",
+    )  # fmt: skip
+    worker = Worker(config)
+    await worker.start()
+    assert worker.persister is not None
+    try:
+        far = asyncio.get_running_loop().time() + 10**6
+        await drive_persister(worker.persister, "p1", ["p1"], far, max(1000, events // 4), concurrency)
+        _instrument(True)
+        await drive_persister(worker.persister, "p1", ["p1"], far, events, concurrency)
+        _instrument(False)
+    finally:
+        await worker.stop()
+
+
+async def _measure_ceiling(database_url: str, events: int) -> None:
+    async with connect(database_url) as conn:
+        for _ in range(5):
+            await insert_raw_batch(conn, BATCH, "c0")
+        _instrument(True)
+        for _ in range(events // BATCH):
+            await insert_raw_batch(conn, BATCH, "c0")
+        _instrument(False)
+
+
+def _child(argv: list[str]) -> int:
+    kind, database_url, redis_url, events, concurrency = argv
+    if kind == "write":
+        asyncio.run(_measure_write_path(database_url, redis_url, int(events), int(concurrency)))
+    else:
+        asyncio.run(_measure_ceiling(database_url, int(events)))
+    return 0
+
+
+def _count(kind: str, database_url: str, redis_url: str, events: int, concurrency: int) -> int:
+    """Run one kind under callgrind; the instructions it counted while switched on."""
+    with tempfile.TemporaryDirectory(prefix="fanout-callgrind-") as tmp:
+        command = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={Path(tmp) / 'callgrind.out'}",
+            sys.executable, "-m", "workers.bench.instructions", "--child",
+            kind, database_url, redis_url, str(events), str(concurrency),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"{kind} under callgrind failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return int(found.group(1))
+
+
+async def _databases(admin_url: str) -> tuple[str, str]:
+    return await fresh_database(admin_url, "instr_write"), await fresh_database(admin_url, "instr_ceiling")
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--child"]:
+        return _child(argv[1:])
+    p = argparse.ArgumentParser(prog="fanout bench instructions", description=__doc__.split("\n\n")[0])
+    p.add_argument("--database-url", help="an admin URL (benchmark databases are created on it)")
+    p.add_argument("--redis-url")
+    p.add_argument("--events", type=int, default=20_000, help="measured events (and ceiling rows)")
+    p.add_argument("--concurrency", type=int, default=256, help="concurrent senders on the write path")
+    args = p.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("fanout bench instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
+        write_db, ceiling_db = asyncio.run(_databases(admin_url))
+        say(f"write path under callgrind: {args.events:,} events (about a minute) ...")
+        write = _count("write", write_db, redis_url, args.events, args.concurrency)
+        say(f"ceiling under callgrind: {args.events:,} rows ...")
+        ceiling = _count("ceiling", ceiling_db, redis_url, args.events, args.concurrency)
+    result = {
+        "events": args.events,
+        "write_path_instructions_per_event": round(write / args.events),
+        "ceiling_client_instructions_per_row": round(ceiling / (args.events // BATCH * BATCH)),
+    }
+    result["ratio"] = round(
+        result["write_path_instructions_per_event"] / result["ceiling_client_instructions_per_row"], 2
+    )
+    print(json.dumps(result, indent=2))
+    print(
+        f"instructions per event: write path {result['write_path_instructions_per_event']:,},"
+        f" raw batched insert (client side) {result['ceiling_client_instructions_per_row']:,}"
+        f" ({result['ratio']}x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
