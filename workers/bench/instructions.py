@@ -1,10 +1,10 @@
 """`fanout bench instructions`: CPU instructions per persisted event, counted by callgrind.
 
 Throughput on a shared machine moves by a third from one run to the next; instruction counts do
-not (the same code and inputs give the same count to within 0.1%). So this is the measure to
-compare two versions of the write path. Each kind runs in its own process under `valgrind
---tool=callgrind` with instrumentation off; the process switches it on (`callgrind_control -i on`)
-around the measured part only, after a warm-up, and off again:
+not (the same code gives the same count to within about 1%: batches differ a little per run). So
+this is the measure to compare two versions of the write path. Each kind runs in its own process
+under `valgrind --tool=callgrind` with instrumentation off; the process switches it on
+(`callgrind_control -i on`) around the measured part only, after a warm-up, and off again:
 
 * write path: an in-process Worker's EventPersister, driven as in `fanout bench cluster` (tasks
   each persisting one message at a time), `--events` events;
