@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -100,27 +100,44 @@ async def test_server_killing_the_subscriber_connection_triggers_resync(
 async def test_subscriber_cut_off_by_the_output_buffer_limit_catches_up(
     make_node: NodeFactory, private_redis: RunningServer
 ) -> None:
-    """The GUIDE's pitfall: Redis disconnects a subscriber that fell behind; the catch-up saves it."""
+    """The GUIDE's pitfall: Redis disconnects a subscriber that fell behind; the catch-up saves it.
+
+    The reader stops reading its socket (its event loop runs on, so the writer in this process keeps
+    publishing) until Redis has cut it off, then reads again: it finds the connection gone,
+    reconnects and catches up from the database.
+    """
     url = private_redis.url
     raw = aioredis.Redis.from_url(url)
     await raw.config_set("client-output-buffer-limit", "pubsub 256kb 128kb 1")
     reader = await make_node("r1", url=url)
     writer = await make_node("w1", url=url)
-    original = reader.client.handler._apply_cb
-    stalled: list[bool] = []
+    pubsub = reader.client.transport._pubsub
+    assert pubsub is not None and pubsub.connection is not None
+    parser = pubsub.connection._parser
+    read_from_socket = parser.read_from_socket
+    reading = asyncio.Event()
 
-    async def stalling_apply(*args: object) -> None:
-        if not stalled:
-            stalled.append(True)
-            time.sleep(1.0)  # noqa: ASYNC251 - a blocked event loop: the socket is not read, Redis buffers, then cuts us off
-        await original(*args)  # type: ignore[arg-type]
+    async def stalled_read() -> Any:
+        await reading.wait()
+        return await read_from_socket()
 
-    reader.client.handler._apply_cb = stalling_apply
+    parser.read_from_socket = stalled_read
+
+    async def cut_off() -> int:
+        return int((await raw.info("stats"))["client_output_buffer_limit_disconnections"])
+
     try:
-        await writer.write_many(3000, pad=2000)
+        written = 0
+        while await cut_off() == 0:
+            assert written < 30_000, "Redis never cut the stalled subscriber off"
+            await writer.write_many(1000, pad=2000)
+            written += 1000
+            await asyncio.sleep(0.05)
+        reading.set()
         await wait_for(lambda: reader.applied_count() == len(writer.written), limit_s=30, what="every row")
     finally:
+        reading.set()
         await raw.aclose()
     check_history(reader.applied, {"w1": writer.written})
-    assert reader.metric("fanout_repl_reconnects_total") >= 1  # we really were cut off
+    assert reader.metric("fanout_repl_reconnects_total") >= 1
     assert reader.metric("fanout_repl_catch_up_rows_total", stream=STREAM) > 0
