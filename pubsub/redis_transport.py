@@ -55,16 +55,14 @@ def backoff_delay(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKO
     return random.uniform(0, min(cap, base * (2 ** min(attempt, 20))))
 
 
-def _pack_publish(command: bytes, channel: bytes, data: bytes) -> bytes:
-    """One (S)PUBLISH in RESP: an array of three bulk strings."""
-    return b"*3\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
-        len(command),
-        command,
-        len(channel),
-        channel,
-        len(data),
-        data,
-    )
+def _publish_head(command: bytes, channel: bytes) -> bytes:
+    """The start of one (S)PUBLISH in RESP (an array of three bulk strings), up to the data."""
+    return b"*3\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(command), command, len(channel), channel)
+
+
+def _pack_publish(head: bytes, data: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+    """One (S)PUBLISH in RESP, in parts to join: the head (per channel, built once) and the data."""
+    return head, b"$%d\r\n" % len(data), data, b"\r\n"
 
 
 def _buffered_replies(connection: Any) -> Callable[[], Any] | None:
@@ -138,8 +136,8 @@ class RedisTransport:
         """
         command = b"SPUBLISH" if self.sharded else b"PUBLISH"
         chunks: list[bytes] = []
-        size = 0
-        channels: dict[str, bytes] = {}
+        size = sent = 0
+        heads: dict[str, bytes] = {}
         drop_filter = self.drop_filter
         for channel, line in messages:
             if drop_filter is not None:
@@ -150,14 +148,15 @@ class RedisTransport:
                     continue
             data = line.encode()
             size += len(data)
-            name = channels.get(channel)
-            if name is None:
-                name = channels[channel] = channel.encode()
-            chunks.append(_pack_publish(command, name, data))
-        if chunks:
-            await self._send_packed(b"".join(chunks), len(chunks))
+            head = heads.get(channel)
+            if head is None:
+                head = heads[channel] = _publish_head(command, channel.encode())
+            chunks += _pack_publish(head, data)
+            sent += 1
+        if sent:
+            await self._send_packed(b"".join(chunks), sent)
             self.metrics.bytes_out += size
-        return len(chunks)
+        return sent
 
     async def _send_packed(self, payload: bytes, replies: int) -> None:
         pool = self._pub.connection_pool

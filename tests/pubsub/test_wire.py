@@ -129,9 +129,9 @@ def test_packed_publish_matches_redis_py() -> None:
     """The transport packs (S)PUBLISH itself; the bytes must be what redis-py would send."""
     from redis.connection import Connection
 
-    from pubsub.redis_transport import _pack_publish
+    from pubsub.redis_transport import _pack_publish, _publish_head
 
     data = 'RDATA s w1 7 {"row": {"p": "é \\r\\n"}}'.encode()
     for command in (b"PUBLISH", b"SPUBLISH"):
         expected = b"".join(Connection().pack_command(command, b"fanout/s", data))
-        assert _pack_publish(command, b"fanout/s", data) == expected
+        assert b"".join(_pack_publish(_publish_head(command, b"fanout/s"), data)) == expected
