@@ -189,7 +189,7 @@ class ReplicationHandler:
                 self._reject(
                     "invalid_row", f"stream={cmd.stream} instance={cmd.instance} error={e.errors()[:1]}"
                 )
-        self.metrics.command_in("RDATA" if type(cmd) is RData else "POSITION", cmd.stream)
+        self.metrics.command_in(command_name(cmd), cmd.stream)
         state.last_heard[cmd.instance] = now
         if len(state.queue) >= self.queue_size:
             self._overflow(state)

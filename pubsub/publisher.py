@@ -162,11 +162,11 @@ class StreamPublisher:
                 last = token
             if ready:
                 prev = ready[-1]
-            self.metrics.command_out("RDATA", stream.name, len(lines))
+            self.metrics.command_out("RDATA", name, len(lines))
         if current > prev or announce:
             new = max(current, prev)
-            lines.append((source.channel, format_command(Position(stream.name, me, prev, new))))
-            self.metrics.command_out("POSITION", stream.name)
+            lines.append((channel, format_command(Position(name, me, prev, new))))
+            self.metrics.command_out("POSITION", name)
         source.sent_upto = max(current, source.sent_upto)
         return lines
 
