@@ -149,9 +149,9 @@ class ReplicationClient:
     def add_user_sync_listener(self, listener: UserSyncListener) -> None:
         self.handler.user_sync_listeners.append(listener)
 
-    def stage_rows(self, stream: str, token: int, rows: Sequence[BaseModel | str]) -> None:
-        """See `StreamPublisher.stage_rows`: call before the ID is finished, then `notify`."""
-        self.publisher.stage_rows(stream, token, rows)
+    def stage_rows(self, stream: str, rows: Iterable[tuple[int, BaseModel | str]]) -> None:
+        """See `StreamPublisher.stage_rows`: (token, row) pairs, before the IDs finish; then `notify`."""
+        self.publisher.stage_rows(stream, rows)
 
     def notify(self, stream: str | None = None) -> None:
         self.publisher.notify(stream)

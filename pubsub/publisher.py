@@ -4,7 +4,7 @@ Contract for the application (per write):
 
     async with generator.get_next() as token:
         ... persist the rows ...
-        publisher.stage_rows(stream_name, token, rows)   # before the ID is finished
+        publisher.stage_rows(stream_name, [(token, row), ...])   # before the IDs are finished
     publisher.notify(stream_name)
 
 Rows are staged before the ID is marked finished, so by the time `current_token(self)` passes
@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -101,19 +101,26 @@ class StreamPublisher:
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None
 
-    def stage_rows(self, stream: str, token: int, rows: Sequence[BaseModel | str]) -> None:
-        """Remember `rows` of wire `token` for publishing; call before the ID is finished. A row is
-        a model of the stream's row type or its JSON text (see `Stream.encode_payload`)."""
+    def stage_rows(self, stream: str, rows: Iterable[tuple[int, BaseModel | str]]) -> None:
+        """Remember (wire token, row) pairs for publishing, the rows of a token in order (one call
+        may stage a whole batch); call before the IDs are finished. A row is a model of the
+        stream's row type or its JSON text (see `Stream.encode_payload`)."""
         source = self._sources.get(stream)
         if source is None:
             raise StreamConfigError(f"{self.instance_name} does not write stream {stream!r}")
-        if token <= source.sent_upto:
-            self.metrics.drop("late_rows")
-            raise LateRowsError(
-                f"stream {stream}: token {token} already announced (sent up to {source.sent_upto}); "
-                "stage rows inside the ID's context, before it is finished"
-            )
-        source.staged.setdefault(token, []).extend(rows)
+        staged, sent_upto = source.staged, source.sent_upto
+        for token, row in rows:
+            if token <= sent_upto:
+                self.metrics.drop("late_rows")
+                raise LateRowsError(
+                    f"stream {stream}: token {token} already announced (sent up to {sent_upto}); "
+                    "stage rows inside the ID's context, before it is finished"
+                )
+            same_token = staged.get(token)
+            if same_token is None:
+                staged[token] = [row]
+            else:
+                same_token.append(row)
 
     def notify(self, stream: str | None = None) -> None:
         """New IDs finished: flush soon (coalesced)."""
@@ -154,10 +161,12 @@ class StreamPublisher:
         if current > prev and source.staged:
             ready = sorted(t for t in source.staged if t <= current)
             last = prev
+            staged = source.staged
             for token in ready:
-                rows = source.staged.pop(token)
-                for row in rows[:-1]:
-                    lines.append((channel, format_rdata(name, me, None, encode(row))))
+                rows = staged.pop(token)
+                if len(rows) > 1:
+                    for row in rows[:-1]:
+                        lines.append((channel, format_rdata(name, me, None, encode(row))))
                 lines.append((channel, format_rdata(name, me, token, encode(rows[-1], last, len(rows)))))
                 last = token
             if ready:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -60,9 +60,21 @@ def _publish_head(command: bytes, channel: bytes) -> bytes:
     return b"*3\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(command), command, len(channel), channel)
 
 
-def _pack_publish(head: bytes, data: bytes) -> tuple[bytes, bytes, bytes, bytes]:
-    """One (S)PUBLISH in RESP, in parts to join: the head (per channel, built once) and the data."""
-    return head, b"$%d\r\n" % len(data), data, b"\r\n"
+def _pack_publishes(command: bytes, messages: Iterable[tuple[str, str]]) -> tuple[bytes, int, int]:
+    """(S)PUBLISH of every (channel, line) in RESP, back to back: (payload, messages, line bytes)."""
+    chunks: list[bytes] = []
+    heads: dict[str, bytes] = {}
+    size = count = 0
+    for channel, line in messages:
+        data = line.encode()
+        length = len(data)
+        size += length
+        head = heads.get(channel)
+        if head is None:
+            head = heads[channel] = _publish_head(command, channel.encode())
+        chunks += (head, b"$%d\r\n" % length, data, b"\r\n")
+        count += 1
+    return b"".join(chunks), count, size
 
 
 def _buffered_replies(connection: Any) -> Callable[[], Any] | None:
@@ -134,29 +146,21 @@ class RedisTransport:
 
         Raises redis errors (the caller decides; pub/sub is at most once anyway).
         """
-        command = b"SPUBLISH" if self.sharded else b"PUBLISH"
-        chunks: list[bytes] = []
-        size = sent = 0
-        heads: dict[str, bytes] = {}
-        drop_filter = self.drop_filter
-        for channel, line in messages:
-            if drop_filter is not None:
-                n = self._published
-                self._published += 1
-                if drop_filter(n):
-                    self.metrics.drop("test_hook")
-                    continue
-            data = line.encode()
-            size += len(data)
-            head = heads.get(channel)
-            if head is None:
-                head = heads[channel] = _publish_head(command, channel.encode())
-            chunks += _pack_publish(head, data)
-            sent += 1
+        if self.drop_filter is not None:
+            messages = [m for m in messages if not self._test_drop(self.drop_filter)]
+        payload, sent, size = _pack_publishes(b"SPUBLISH" if self.sharded else b"PUBLISH", messages)
         if sent:
-            await self._send_packed(b"".join(chunks), sent)
+            await self._send_packed(payload, sent)
             self.metrics.bytes_out += size
         return sent
+
+    def _test_drop(self, drop_filter: DropFilter) -> bool:
+        n = self._published
+        self._published += 1
+        if drop_filter(n):
+            self.metrics.drop("test_hook")
+            return True
+        return False
 
     async def _send_packed(self, payload: bytes, replies: int) -> None:
         pool = self._pub.connection_pool

@@ -28,7 +28,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-import asyncpg
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel
@@ -46,6 +45,7 @@ from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.sync import SyncHandler
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.model import CacheInvalidation, Event, UserRooms
+from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.streams.caches import CACHES, CacheRow, caches_stream
@@ -109,9 +109,7 @@ class Worker:
     async def start(self) -> None:
         config = self.config
         with self._phase("connect_database"):
-            self.pool = await asyncpg.create_pool(
-                config.database_url, min_size=2, max_size=config.db_pool_size
-            )
+            self.pool = await create_pool(config.database_url, config.db_pool_size)
         with self._phase("migrate"):
             async with self.pool.acquire() as conn:
                 await apply_migrations(conn)
@@ -261,11 +259,12 @@ class Worker:
         self.caches.on_events(events)
         self.caches.on_invalidations(row for _, row in invalidations)
         self._invalidations.labels("local").inc(len(invalidations))
-        for event in events:
-            stream = EVENTS if event.stream_ordering > 0 else BACKFILL
-            self.replication.stage_rows(stream, abs(event.stream_ordering), [row_json(event)])
-        for stream_id, row in invalidations:
-            self.replication.stage_rows(CACHES, stream_id, [CacheRow.of(row)])
+        if events and events[0].stream_ordering > 0:
+            self.replication.stage_rows(EVENTS, [(e.stream_ordering, row_json(e)) for e in events])
+        elif events:
+            self.replication.stage_rows(BACKFILL, [(-e.stream_ordering, row_json(e)) for e in events])
+        if invalidations:
+            self.replication.stage_rows(CACHES, [(i, CacheRow.of(row)) for i, row in invalidations])
 
     def _finished(
         self, events: Sequence[Event], invalidations: Sequence[tuple[int, CacheInvalidation]]

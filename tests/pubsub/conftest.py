@@ -86,7 +86,7 @@ class Node:
                     "INSERT INTO test_rows (stream_id, instance_name, seq, payload) VALUES ($1, $2, $3, $4)",
                     [(token, self.name, r.seq, r.payload) for r in rows],
                 )
-                self.client.stage_rows(STREAM, token, rows)
+                self.client.stage_rows(STREAM, [(token, r) for r in rows])
                 self.written.extend(r.seq for r in rows)
             self.client.notify(STREAM)
 
@@ -101,8 +101,7 @@ class Node:
                 "INSERT INTO test_rows (stream_id, instance_name, seq, payload) VALUES ($1, $2, $3, $4)",
                 [(t, self.name, r.seq, r.payload) for t, r in zip(tokens, rows, strict=True)],
             )
-            for token, row in zip(tokens, rows, strict=True):
-                self.client.stage_rows(STREAM, token, [row])
+            self.client.stage_rows(STREAM, zip(tokens, rows, strict=True))
             self.written.extend(r.seq for r in rows)
         self.client.notify(STREAM)
 

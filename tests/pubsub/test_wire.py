@@ -129,9 +129,17 @@ def test_packed_publish_matches_redis_py() -> None:
     """The transport packs (S)PUBLISH itself; the bytes must be what redis-py would send."""
     from redis.connection import Connection
 
-    from pubsub.redis_transport import _pack_publish, _publish_head
+    from pubsub.redis_transport import _pack_publishes
 
-    data = 'RDATA s w1 7 {"row": {"p": "é \\r\\n"}}'.encode()
+    lines = [
+        ("fanout/s", 'RDATA s w1 7 {"row": {"p": "é \\r\\n"}}'),
+        ("fanout", "REPLICATE"),
+        ("fanout/s", "x"),
+    ]
     for command in (b"PUBLISH", b"SPUBLISH"):
-        expected = b"".join(Connection().pack_command(command, b"fanout/s", data))
-        assert b"".join(_pack_publish(_publish_head(command, b"fanout/s"), data)) == expected
+        expected = b"".join(
+            b"".join(Connection().pack_command(command, channel.encode(), line.encode()))
+            for channel, line in lines
+        )
+        size = sum(len(line.encode()) for _, line in lines)
+        assert _pack_publishes(command, lines) == (expected, 3, size)

@@ -41,6 +41,36 @@ async def test_register_auth_and_bad_bodies(make_worker: MakeWorker, http: aioht
     assert (await client.sync("p1"))["events"] == []
 
 
+async def test_content_that_cannot_be_stored_is_refused_alone(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """A lone surrogate, NaN or an overflowing number cannot be stored as JSON text: each such send
+    gets a 400 while the sends batched with it are persisted."""
+    worker = await make_worker("p1", ["p1"])
+    base = f"http://127.0.0.1:{worker.http_port}"
+    client = client_for(http, [worker], ["p1"])
+    await client.register("@alice")
+    room = await client.create_room("public")
+    since = (await client.sync("p1"))["next_batch"]
+    auth = {"Authorization": f"Bearer {client.token}"}
+
+    async def send_raw(body: bytes) -> tuple[int, str]:
+        async with http.post(f"{base}/rooms/{room}/send/m.room.message", data=body, headers=auth) as resp:
+            return resp.status, (await resp.json()).get("errcode", "")
+
+    bad = [b'{"body": "\\ud800"}', b'{"n": NaN}', b'{"n": [1e999]}', b'{"n": -Infinity}']
+    results = await asyncio.gather(
+        *(client.send(room, "m.room.message", {"n": i, "s": '"\\\n\u2028'}) for i in range(20)),
+        *(send_raw(body) for body in bad),
+    )
+    assert [r for r in results[20:]] == [
+        (400, "NOT_JSON"), (400, "NOT_JSON"), (400, "BAD_JSON"), (400, "NOT_JSON")
+    ]  # fmt: skip
+    seen = (await client.sync("p1", since, 1000))["events"]
+    assert sorted(e["content"]["n"] for e in seen) == list(range(20))
+    assert {e["content"]["s"] for e in seen} == {'"\\\n\u2028'}
+
+
 async def test_user_cannot_read_or_enter_another_users_room(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:

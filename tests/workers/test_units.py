@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
+import pydantic_core
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -132,3 +134,20 @@ def test_staged_event_row_is_what_readers_accept(
         state_key, 1,
     )  # fmt: skip
     assert EventRow.model_validate_json(row_json(event)) == EventRow.of(event)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(),
+    state_key=st.one_of(st.none(), st.text()),
+    content=st.dictionaries(st.text(), st.one_of(st.none(), st.booleans(), st.integers(), st.text())),
+    ordering=st.integers(min_value=-(2**62), max_value=2**62),
+)
+def test_stored_json_is_the_client_dict(
+    text: str, state_key: str | None, content: dict[str, object], ordering: int
+) -> None:
+    """`Event.to_json` builds its text directly: it must be the compact JSON of `client_dict()`
+    whatever the strings hold (quotes, backslashes, control and non-ASCII characters)."""
+    event = Event(ordering, "p1", f"${text}", f"!{text}", text, f"@{text}", content, state_key, 1)
+    assert event.to_json() == pydantic_core.to_json(event.client_dict()).decode()
+    assert json.loads(event.to_json()) == event.client_dict()

@@ -2,8 +2,10 @@
 
 Phases (each prints progress on stderr; the result is one JSON document plus a table):
 
-1. ceiling: plain asyncpg, batches of `--batch` events: one nextval-for-n query and one multi-row
-   INSERT per batch (the persister's statement) in a transaction, from 1 and 2 processes.
+1. ceiling: plain asyncpg inserting the write path's rows (random event IDs, 16 rooms), batches of
+   `--batch` events (default: the persister's largest batch): one nextval-for-n query and one
+   multi-row INSERT per batch (the persister's statement) in a transaction, on as many connections
+   at once as a persister has batches in flight, from 1 and 2 processes.
 2. write path: the persisters' own code (EventPersister via an in-process Worker, publishing to
    Redis for real) driven directly by many concurrent tasks, from 1 and 2 persister processes.
    Phases 1 and 2 alternate `--rounds` times; the ratio is the median of each round's
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -37,8 +40,9 @@ import asyncpg
 
 from workers.client import ClusterClient
 from workers.cluster import LocalCluster
+from workers.config import WorkerConfig
 from workers.handlers import rooms
-from workers.handlers.persist import EventPersister
+from workers.handlers.persist import MAX_BATCH, EventPersister
 from workers.model import NewEvent
 from workers.routing import writer_for_room
 from workers.services import given_or_embedded
@@ -53,10 +57,23 @@ def say(message: str) -> None:
 # -- phase 1: the ceiling ------------------------------------------------------------------------
 
 
-async def insert_raw_batch(conn: asyncpg.Connection, batch: int, name: str) -> None:
+def bench_rooms(owned_by: str | None = None, writers: Sequence[str] = ()) -> list[str]:
+    """The 16 rooms a write-path sender (or the ceiling) spreads its messages over; with
+    `owned_by`, rooms that writer owns among `writers`."""
+    found: list[str] = []
+    while len(found) < 16:
+        room = rooms.new_room_id()
+        if owned_by is None or writer_for_room(room, writers) == owned_by:
+            found.append(room)
+    return found
+
+
+async def insert_raw_batch(conn: asyncpg.Connection, batch: int, name: str, room_ids: Sequence[str]) -> None:
     """One batch of the ceiling: `batch` IDs in one query, then the persister's statement
-    (workers.storage.events.insert_batch) with rows of the write path's shape and size, built as
-    cheaply as Python allows, in one transaction."""
+    (workers.storage.events.insert_batch) in one transaction. The rows are the write path's: random
+    event IDs from the same generator (the unique index costs PostgreSQL twice as much per row for
+    random IDs as for ascending ones), rooms spread the same way, stored JSON of the same size;
+    built as cheaply as Python allows."""
     async with conn.transaction():
         ids = [
             r[0]
@@ -65,26 +82,34 @@ async def insert_raw_batch(conn: asyncpg.Connection, batch: int, name: str) -> N
             )
         ]
         now = int(time.time() * 1000)
-        await conn.execute(
-            "INSERT INTO events SELECT * FROM unnest($1::events[])",
-            [
-                (i, f"${i:032x}", name, "!ceilingroom000000", "m.room.message", None, "@bench",
-                 f'{{"event_id":"${i:032x}","room_id":"!ceilingroom000000","type":"m.room.message",'
+        new_event_id = rooms.new_event_id
+        rows = []
+        for i in ids:
+            event_id, room = new_event_id(), room_ids[i % len(room_ids)]
+            rows.append(
+                (i, event_id, name, room, "m.room.message", None, "@bench",
+                 f'{{"event_id":"{event_id}","room_id":"{room}","type":"m.room.message",'
                  f'"sender":"@bench","content":{{"n":{i}}},"origin_server_ts":{now},'
                  f'"stream_ordering":{i},"instance_name":"{name}"}}', now)
-                for i in ids
-            ],
-        )  # fmt: skip
+            )  # fmt: skip
+        await conn.execute("INSERT INTO events SELECT * FROM unnest($1::events[])", rows)
 
 
-async def _ceiling_child(database_url: str, seconds: float, batch: int, name: str) -> int:
-    async with connect(database_url) as conn:
+async def _ceiling_child(database_url: str, seconds: float, batch: int, name: str, connections: int) -> int:
+    """`connections` connections each inserting batches back to back (as many as the persister
+    has batches in flight), until `seconds` are up; returns the rows inserted."""
+    room_ids = bench_rooms()
+    deadline = time.monotonic() + seconds
+
+    async def inserter() -> int:
         done = 0
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            await insert_raw_batch(conn, batch, name)
-            done += batch
+        async with connect(database_url) as conn:
+            while time.monotonic() < deadline:
+                await insert_raw_batch(conn, batch, name, room_ids)
+                done += batch
         return done
+
+    return sum(await asyncio.gather(*(inserter() for _ in range(connections))))
 
 
 # -- phase 2 and 5: the write path in a child process ---------------------------------------------
@@ -95,7 +120,6 @@ async def _write_path_child(
     events: int, concurrency: int,
 ) -> int:  # fmt: skip
     from workers.app import Worker
-    from workers.config import WorkerConfig
 
     config = WorkerConfig(
         instance_name=name, database_url=database_url, redis_url=redis_url, channel_prefix=prefix,
@@ -119,11 +143,7 @@ async def drive_persister(
 ) -> int:
     """`concurrency` tasks each persisting one message at a time into rooms this writer owns, until
     `deadline` or `events` sent (0: no limit); returns how many were sent."""
-    owned: list[str] = []
-    while len(owned) < 16:
-        room = rooms.new_room_id()
-        if writer_for_room(room, writers) == name:
-            owned.append(room)
+    owned = bench_rooms(name, writers)
     done = 0
 
     async def sender(index: int) -> None:
@@ -261,7 +281,12 @@ async def fresh_database(admin_url: str, tag: str) -> str:
 
 
 async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir: Path) -> dict[str, Any]:
-    result: dict[str, Any] = {"seconds_per_phase": args.seconds, "batch": args.batch}
+    connections = args.ceiling_connections
+    result: dict[str, Any] = {
+        "seconds_per_phase": args.seconds,
+        "batch": args.batch,
+        "ceiling_connections": connections,
+    }
     for k in (1, 2):
         # Ceiling and write path alternate, `--rounds` times: the machine's speed drifts between
         # phases, so each write-path phase is paired with the ceiling measured just before it.
@@ -271,7 +296,9 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
         for round_no in range(1, args.rounds + 1):
             say(f"ceiling: raw asyncpg batched insert from {k} process(es) (round {round_no}/{args.rounds})")
             db = await fresh_database(admin_url, "ceiling")
-            count, _ = _in_processes("ceiling", [(db, args.seconds, args.batch, f"c{i}") for i in range(k)])
+            count, _ = _in_processes(
+                "ceiling", [(db, args.seconds, args.batch, f"c{i}", connections) for i in range(k)]
+            )
             ceilings.append(count / args.seconds)
             say(f"write path: EventPersister driven directly, {k} persister process(es) (round {round_no})")
             db = await fresh_database(admin_url, "writepath")
@@ -436,7 +463,15 @@ def main(argv: list[str]) -> int:
         "--rounds", type=int, default=3,
         help="ceiling/write-path pairs per persister count; the table shows medians",
     )  # fmt: skip
-    p.add_argument("--batch", type=int, default=200, help="events per batch in the ceiling")
+    p.add_argument(
+        "--batch", type=int, default=MAX_BATCH,
+        help="events per batch in the ceiling (default: the persister's largest batch)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ceiling-connections", type=int,
+        default=WorkerConfig.model_fields["persist_batches_in_flight"].default,
+        help="connections inserting at once per ceiling process (default: a persister's batches in flight)",
+    )  # fmt: skip
     p.add_argument(
         "--concurrency", type=int, default=1024,
         help="concurrent senders per persister on the write path (enough to keep its batches in flight full)",

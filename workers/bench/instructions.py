@@ -29,11 +29,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from workers.bench.cluster import drive_persister, fresh_database, insert_raw_batch
+from workers.bench.cluster import bench_rooms, drive_persister, fresh_database, insert_raw_batch
+from workers.handlers.persist import MAX_BATCH
 from workers.services import given_or_embedded
 from workers.storage import connect
-
-BATCH = 200
 
 
 def say(message: str) -> None:
@@ -69,12 +68,13 @@ async def _measure_write_path(database_url: str, redis_url: str, events: int, co
 
 
 async def _measure_ceiling(database_url: str, events: int) -> None:
+    room_ids = bench_rooms()
     async with connect(database_url) as conn:
         for _ in range(5):
-            await insert_raw_batch(conn, BATCH, "c0")
+            await insert_raw_batch(conn, MAX_BATCH, "c0", room_ids)
         _instrument(True)
-        for _ in range(events // BATCH):
-            await insert_raw_batch(conn, BATCH, "c0")
+        for _ in range(events // MAX_BATCH):
+            await insert_raw_batch(conn, MAX_BATCH, "c0", room_ids)
         _instrument(False)
 
 
@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
     result = {
         "events": args.events,
         "write_path_instructions_per_event": round(write / args.events),
-        "ceiling_client_instructions_per_row": round(ceiling / (args.events // BATCH * BATCH)),
+        "ceiling_client_instructions_per_row": round(ceiling / (args.events // MAX_BATCH * MAX_BATCH)),
     }
     result["ratio"] = round(
         result["write_path_instructions_per_event"] / result["ceiling_client_instructions_per_row"], 2

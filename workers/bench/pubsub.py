@@ -302,7 +302,7 @@ async def _pubsub_run(
             now = time.perf_counter()
             for n in batch:
                 sent_at[n - 1] = now
-                writer.stage_rows(STREAM, n, [BenchRow(n=n, body=body)])
+            writer.stage_rows(STREAM, [(n, BenchRow(n=n, body=body)) for n in batch])
             writer_gen.positions[WRITER] = batch[-1]
             writer.notify(STREAM)
             await asyncio.sleep(0)

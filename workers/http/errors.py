@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Any
 
+import pydantic_core
 from aiohttp import web
 
 
@@ -32,9 +33,24 @@ async def json_body(request: web.Request, max_bytes: int = 64 * 1024) -> dict[st
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        # Strict JSON: no NaN/Infinity, no lone surrogates (`\ud800`), which could not be stored
+        # as JSON text; persisting such an event would fail the whole batch it is written in.
+        body = pydantic_core.from_json(raw, allow_inf_nan=False)
+    except ValueError as e:
         raise ApiError(400, "NOT_JSON", f"body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "BAD_JSON", "body must be a JSON object")
+    if not _finite(body):
+        raise ApiError(400, "BAD_JSON", "body has a number out of range")
     return body
+
+
+def _finite(value: Any) -> bool:
+    """No float in `value` overflowed to infinity (a number like 1e999 parses as one)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
