@@ -276,10 +276,9 @@ class Worker:
             # every finished batch ran `_committed` (invalidated here) before finishing.
             self.applied.advanced(self.name, self.generators[CACHES].get_current_token_for_writer(self.name))
         self._persisted.inc(len(events))
-        live = [e for e in events if e.stream_ordering > 0]
-        if live:
+        if events and events[0].stream_ordering > 0:  # a batch is all live or all backfill
             self.notifier.notify(
-                {e.room_id for e in live}, {e.state_key for e in live if e.membership and e.state_key}
+                {e.room_id for e in events}, {e.state_key for e in events if e.state_key and e.membership}
             )
         self.notifier.position_moved()
 

@@ -26,9 +26,7 @@ async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_o
         await blocker.execute(
             "INSERT INTO events VALUES (-999999, '$held', 'other', '!r', 't', NULL, '@s', '{}', 0)"
         )
-        first = asyncio.create_task(
-            p1.persister.persist(NewEvent("$held", "!room", "m.room.message", "@u", {"n": 1}))
-        )
+        first = p1.persister.persist(NewEvent("$held", "!room", "m.room.message", "@u", {"n": 1}))
         await wait_for(lambda: p1.persister.batches_in_flight == 1, what="first batch in the database")
         second = await p1.persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {}))
         assert not first.done()

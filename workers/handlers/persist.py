@@ -102,13 +102,15 @@ class EventPersister:
             self._run(), name=f"persister-{'backfill' if self._backfill else 'live'}"
         )
 
-    async def persist(self, event: NewEvent) -> Event:
-        """Queue `event`; returns it persisted, with its stream ordering, once its batch finished."""
+    def persist(self, event: NewEvent) -> asyncio.Future[Event]:
+        """Queue `event`; the future gives it persisted, with its stream ordering, once its batch
+        finished. (A future rather than a coroutine: one frame less per event on the write path.)
+        Raises PersisterStopped or PersisterOverloaded at once."""
         self._check_room(1)
         future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
         self._queue.append((event, future))
         self._queued(1)
-        return await future
+        return future
 
     async def persist_many(self, events: Sequence[NewEvent]) -> list[Event]:
         """Queue `events` back to back, so they get increasing stream orderings in this order."""
