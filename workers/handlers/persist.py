@@ -137,8 +137,9 @@ class EventPersister:
         """Take no new events, finish everything queued, then stop the loop."""
         self._stopping = True
         if self._unfinished:
-            self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
+            if self._drained is None:
+                self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._drained)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
