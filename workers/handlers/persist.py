@@ -84,9 +84,9 @@ class EventPersister:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._max_queue = max_queue
         # A deque and wake-up futures rather than asyncio.Queue and Events: their per-item
-        # bookkeeping showed in write path profiles. `_arrived` exists while the loop waits for
-        # work, `_drained` while `stop` waits for `_unfinished` (queued and in-flight events) to
-        # reach 0; a sender only looks at them.
+        # bookkeeping showed in write path profiles. `_arrived` is the future the loop last waited
+        # on for work; `_drained` is made by `stop`, resolved when `_unfinished` (queued and
+        # in-flight events) reaches 0.
         self._queue: collections.deque[_Pending] = collections.deque()
         self._arrived: asyncio.Future[None] | None = None
         self._unfinished = 0
