@@ -2,7 +2,8 @@
 
 Writes happen in the persister's one transaction per batch (`insert_batch`); reads serve sync,
 the HTTP API, the background task and the streams' catch-up (update) functions. Every multi-row
-write is one statement over `unnest` arrays, so a batch costs a fixed number of round trips.
+write is one statement (a binary COPY for events, `unnest` arrays for the upserts), so a batch costs
+a fixed number of round trips.
 """
 
 from __future__ import annotations
@@ -43,18 +44,18 @@ async def insert_batch(
 ) -> None:
     """Insert `events` (in stream order), fold their state into current state and membership, and
     log the cache invalidations. Call inside a transaction unless `needs_transaction` says one
-    statement suffices (a batch of messages only: one INSERT is atomic on its own).
+    statement suffices (a batch of messages only: one COPY is atomic on its own).
 
     Several persisters may write the same room: current state and membership keep the row with the
     highest stream ordering, whatever order the transactions commit in.
     """
     if events:
-        # One array of `events` rows (tuples in the table's column order): asyncpg checks every
-        # element of an array parameter with Python-level isinstance calls, once per row here
-        # instead of once per column and row with nine column arrays.
-        await conn.execute(
-            "INSERT INTO events SELECT * FROM unnest($1::events[])",
-            [
+        # Binary COPY of tuples in the table's column order: half the client CPU per row of
+        # `INSERT ... SELECT * FROM unnest($1::events[])`, whose array encoding makes four
+        # Python-level isinstance calls per element (callgrind), for the same PostgreSQL work.
+        await conn.copy_records_to_table(
+            "events",
+            records=[
                 (e.stream_ordering, e.event_id, e.instance_name, e.room_id, e.type, e.state_key,
                  e.sender, e.to_json(), e.received_ts)
                 for e in events
