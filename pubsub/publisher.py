@@ -164,9 +164,8 @@ class StreamPublisher:
             staged = source.staged
             for token in ready:
                 rows = staged.pop(token)
-                if len(rows) > 1:
-                    for row in rows[:-1]:
-                        lines.append((channel, format_rdata(name, me, None, encode(row))))
+                for row in rows[:-1]:
+                    lines.append((channel, format_rdata(name, me, None, encode(row))))
                 lines.append((channel, format_rdata(name, me, token, encode(rows[-1], last, len(rows)))))
                 last = token
             if ready:

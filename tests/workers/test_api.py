@@ -63,7 +63,7 @@ async def test_content_that_cannot_be_stored_is_refused_alone(
         *(client.send(room, "m.room.message", {"n": i, "s": '"\\\n\u2028'}) for i in range(20)),
         *(send_raw(body) for body in bad),
     )
-    assert [r for r in results[20:]] == [
+    assert list(results[20:]) == [
         (400, "NOT_JSON"), (400, "NOT_JSON"), (400, "BAD_JSON"), (400, "NOT_JSON")
     ]  # fmt: skip
     seen = (await client.sync("p1", since, 1000))["events"]
