@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from pubsub import keys
@@ -27,7 +26,7 @@ from pubsub.metrics import ReplicationMetrics
 from pubsub.publisher import StreamPublisher
 from pubsub.redis_transport import RedisTransport
 from pubsub.streams import Stream, StreamRegistry
-from pubsub.types import ApplyCallback, DropFilter, PositionListener
+from pubsub.types import ApplyCallback, DropFilter, PositionListener, Row
 from pubsub.wire import REPLICATE, ClearUserSync, Command, UserSync, command_name, format_command
 
 log = logging.getLogger(__name__)
@@ -66,7 +65,7 @@ class ReplicationSettings:
         return cls(**values)
 
 
-async def _ignore_rows(stream: Stream[Any], instance: str, token: int, rows: Sequence[BaseModel]) -> None:
+async def _ignore_rows(stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
     return None
 
 
@@ -149,7 +148,7 @@ class ReplicationClient:
     def add_user_sync_listener(self, listener: UserSyncListener) -> None:
         self.handler.user_sync_listeners.append(listener)
 
-    def stage_rows(self, stream: str, rows: Iterable[tuple[int, BaseModel | str]]) -> None:
+    def stage_rows(self, stream: str, rows: Iterable[tuple[int, Row | str]]) -> None:
         """See `StreamPublisher.stage_rows`: (token, row) pairs, before the IDs finish; then `notify`."""
         self.publisher.stage_rows(stream, rows)
 

@@ -35,13 +35,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from itertools import groupby
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from pubsub.errors import WireError
 from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
 from pubsub.streams import Stream, StreamRegistry
-from pubsub.types import ApplyCallback, PositionListener
+from pubsub.types import ApplyCallback, PositionListener, Row
 from pubsub.wire import (
     ClearUserSync,
     Command,
@@ -64,10 +64,10 @@ class _StreamState:
 
     def __init__(self, stream: Stream[Any]) -> None:
         self.stream = stream
-        self.queue: deque[tuple[int, RData | Position, tuple[BaseModel, int, int] | None]] = deque()
+        self.queue: deque[tuple[int, RData | Position, tuple[Row, int, int] | None]] = deque()
         self.wake = asyncio.Event()
         self.connected: set[str] = set()
-        self.pending: dict[str, list[BaseModel]] = {}
+        self.pending: dict[str, list[Row]] = {}
         self.announced: dict[str, int] = {}
         self.last_heard: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
@@ -104,7 +104,7 @@ class ReplicationHandler:
         # Our own lines come back when one channel carries everything: recognised by prefix,
         # before any parsing (a writer hears every row it sends).
         self._echo_prefixes = _own_prefixes(instance_name, self._states)
-        self._unread_prefixes = _own_prefixes(instance_name, self._other_streams)
+        self._own_prefixes = self._echo_prefixes + _own_prefixes(instance_name, self._other_streams)
         metrics.gauge_source = self._gauge_values
         self._background: set[asyncio.Task[None]] = set()
         self._ratelog = RateLimitedLog(log)
@@ -147,11 +147,8 @@ class ReplicationHandler:
         """Validate one received line and route it; never raises."""
         self.metrics.bytes_in += len(data)
         if isinstance(data, bytes):
-            if data.startswith(self._echo_prefixes):
-                self.metrics.drop("echo")
-                return
-            if data.startswith(self._unread_prefixes):
-                self.metrics.drop("not_subscribed")
+            if data.startswith(self._own_prefixes):  # one test for every line of other writers
+                self.metrics.drop("echo" if data.startswith(self._echo_prefixes) else "not_subscribed")
                 return
         try:
             cmd = parse_line(data, self.max_line_bytes)
@@ -161,36 +158,38 @@ class ReplicationHandler:
                 f"detail={e.detail!r} line={bytes(data[:80]) if isinstance(data, bytes) else data[:80]!r}",
             )
             return
-        if isinstance(cmd, RData | Position):
-            self._route_stream_command(cmd, now)
+        kind = type(cmd)
+        if kind is RData or kind is Position:
+            self._route_stream_command(cmd, now)  # type: ignore[arg-type]
         else:
             self._route_other(cmd)
 
     def _route_stream_command(self, cmd: RData | Position, now: float) -> None:
-        state = self._states.get(cmd.stream)
+        stream_name, instance = cmd.stream, cmd.instance
+        state = self._states.get(stream_name)
         if state is None:
-            if cmd.stream in self._other_streams:
+            if stream_name in self._other_streams:
                 self.metrics.drop("not_subscribed")
             else:
-                self._reject("unknown_stream", f"stream={cmd.stream}")
+                self._reject("unknown_stream", f"stream={stream_name}")
             return
-        if cmd.instance == self.instance_name:
+        if instance == self.instance_name:
             self.metrics.drop("echo")
             return
-        if cmd.instance not in state.stream.writers:
-            self._reject("not_a_writer", f"stream={cmd.stream} instance={cmd.instance}")
+        if instance not in state.stream.writers:
+            self._reject("not_a_writer", f"stream={stream_name} instance={instance}")
             return
-        row: tuple[BaseModel, int, int] | None = None
-        if isinstance(cmd, RData):
+        row: tuple[Row, int, int] | None = None
+        if type(cmd) is RData:
             try:
                 row = state.stream.parse_payload(cmd.row_json, cmd.token is not None)
             except ValidationError as e:
                 # Still queued (as None): in order, it makes the writer wait for a POSITION.
                 self._reject(
-                    "invalid_row", f"stream={cmd.stream} instance={cmd.instance} error={e.errors()[:1]}"
+                    "invalid_row", f"stream={stream_name} instance={instance} error={e.errors()[:1]}"
                 )
-        self.metrics.command_in(command_name(cmd), cmd.stream)
-        state.last_heard[cmd.instance] = now
+        self.metrics.command_in(command_name(cmd), stream_name)
+        state.last_heard[instance] = now
         if len(state.queue) >= self.queue_size:
             self._overflow(state)
             if isinstance(cmd, RData):
@@ -259,7 +258,7 @@ class ReplicationHandler:
                 )
 
     async def _process_rdata(
-        self, state: _StreamState, cmd: RData, payload: tuple[BaseModel, int, int] | None
+        self, state: _StreamState, cmd: RData, payload: tuple[Row, int, int] | None
     ) -> None:
         writer = cmd.instance
         if writer not in state.connected:
@@ -294,7 +293,7 @@ class ReplicationHandler:
             return
         await self._apply(stream, writer, self._take_following(state, cmd, rows), rows)
 
-    def _take_following(self, state: _StreamState, cmd: RData, rows: list[BaseModel]) -> int:
+    def _take_following(self, state: _StreamState, cmd: RData, rows: list[Row]) -> int:
         """Move the single-row tokens queued right behind `cmd` that continue its writer's chain
         into `rows` (one apply, one advance and one wake-up for all: under load most tokens are
         single rows and arrive back to back); returns the last token taken.

@@ -28,7 +28,6 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from pubsub import keys
@@ -37,6 +36,7 @@ from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
 from pubsub.redis_transport import RedisTransport
 from pubsub.streams import Stream
+from pubsub.types import Row
 from pubsub.wire import Position, format_command, format_rdata
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class _Source:
         self.stream = stream
         self.channel = channel
         self.sent_upto = sent_upto
-        self.staged: dict[int, list[BaseModel | str]] = {}
+        self.staged: dict[int, list[Row | str]] = {}
 
 
 class StreamPublisher:
@@ -101,10 +101,10 @@ class StreamPublisher:
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None
 
-    def stage_rows(self, stream: str, rows: Iterable[tuple[int, BaseModel | str]]) -> None:
+    def stage_rows(self, stream: str, rows: Iterable[tuple[int, Row | str]]) -> None:
         """Remember (wire token, row) pairs for publishing, the rows of a token in order (one call
-        may stage a whole batch); call before the IDs are finished. A row is a model of the
-        stream's row type or its JSON text (see `Stream.encode_payload`)."""
+        may stage a whole batch); call before the IDs are finished. A row is an instance of the
+        stream's row type or its JSON array text (see `Stream.encode_payload`)."""
         source = self._sources.get(stream)
         if source is None:
             raise StreamConfigError(f"{self.instance_name} does not write stream {stream!r}")

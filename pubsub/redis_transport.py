@@ -61,7 +61,7 @@ def _publish_head(command: bytes, channel: bytes) -> bytes:
     return b"*3\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(command), command, len(channel), channel)
 
 
-def _pack_publishes(command: bytes, messages: Iterable[tuple[str, str]]) -> tuple[bytes, int, int]:
+def pack_publishes(command: bytes, messages: Iterable[tuple[str, str]]) -> tuple[bytes, int, int]:
     """(S)PUBLISH of every (channel, line) in RESP, back to back: (payload, messages, line bytes)."""
     chunks: list[bytes] = []
     heads: dict[str, bytes] = {}
@@ -154,7 +154,7 @@ class RedisTransport:
         """
         if self.drop_filter is not None:
             messages = [m for m in messages if not self._test_drop(self.drop_filter)]
-        payload, sent, size = _pack_publishes(b"SPUBLISH" if self.sharded else b"PUBLISH", messages)
+        payload, sent, size = pack_publishes(b"SPUBLISH" if self.sharded else b"PUBLISH", messages)
         if sent:
             await self._send_packed(payload, sent)
             self.metrics.bytes_out += size

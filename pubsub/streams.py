@@ -1,6 +1,6 @@
 """`Stream`: one replicated stream, the same object on writers and readers.
 
-A stream has a name, a pydantic row model, an update function that reads its rows back from the
+A stream has a name, a row type, an update function that reads its rows back from the
 database, the ID generator behind it and the list of instances allowed to write it.
 
 Tokens: everything in `pubsub` uses *wire tokens*, positive and increasing. For a negative
@@ -12,15 +12,18 @@ receives and returns wire tokens too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from types import GenericAlias
+from typing import Annotated, Any, Generic, TypeVar, get_type_hints
 
-from pydantic import BaseModel, Field, create_model
+import pydantic_core
+from pydantic import ConfigDict, Field, TypeAdapter
 
 from pubsub.errors import StreamConfigError
 from pubsub.types import IdGenerator, UpdateFunction
 from pubsub.wire import NAME_PATTERN
 
-RowT = TypeVar("RowT", bound=BaseModel)
+RowT = TypeVar("RowT", bound=tuple[Any, ...])
+_STRICT = ConfigDict(strict=True)
 
 
 class Stream(Generic[RowT]):
@@ -38,7 +41,7 @@ class Stream(Generic[RowT]):
         "generator",
         "name",
         "positive",
-        "row_model",
+        "row_type",
         "update_function",
         "writers",
     )
@@ -46,7 +49,7 @@ class Stream(Generic[RowT]):
     def __init__(
         self,
         name: str,
-        row_model: type[RowT],
+        row_type: type[RowT],
         update_function: UpdateFunction,
         generator: IdGenerator,
         writers: Iterable[str],
@@ -55,19 +58,23 @@ class Stream(Generic[RowT]):
     ) -> None:
         if NAME_PATTERN.fullmatch(name) is None:
             raise StreamConfigError(f"stream name {name!r}: use letters, digits, '_', '.', '-'")
+        fields = getattr(row_type, "_fields", None)
+        if not isinstance(fields, tuple) or not issubclass(row_type, tuple):
+            raise StreamConfigError(f"stream {name!r}: the row type must be a NamedTuple")
         self.name = name
-        self.row_model = row_model
+        self.row_type = row_type
         self.update_function = update_function
         self.generator = generator
         self.writers = frozenset(writers)
         self.positive = positive
-        self._numbered: type[BaseModel] = create_model(
-            f"{row_model.__name__}Numbered",
-            prev=(int, Field(ge=0)),
-            n=(int, Field(ge=1)),
-            row=(row_model, ...),
-        )
-        self._batched: type[BaseModel] = create_model(f"{row_model.__name__}Batched", row=(row_model, ...))
+        hints = get_type_hints(row_type, include_extras=True)
+        field_types = tuple(hints[f] for f in fields)
+        envelope = (Annotated[int, Field(ge=0)], Annotated[int, Field(ge=1)])
+        # Strict: a forged row gets no coercion (no "5" for 5); JSON arrays still validate as tuples.
+        numbered: Any = GenericAlias(tuple, (*envelope, *field_types))
+        batched: Any = GenericAlias(tuple, field_types)
+        self._numbered = TypeAdapter(numbered, config=_STRICT).validator
+        self._batched = TypeAdapter(batched, config=_STRICT).validator
 
     def current_token(self, instance: str) -> int:
         """What this process knows of `instance`'s position, as a wire token."""
@@ -88,28 +95,24 @@ class Stream(Generic[RowT]):
 
         Raises pydantic.ValidationError. See `encode_payload` for the shape.
         """
-        # The validators directly: `model_validate_json` adds a Python frame per row.
         if numbered:
-            env = self._numbered.__pydantic_validator__.validate_json(payload)
-            return env.row, env.prev, env.n
-        return self._batched.__pydantic_validator__.validate_json(payload).row, -1, 0
+            values = self._numbered.validate_json(payload)
+            return tuple.__new__(self.row_type, values[2:]), values[0], values[1]
+        return tuple.__new__(self.row_type, self._batched.validate_json(payload)), -1, 0
 
     @staticmethod
-    def encode_payload(row: BaseModel | str, prev: int | None = None, n: int = 0) -> str:
-        """The RDATA JSON: `{"row": {...}}` on batch rows; on the numbered row of a token also the
-        writer's previous announced token and the number of rows of the token:
-        `{"prev": 40, "n": 3, "row": {...}}`. Readers use them to see a lost RDATA at once
-        (Redis pub/sub may lose any message) instead of applying later rows past a hole.
+    def encode_payload(row: tuple[Any, ...] | str, prev: int | None = None, n: int = 0) -> str:
+        """The RDATA JSON: the row's fields as an array, `["a", 1]`, on batch rows; the numbered row
+        of a token starts with the writer's previous announced token and the number of rows of the
+        token: `[40, 3, "a", 1]`. Readers use them to see a lost RDATA at once (Redis pub/sub may
+        lose any message) instead of applying later rows past a hole.
 
-        `row` is a row model, or the JSON text of one when the writer builds it directly (readers
-        validate either way)."""
-        if isinstance(row, str):
-            body = row
-        else:
-            body = row.__pydantic_serializer__.to_json(row).decode()  # model_dump_json, minus its wrapper
+        `row` is a row, or its JSON array text when the writer builds it directly (readers validate
+        either way)."""
+        body = row if isinstance(row, str) else pydantic_core.to_json(row).decode()
         if prev is None:
-            return f'{{"row":{body}}}'
-        return f'{{"prev":{prev},"n":{n},"row":{body}}}'
+            return body
+        return f"[{prev},{n},{body[1:]}" if len(body) > 2 else f"[{prev},{n}]"
 
     async def fetch_updates(
         self, instance: str, from_token: int, to_token: int, limit: int

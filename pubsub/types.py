@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import BaseModel
-
 if TYPE_CHECKING:
     from pubsub.streams import Stream
 
@@ -24,8 +22,10 @@ class IdGenerator(Protocol):
     def get_positions(self) -> dict[str, int]: ...
 
 
+#: A row of a stream: an instance of the stream's NamedTuple row type (see pubsub.streams).
+Row = tuple[Any, ...]
 #: (stream, instance, token, rows) -> None; runs before the generator is advanced to `token`.
-ApplyCallback = Callable[["Stream[Any]", str, int, Sequence[BaseModel]], Awaitable[None]]
+ApplyCallback = Callable[["Stream[Any]", str, int, Sequence[Row]], Awaitable[None]]
 #: (stream name, instance, token): runs after the generator was advanced.
 PositionListener = Callable[[str, str, int], Awaitable[None] | None]
 #: (instance, from_token exclusive, to_token inclusive, limit) -> [(token, row)] sorted by token.

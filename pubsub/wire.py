@@ -11,7 +11,7 @@ Grammar (the one operators know from Synapse's replication commands):
 Tokens are canonical non-negative decimal integers (no sign, no leading zeros, at most 19 digits);
 for a negative stream the wire token is the negation of the database ID. Stream, instance and
 instance-id names use letters, digits, `_`, `.`, `-`. A row is JSON text: `parse_line` keeps it
-as text, the stream's row model validates it later (that is cheaper than validating whole lines).
+as text, the stream validates it later against its row type (that is cheaper than validating whole lines).
 
 `parse_line` and `format_command` are pure and inverse: `parse_line(format_command(c)) == c`
 for every valid command. Any invalid input raises `WireError` whose `reason` is a metric label.
@@ -71,6 +71,7 @@ class ClearUserSync(NamedTuple):
 
 
 Command = Replicate | Position | RData | UserSync | ClearUserSync
+_new = tuple.__new__
 REPLICATE = Replicate()
 
 
@@ -92,25 +93,25 @@ def _name(value: str, what: str) -> str:
 
 def _token(value: str) -> int:
     if (
-        not value
-        or len(value) > MAX_TOKEN_DIGITS
-        or not value.isascii()
-        or not value.isdigit()
-        or (value[0] == "0" and len(value) > 1)
+        value.isdecimal()
+        and value.isascii()
+        and len(value) <= MAX_TOKEN_DIGITS
+        and (value[0] != "0" or len(value) == 1)
     ):
-        raise WireError("bad_token", f"{value[:40]!r} is not a canonical non-negative integer")
-    return int(value)
+        return int(value)
+    raise WireError("bad_token", f"{value[:40]!r} is not a canonical non-negative integer")
 
 
-def _parse_rdata(rest: str) -> RData:
-    parts = rest.split(" ", 3)
-    if len(parts) != 4:
+def _parse_rdata(line: str) -> RData:
+    parts = line.split(" ", 4)
+    if len(parts) != 5:
         raise WireError("bad_arity", "RDATA needs <stream> <instance> <token|batch> <row_json>")
-    stream, instance, token_text, row_json = parts
+    _, stream, instance, token_text, row_json = parts
     token = None if token_text == "batch" else _token(token_text)
     if not row_json or row_json[0] not in "[{":
         raise WireError("bad_row", "RDATA row must be a JSON object or array")
-    return RData(_name(stream, "stream"), _name(instance, "instance"), token, row_json)
+    # tuple.__new__: the NamedTuple's own __new__ is a Python function, and this runs per line.
+    return _new(RData, (_name(stream, "stream"), _name(instance, "instance"), token, row_json))
 
 
 def _parse_position(rest: str) -> Position:
@@ -158,9 +159,9 @@ def parse_line(data: bytes | str, max_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Co
             raise WireError("too_long", f"line longer than limit {max_bytes}")
     if "\n" in line or "\r" in line:
         raise WireError("newline", "a command is exactly one line")
+    if line[:6] == "RDATA " or line == "RDATA":  # not startswith: its argument parsing costs more
+        return _parse_rdata(line)
     name, sep, rest = line.partition(" ")
-    if name == "RDATA":
-        return _parse_rdata(rest)
     if name == "POSITION":
         return _parse_position(rest)
     if name == "REPLICATE":

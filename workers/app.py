@@ -30,11 +30,11 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import BaseModel
 
 from idgen import InstanceMap, MultiWriterIdGenerator
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
+from pubsub.types import Row
 from workers.config import ConfigError, WorkerConfig, load_config
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
@@ -230,7 +230,7 @@ class Worker:
 
     # -- the ordering rule: invalidate, advance, wake -----------------------------------------
 
-    async def _apply(self, stream: Stream[Any], instance: str, token: int, rows: Sequence[BaseModel]) -> None:
+    async def _apply(self, stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
         rooms, users = self._woken.setdefault(stream.name, (set(), set()))
         if stream.name == EVENTS:
             event_rows = [r for r in rows if isinstance(r, EventRow)]

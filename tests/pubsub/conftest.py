@@ -6,15 +6,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 import pytest
-from pydantic import BaseModel
 
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
-from pubsub.types import DropFilter
+from pubsub.types import DropFilter, Row
 
 STREAM = "test_rows"
 SCHEMA = """
@@ -26,7 +25,7 @@ CREATE SEQUENCE IF NOT EXISTS test_rows_seq;
 """
 
 
-class TestRow(BaseModel):
+class TestRow(NamedTuple):
     writer: str
     seq: int
     payload: str
@@ -179,7 +178,7 @@ async def make_node(
         )
         node_ref: list[Node] = []
 
-        async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[BaseModel]) -> None:
+        async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
             for row in rows:
                 assert isinstance(row, TestRow)
                 node_ref[0].applied.append((instance, token, row.seq))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from pydantic import BaseModel
+from typing import NamedTuple
 
 from pubsub.streams import Stream
 
 
-class Row(BaseModel):
+class Row(NamedTuple):
     payload: str
     n: int = 0
 

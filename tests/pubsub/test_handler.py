@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from pubsub.handler import ReplicationHandler
 from pubsub.metrics import ReplicationMetrics
@@ -19,11 +18,11 @@ Applied = list[tuple[str, int, list[str]]]
 
 
 def rd(writer: str, token: int | None, payload: object, prev: int = 0, n: int = 1, stream: str = "s") -> str:
-    """An RDATA line with the envelope the publisher writes (`prev`/`n` only on numbered rows)."""
-    row = json.dumps({"payload": payload})
+    """An RDATA line as the publisher writes it: a `Row` as an array, after `prev` and `n` on
+    numbered rows."""
     if token is None:
-        return f'RDATA {stream} {writer} batch {{"row": {row}}}'
-    return f'RDATA {stream} {writer} {token} {{"prev": {prev}, "n": {n}, "row": {row}}}'
+        return f"RDATA {stream} {writer} batch {json.dumps([payload, 0])}"
+    return f"RDATA {stream} {writer} {token} {json.dumps([prev, n, payload, 0])}"
 
 
 class Harness:
@@ -61,7 +60,7 @@ async def make() -> AsyncIterator[Callable[..., Harness]]:
         events: list[str] = []
         stream = memory_stream("s", ["w1", "w2"], table)
 
-        async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[BaseModel]) -> None:
+        async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
             if fail_on is not None and fail_on(token):
                 raise RuntimeError("application failed")
             events.append(f"apply {token} pos={stream.current_token(instance)}")
@@ -159,7 +158,8 @@ async def test_forged_and_invalid_input_never_moves_a_position(make: Callable[..
         "POSITION s intruder 0 9",
         rd("w1", 9, "x", stream="nosuch"),
         rd("w1", 9, 5),
-        'RDATA s w1 9 {"prev": 0, "n": 1, "row": {"nope": "x"}}',
+        'RDATA s w1 9 [0, 1, "x", "nope"]',
+        'RDATA s w1 9 {"prev": 0, "n": 1, "row": {"payload": "x", "n": 0}}',
         "POSITION s me 0 9",
         rd("w1", 9, "x", stream="elsewhere"),
     )
@@ -168,7 +168,7 @@ async def test_forged_and_invalid_input_never_moves_a_position(make: Callable[..
     assert h.position("w1") == 0
     assert h.rejected("not_a_writer") == 2
     assert h.rejected("unknown_stream") == 1
-    assert h.rejected("invalid_row") == 2
+    assert h.rejected("invalid_row") == 3
     assert h.dropped("echo") == 1
     assert h.dropped("not_subscribed") == 1
 

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from pubsub import keys
 from tests.pubsub.conftest import STREAM, NodeFactory, check_history, wait_for
 
-GOOD = b'{"prev": 0, "n": 1, "row": {"writer": "w1", "seq": 1, "payload": "x"}}'
+GOOD = b'[0, 1, "w1", 1, "x"]'
 
 
 async def test_late_subscriber_gets_no_rdata_and_catches_up_from_the_database(make_node: NodeFactory) -> None:
@@ -78,17 +78,20 @@ async def test_forged_and_malformed_lines_are_rejected_and_counted(
         b"POSITION nosuch w1 0 5",
         b"POSITION test/rows w1 0 5",
         b"RDATA test_rows intruder 999999 " + GOOD,
-        b'RDATA nosuch w1 999999 {"writer": "w1", "seq": 1, "payload": "x"}',
+        b"RDATA nosuch w1 999999 " + GOOD,
         b"RDATA test_rows w1 999999 not-json",
-        b'RDATA test_rows w1 999999 {"writer": "w1"}',
-        b'RDATA test_rows w1 999999 {"prev": 0, "n": 1, "row": {"writer": "w1", "seq": "one"}}',
-        b"RDATA test_rows w1 999999 " + GOOD.replace(b'"prev": 0', b'"prev": -3'),
-        b'RDATA test_rows w1 batch {"prev": 0, "n": 1, "row": {"writer": "w1", "seq": 1}}',
-        b'RDATA test_rows w1 999999 {"writer": "w1", "seq": 1, "payload": "x"',
+        b'RDATA test_rows w1 999999 [0, 1, "w1"]',
+        b'RDATA test_rows w1 999999 [0, 1, "w1", "one", "x"]',
+        b'RDATA test_rows w1 999999 [0, 1, "w1", "1", "x"]',
+        b'RDATA test_rows w1 999999 [0, 1, "w1", 1, "x", "extra"]',
+        b'RDATA test_rows w1 999999 {"prev": 0, "n": 1, "row": {"writer": "w1", "seq": 1, "payload": "x"}}',
+        b"RDATA test_rows w1 999999 " + GOOD.replace(b"[0,", b"[-3,"),
+        b"RDATA test_rows w1 batch " + GOOD,
+        b"RDATA test_rows w1 999999 " + GOOD[:-1],
         b"RDATA test_rows w1 999999",
-        b'RDATA test_rows w1 -5 {"writer": "w1", "seq": 1, "payload": "x"}',
-        b'RDATA test_rows w1 999999 {"writer": "w1", "seq": 1, "payload": "' + b"x" * 4000 + b'"}',
-        b'RDATA test_rows w1 999999 {"a":\n1}',
+        b"RDATA test_rows w1 -5 " + GOOD,
+        b'RDATA test_rows w1 999999 [0, 1, "w1", 1, "' + b"x" * 4000 + b'"]',
+        b"RDATA test_rows w1 999999 [0,\n1]",
         b"\xff\xfeRDATA",
         b"USER_SYNC abcde @u:x dev maybe 5",
         b"USER_SYNC abcde @u:x dev start",

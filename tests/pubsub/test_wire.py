@@ -129,7 +129,7 @@ def test_packed_publish_matches_redis_py() -> None:
     """The transport packs (S)PUBLISH itself; the bytes must be what redis-py would send."""
     from redis.connection import Connection
 
-    from pubsub.redis_transport import _pack_publishes
+    from pubsub.redis_transport import pack_publishes
 
     lines = [
         ("fanout/s", 'RDATA s w1 7 {"row": {"p": "é \\r\\n"}}'),
@@ -142,4 +142,4 @@ def test_packed_publish_matches_redis_py() -> None:
             for channel, line in lines
         )
         size = sum(len(line.encode()) for _, line in lines)
-        assert _pack_publishes(command, lines) == (expected, 3, size)
+        assert pack_publishes(command, lines) == (expected, 3, size)

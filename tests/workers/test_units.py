@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pubsub.streams import Stream
+from tests.pubsub.fakes import MemoryGenerator
 from workers.handlers import rooms
 from workers.handlers.caches import LruCache
 from workers.handlers.notifier import Notifier
@@ -25,6 +27,10 @@ from workers.model import (
 )
 from workers.routing import writer_for_room
 from workers.streams.events import EventRow, row_json
+
+
+async def _no_update(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, EventRow]]:
+    return []
 
 
 def _member(user: str, membership: str, sender: str | None = None) -> NewEvent:
@@ -133,7 +139,12 @@ def test_staged_event_row_is_what_readers_accept(
         ordering, "p1", rooms.new_event_id(), room, event_type, user, {"membership": membership},
         state_key, 1,
     )  # fmt: skip
-    assert EventRow.model_validate_json(row_json(event)) == EventRow.of(event)
+    stream = Stream("events", EventRow, _no_update, MemoryGenerator(["p1"]), ["p1"])
+    assert stream.parse_payload(Stream.encode_payload(row_json(event), 0, 1), True) == (
+        EventRow.of(event),
+        0,
+        1,
+    )
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,4 +1,4 @@
-"""`fanout bench instructions`: CPU instructions per persisted event, counted by callgrind.
+"""`fanout bench instructions`: CPU instructions per persisted and per received event, by callgrind.
 
 Throughput on a shared machine moves by a third from one run to the next; instruction counts do
 not (the same code gives the same count to within about 1%: batches differ a little per run). So
@@ -8,6 +8,10 @@ under `valgrind --tool=callgrind` with instrumentation off; the process switches
 
 * write path: an in-process Worker's EventPersister, driven as in `fanout bench cluster` (tasks
   each persisting one message at a time), `--events` events;
+* receive path: a persister applying another persister's events as they come from Redis: the
+  RDATA lines that writer would publish (made and packed before counting starts) are published
+  from a raw socket, a batch at a time, each once the previous one is applied. With 2 persisters,
+  every event costs the write path on its writer and the receive path on the other;
 * ceiling: the same process doing `fanout bench cluster`'s raw batched insert for as many rows:
   the client side of the cheapest way to put these rows in the database.
 
@@ -28,11 +32,19 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from pubsub import keys
+from pubsub.redis_transport import pack_publishes
+from pubsub.streams import Stream
+from pubsub.wire import format_rdata
 from workers.bench.cluster import bench_rooms, drive_persister, fresh_database, insert_raw_batch
+from workers.handlers import rooms
 from workers.handlers.persist import MAX_BATCH
+from workers.model import Event
 from workers.services import given_or_embedded
 from workers.storage import connect
+from workers.streams.events import EVENTS, row_json
 
 
 def say(message: str) -> None:
@@ -67,6 +79,61 @@ async def _measure_write_path(database_url: str, redis_url: str, events: int, co
         await worker.stop()
 
 
+async def _measure_receive(database_url: str, redis_url: str, events: int) -> None:
+    from workers.app import Worker
+    from workers.config import WorkerConfig
+
+    prefix = f"instr-{uuid.uuid4().hex[:6]}"
+    config = WorkerConfig(
+        instance_name="p2", database_url=database_url, redis_url=redis_url, channel_prefix=prefix,
+        stream_writers={"events": ["p1", "p2"]}, http_port=0, log_level="ERROR",
+    )  # fmt: skip
+    worker = Worker(config)
+    await worker.start()
+    stream = worker.replication.read_streams[EVENTS]
+    channel = keys.base_channel(prefix)
+    target, applied = 0, asyncio.Event()
+
+    def moved(name: str, instance: str, token: int) -> None:
+        if name == EVENTS and instance == "p1" and token >= target:
+            applied.set()
+
+    worker.replication.add_position_listener(moved)
+    room_ids = bench_rooms()
+    start = stream.current_token("p1")
+    warm_up = max(MAX_BATCH, events // 4)
+    lines = [(channel, f"POSITION events p1 {start} {start}")]
+    for token in range(start + 1, start + warm_up + events + 1):
+        event = Event(token, "p1", rooms.new_event_id(), room_ids[token % len(room_ids)], "m.room.message",
+                      "@bench", {"n": token}, None, 0)  # fmt: skip
+        payload = Stream.encode_payload(row_json(event), token - 1, 1)
+        lines.append((channel, format_rdata(EVENTS, "p1", token, payload)))
+    # (RESP of the PUBLISH commands, how many, the last token they carry)
+    chunks = [(*pack_publishes(b"PUBLISH", [lines[0]])[:2], start)]
+    for first in range(1, len(lines), MAX_BATCH):
+        part = lines[first : first + MAX_BATCH]
+        chunks.append((*pack_publishes(b"PUBLISH", part)[:2], start + first + len(part) - 1))
+    where = urlsplit(redis_url)
+    reader, writer = await asyncio.open_connection(where.hostname, where.port)
+    try:
+        for number, (packed, count, last) in enumerate(chunks):
+            if number == 1 + warm_up // MAX_BATCH:
+                _instrument(True)
+            target = last
+            applied.clear()
+            writer.write(packed)
+            while stream.current_token("p1") < last:
+                await applied.wait()
+                applied.clear()
+            replies = b""
+            while replies.count(b"\n") < count:  # one integer reply per PUBLISH
+                replies += await reader.read(65536)
+        _instrument(False)
+    finally:
+        writer.close()
+        await worker.stop()
+
+
 async def _measure_ceiling(database_url: str, events: int) -> None:
     room_ids = bench_rooms()
     async with connect(database_url) as conn:
@@ -82,6 +149,8 @@ def _child(argv: list[str]) -> int:
     kind, database_url, redis_url, events, concurrency = argv
     if kind == "write":
         asyncio.run(_measure_write_path(database_url, redis_url, int(events), int(concurrency)))
+    elif kind == "receive":
+        asyncio.run(_measure_receive(database_url, redis_url, int(events)))
     else:
         asyncio.run(_measure_ceiling(database_url, int(events)))
     return 0
@@ -103,8 +172,8 @@ def _count(kind: str, database_url: str, redis_url: str, events: int, concurrenc
     return int(found.group(1))
 
 
-async def _databases(admin_url: str) -> tuple[str, str]:
-    return await fresh_database(admin_url, "instr_write"), await fresh_database(admin_url, "instr_ceiling")
+async def _databases(admin_url: str) -> list[str]:
+    return [await fresh_database(admin_url, f"instr_{kind}") for kind in ("write", "receive", "ceiling")]
 
 
 def main(argv: list[str]) -> int:
@@ -120,14 +189,17 @@ def main(argv: list[str]) -> int:
         print("fanout bench instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
     with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
-        write_db, ceiling_db = asyncio.run(_databases(admin_url))
+        write_db, receive_db, ceiling_db = asyncio.run(_databases(admin_url))
         say(f"write path under callgrind: {args.events:,} events (about a minute) ...")
         write = _count("write", write_db, redis_url, args.events, args.concurrency)
+        say(f"receive path under callgrind: {args.events:,} events ...")
+        receive = _count("receive", receive_db, redis_url, args.events, args.concurrency)
         say(f"ceiling under callgrind: {args.events:,} rows ...")
         ceiling = _count("ceiling", ceiling_db, redis_url, args.events, args.concurrency)
     result = {
         "events": args.events,
         "write_path_instructions_per_event": round(write / args.events),
+        "receive_path_instructions_per_event": round(receive / args.events),
         "ceiling_client_instructions_per_row": round(ceiling / (args.events // MAX_BATCH * MAX_BATCH)),
     }
     result["ratio"] = round(
@@ -137,7 +209,8 @@ def main(argv: list[str]) -> int:
     print(
         f"instructions per event: write path {result['write_path_instructions_per_event']:,},"
         f" raw batched insert (client side) {result['ceiling_client_instructions_per_row']:,}"
-        f" ({result['ratio']}x)"
+        f" ({result['ratio']}x); receive path (another persister applying it)"
+        f" {result['receive_path_instructions_per_event']:,}"
     )
     return 0
 

@@ -7,9 +7,10 @@ invalidations are idempotent and nothing needs a linear caches position after a 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated, NamedTuple
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator
@@ -19,18 +20,16 @@ from workers.storage.events import invalidations_by_writer
 CACHES = "caches"
 
 
-class CacheRow(BaseModel):
+class CacheRow(NamedTuple):
     """One invalidation on the wire; keys None means the whole cache."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    cache_func: str = Field(min_length=1, max_length=128)
-    keys: tuple[str, ...] | None = Field(None, max_length=MEMBERS_PER_INVALIDATION + 1)
-    invalidation_ts: int = Field(ge=0)
+    cache_func: Annotated[str, Field(min_length=1, max_length=128)]
+    keys: Annotated[tuple[str, ...] | None, Field(max_length=MEMBERS_PER_INVALIDATION + 1)]
+    invalidation_ts: Annotated[int, Field(ge=0)]
 
     @classmethod
     def of(cls, row: CacheInvalidation) -> CacheRow:
-        return cls(cache_func=row.cache_func, keys=row.keys, invalidation_ts=row.invalidation_ts)
+        return cls(row.cache_func, row.keys, row.invalidation_ts)
 
     def to_domain(self) -> CacheInvalidation:
         return CacheInvalidation(self.cache_func, self.keys, self.invalidation_ts)
