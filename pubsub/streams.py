@@ -7,6 +7,13 @@ Tokens: everything in `pubsub` uses *wire tokens*, positive and increasing. For 
 stream (`positive=False`, e.g. backfill) the wire token is the negation of the database ID;
 `current_token` and `advance` convert at the generator boundary, and the update function
 receives and returns wire tokens too.
+
+Rows are NamedTuples whose field annotations carry the limits (`Annotated[str, Field(...)]`) and
+travel as positional JSON arrays, as Synapse's stream rows do. Readers check every row with one
+strict pydantic tuple validator and build the NamedTuple from the checked values. Validating JSON
+objects into pydantic models cost about 2.5 times as much per row (each model instance allocates a
+dict and a set, keys are matched one by one); with arrays, a persister applying another's events
+takes 29% fewer instructions per event (`fanout bench instructions`).
 """
 
 from __future__ import annotations
