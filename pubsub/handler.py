@@ -158,9 +158,8 @@ class ReplicationHandler:
                 f"detail={e.detail!r} line={bytes(data[:80]) if isinstance(data, bytes) else data[:80]!r}",
             )
             return
-        kind = type(cmd)
-        if kind is RData or kind is Position:
-            self._route_stream_command(cmd, now)  # type: ignore[arg-type]
+        if isinstance(cmd, (RData, Position)):
+            self._route_stream_command(cmd, now)
         else:
             self._route_other(cmd)
 

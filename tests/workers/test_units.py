@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pubsub.streams import Stream
-from tests.pubsub.fakes import MemoryGenerator
+from tests.pubsub.fakes import MemoryGenerator, MemoryTable
 from workers.handlers import rooms
 from workers.handlers.caches import LruCache
 from workers.handlers.notifier import Notifier
@@ -28,9 +28,7 @@ from workers.model import (
 from workers.routing import writer_for_room
 from workers.streams.events import EventRow, row_json
 
-
-async def _no_update(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, EventRow]]:
-    return []
+_EVENTS = Stream("events", EventRow, MemoryTable().update, MemoryGenerator(["p1"]), ["p1"])
 
 
 def _member(user: str, membership: str, sender: str | None = None) -> NewEvent:
@@ -139,8 +137,7 @@ def test_staged_event_row_is_what_readers_accept(
         ordering, "p1", rooms.new_event_id(), room, event_type, user, {"membership": membership},
         state_key, 1,
     )  # fmt: skip
-    stream = Stream("events", EventRow, _no_update, MemoryGenerator(["p1"]), ["p1"])
-    assert stream.parse_payload(Stream.encode_payload(row_json(event), 0, 1), True) == (
+    assert _EVENTS.parse_payload(Stream.encode_payload(row_json(event), 0, 1), True) == (
         EventRow.of(event),
         0,
         1,
