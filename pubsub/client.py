@@ -106,7 +106,7 @@ class ReplicationClient:
         self.transport = RedisTransport(
             settings.redis_url,
             metrics=self.metrics,
-            on_line=self.handler.handle_line,
+            on_lines=self.handler.handle_lines,
             on_subscribed=self._subscribed,
             on_connection_lost=self.handler.connection_lost,
             sharded=settings.sharded_pubsub,

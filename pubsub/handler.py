@@ -43,6 +43,8 @@ from pubsub.ratelog import RateLimitedLog
 from pubsub.streams import Stream, StreamRegistry
 from pubsub.types import ApplyCallback, PositionListener, Row
 from pubsub.wire import (
+    MAX_TOKEN_DIGITS,
+    NAME_PATTERN,
     ClearUserSync,
     Command,
     Position,
@@ -59,12 +61,20 @@ MAX_APPLY_ROWS = 1_000
 UserSyncListener = Callable[[UserSync | ClearUserSync], Awaitable[None] | None]
 
 
+#: What a stream's queue holds, in arrival order (plain tuples: one is built and read per received
+#: row). An RDATA line: (generation, writer, token, row, prev, count); token None is a `batch` row,
+#: row None a row that failed validation (queued anyway: in order, it makes the writer wait for a
+#: POSITION). A POSITION line: (generation, command).
+_Received = tuple[int, str, int | None, Row | None, int, int]
+_Announced = tuple[int, Position]
+
+
 class _StreamState:
     __slots__ = ("announced", "connected", "last_heard", "pending", "queue", "stream", "task", "wake")
 
     def __init__(self, stream: Stream[Any]) -> None:
         self.stream = stream
-        self.queue: deque[tuple[int, RData | Position, tuple[Row, int, int] | None]] = deque()
+        self.queue: deque[_Received | _Announced] = deque()
         self.wake = asyncio.Event()
         self.connected: set[str] = set()
         self.pending: dict[str, list[Row]] = {}
@@ -74,7 +84,8 @@ class _StreamState:
 
 
 class ReplicationHandler:
-    """Receives lines (`handle_line`), validates and routes them, applies rows through `apply`."""
+    """Receives lines (`handle_lines`, `handle_line`), validates and routes them, applies rows
+    through `apply`."""
 
     def __init__(
         self,
@@ -105,6 +116,14 @@ class ReplicationHandler:
         # before any parsing (a writer hears every row it sends).
         self._echo_prefixes = _own_prefixes(instance_name, self._states)
         self._own_prefixes = self._echo_prefixes + _own_prefixes(instance_name, self._other_streams)
+        # (stream, writer) of every other writer of a read stream, as bytes: `handle_lines` checks
+        # and queues their RDATA inline.
+        self._rdata_routes = {
+            (name.encode(), writer.encode()): (state, writer)
+            for name, state in self._states.items()
+            for writer in state.stream.writers
+            if writer != instance_name and NAME_PATTERN.fullmatch(writer)
+        }
         metrics.gauge_source = self._gauge_values
         self._background: set[asyncio.Task[None]] = set()
         self._ratelog = RateLimitedLog(log)
@@ -143,11 +162,73 @@ class ReplicationHandler:
         self.metrics.reject(reason)
         self._ratelog.warning(reason, "rejected replication line: reason=%s %s", reason, detail)
 
+    def handle_lines(self, lines: Iterable[bytes], now: float) -> None:
+        """Validate and route the lines of one socket read, in order; never raises.
+
+        Most lines are our own (on a shared channel a writer hears every row it sends) or a
+        numbered RDATA of another writer of a stream we read. Both are handled here on the bytes,
+        without a call per line: our own are counted and dropped by prefix; an RDATA whose
+        stream and writer are a known route gets exactly the checks `parse_line`
+        and `_route_stream_command` would make (size, no line breaks, canonical token, the
+        stream's strict row validator) and is queued. Every other line, and any line that fails
+        one of those checks, goes through `handle_line`, which parses it in full and, if it is
+        bad, rejects it with its reason.
+        """
+        own, echo, routes = self._own_prefixes, self._echo_prefixes, self._rdata_routes
+        max_bytes, generation = self.max_line_bytes, self.generation
+        echoes = unsubscribed = size = 0
+        heard: dict[tuple[_StreamState, str], int] = {}
+        for data in lines:
+            if data.startswith(own):
+                if data.startswith(echo):
+                    echoes += 1
+                else:
+                    unsubscribed += 1
+                size += len(data)
+                continue
+            parts = data.split(b" ", 4)
+            route = routes.get((parts[1], parts[2])) if len(parts) == 5 and parts[0] == b"RDATA" else None
+            if route is not None:
+                token, payload = parts[3], parts[4]
+                if (
+                    len(data) <= max_bytes
+                    and token.isdigit()
+                    and (token[0] != 48 or len(token) == 1)  # 48: "0"
+                    and len(token) <= MAX_TOKEN_DIGITS
+                    and payload[:1] == b"["
+                    and 10 not in data  # "\n"; an int: `b"\n" in` costs bytes a caught TypeError
+                    and 13 not in data  # "\r"
+                ):
+                    state = route[0]
+                    try:
+                        row, prev, count = state.stream.parse_payload(payload, True)
+                    except ValidationError:
+                        pass  # handle_line rejects it with the validator's message
+                    else:
+                        size += len(data)
+                        if len(state.queue) >= self.queue_size:
+                            self._overflow(state)
+                            self.metrics.drop("backlog_overflow")
+                        else:
+                            state.queue.append((generation, route[1], int(token), row, prev, count))
+                        heard[route] = heard.get(route, 0) + 1
+                        continue
+            self.handle_line(data, now)
+        self.metrics.bytes_in += size
+        if echoes:
+            self.metrics.drop("echo", echoes)
+        if unsubscribed:
+            self.metrics.drop("not_subscribed", unsubscribed)
+        for (state, writer), count in heard.items():
+            state.last_heard[writer] = now
+            self.metrics.command_in("RDATA", state.stream.name, count)
+            state.wake.set()
+
     def handle_line(self, data: bytes | str, now: float) -> None:
         """Validate one received line and route it; never raises."""
         self.metrics.bytes_in += len(data)
         if isinstance(data, bytes):
-            if data.startswith(self._own_prefixes):  # one test for every line of other writers
+            if data.startswith(self._own_prefixes):
                 self.metrics.drop("echo" if data.startswith(self._echo_prefixes) else "not_subscribed")
                 return
         try:
@@ -178,15 +259,20 @@ class ReplicationHandler:
         if instance not in state.stream.writers:
             self._reject("not_a_writer", f"stream={stream_name} instance={instance}")
             return
-        row: tuple[Row, int, int] | None = None
+        entry: _Received | _Announced
         if type(cmd) is RData:
+            row: Row | None = None
+            prev = count = 0
             try:
-                row = state.stream.parse_payload(cmd.row_json, cmd.token is not None)
+                row, prev, count = state.stream.parse_payload(cmd.row_json, cmd.token is not None)
             except ValidationError as e:
-                # Still queued (as None): in order, it makes the writer wait for a POSITION.
                 self._reject(
                     "invalid_row", f"stream={stream_name} instance={instance} error={e.errors()[:1]}"
                 )
+            entry = (self.generation, instance, cmd.token, row, prev, count)
+        else:
+            assert type(cmd) is Position
+            entry = (self.generation, cmd)
         self.metrics.command_in(command_name(cmd), stream_name)
         state.last_heard[instance] = now
         if len(state.queue) >= self.queue_size:
@@ -194,7 +280,7 @@ class ReplicationHandler:
             if isinstance(cmd, RData):
                 self.metrics.drop("backlog_overflow")
                 return
-        state.queue.append((self.generation, cmd, row))
+        state.queue.append(entry)
         state.wake.set()
 
     def _overflow(self, state: _StreamState) -> None:
@@ -237,39 +323,37 @@ class ReplicationHandler:
                 state.wake.clear()
                 await state.wake.wait()
                 continue
-            generation, cmd, payload = state.queue.popleft()
-            if generation != self.generation:
+            entry = state.queue.popleft()
+            if entry[0] != self.generation:
                 self.metrics.drop("stale_connection")
                 continue
+            writer = entry[1] if len(entry) == 6 else entry[1].instance
             try:
-                if isinstance(cmd, RData):
-                    await self._process_rdata(state, cmd, payload)
+                if len(entry) == 6:
+                    await self._process_rdata(state, entry)
                 else:
-                    await self._process_position(state, cmd, generation)
+                    await self._process_position(state, entry[1], entry[0])
             except asyncio.CancelledError:
                 raise
             except Exception:
                 # Not advanced: the writer's next POSITION finds us behind and retries from the database.
-                state.connected.discard(cmd.instance)
-                state.pending.pop(cmd.instance, None)
+                state.connected.discard(writer)
+                state.pending.pop(writer, None)
                 log.exception(
-                    "replication processing failed: stream=%s instance=%s", cmd.stream, cmd.instance
+                    "replication processing failed: stream=%s instance=%s", state.stream.name, writer
                 )
 
-    async def _process_rdata(
-        self, state: _StreamState, cmd: RData, payload: tuple[Row, int, int] | None
-    ) -> None:
-        writer = cmd.instance
+    async def _process_rdata(self, state: _StreamState, entry: _Received) -> None:
+        _, writer, token, row, prev, count = entry
         if writer not in state.connected:
-            if payload is not None:
+            if row is not None:
                 self.metrics.drop("not_connected")
             return
         stream = state.stream
-        if payload is None:
+        if row is None:
             self._disconnect(state, writer)
             return
-        row, prev, count = payload
-        if cmd.token is None:
+        if token is None:
             batch = state.pending.setdefault(writer, [])
             if len(batch) >= MAX_BATCH_ROWS:
                 self._reject("batch_too_long", f"stream={stream.name} instance={writer}")
@@ -279,10 +363,10 @@ class ReplicationHandler:
             return
         batch = state.pending.pop(writer, [])
         rows = [*batch, row] if batch else [row]
-        if cmd.token > state.announced.get(writer, 0):
-            state.announced[writer] = cmd.token
+        if token > state.announced.get(writer, 0):
+            state.announced[writer] = token
         cur = stream.current_token(writer)
-        if cmd.token <= cur:
+        if token <= cur:
             self.metrics.drop("duplicate")
             return
         if prev > cur or count != len(rows):
@@ -290,35 +374,35 @@ class ReplicationHandler:
             self.metrics.drop("gap")
             self._disconnect(state, writer)
             return
-        await self._apply(stream, writer, self._take_following(state, cmd, rows), rows)
+        await self._apply(stream, writer, self._take_following(state, writer, token, rows), rows)
 
-    def _take_following(self, state: _StreamState, cmd: RData, rows: list[Row]) -> int:
-        """Move the single-row tokens queued right behind `cmd` that continue its writer's chain
-        into `rows` (one apply, one advance and one wake-up for all: under load most tokens are
-        single rows and arrive back to back); returns the last token taken.
+    def _take_following(self, state: _StreamState, writer: str, last: int, rows: list[Row]) -> int:
+        """Move the single-row tokens queued right behind token `last` of `writer` that continue
+        its chain into `rows` (one apply, one advance and one wake-up for all: under load most
+        tokens are single rows and arrive back to back); returns the last token taken.
 
         A queued line qualifies when it is the next numbered RDATA of the same writer on the same
         connection, valid, with one row and `prev` equal to the token before it; anything else
         (a POSITION, another writer, a `batch` row, a gap) ends the run and is processed as usual.
         """
-        last = cmd.token
-        assert last is not None
-        queue, writer, generation = state.queue, cmd.instance, self.generation
+        queue, generation = state.queue, self.generation
         while queue and len(rows) < MAX_APPLY_ROWS:
-            gen, nxt, payload = queue[0]
+            nxt = queue[0]
+            if len(nxt) != 6:
+                break  # a POSITION
+            gen, instance, token, row, prev, count = nxt
             if (
-                payload is None
-                or payload[2] != 1
-                or payload[1] != last
-                or type(nxt) is not RData
-                or nxt.instance != writer
+                count != 1
+                or prev != last
+                or row is None
+                or instance != writer
                 or gen != generation
-                or (token := nxt.token) is None
+                or token is None
                 or token <= last
             ):
                 break
             queue.popleft()
-            rows.append(payload[0])
+            rows.append(row)
             last = token
         if last > state.announced.get(writer, 0):
             state.announced[writer] = last

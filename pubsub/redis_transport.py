@@ -5,8 +5,9 @@
   writer's CPU in `fanout bench pubsub` profiles packing commands and parsing replies one by one.
   The replies are taken like received messages below: one `read_response` per socket read, the
   rest straight from the hiredis reader (each `read_response` costs a timeout context).
-* The subscriber loop reads raw replies (no per-message dict building) and hands each line to
-  `on_line`. It reconnects with capped exponential backoff and full jitter.
+* The subscriber loop reads raw replies (no per-message dict building) and hands the lines of each
+  socket read to `on_lines` in one call, in order. It reconnects with capped exponential backoff
+  and full jitter.
 * Receive fast path: one socket read brings hundreds of messages, but redis-py returns them one
   `parse_response` at a time, each through its retry wrapper, a timeout context and two awaits
   (half the subscriber's CPU in `fanout bench pubsub` profiles). After each `parse_response` the
@@ -113,7 +114,7 @@ class RedisTransport:
         url: str,
         *,
         metrics: ReplicationMetrics,
-        on_line: Callable[[bytes, float], None],
+        on_lines: Callable[[list[bytes], float], None],
         on_subscribed: Callable[[], None],
         on_connection_lost: Callable[[], None],
         sharded: bool = False,
@@ -123,7 +124,7 @@ class RedisTransport:
         self.url = url
         self.sharded = sharded
         self.metrics = metrics
-        self._on_line = on_line
+        self._on_lines = on_lines
         self._on_subscribed = on_subscribed
         self._on_connection_lost = on_connection_lost
         self.drop_filter = drop_filter
@@ -251,21 +252,27 @@ class RedisTransport:
             attempt = 0
 
     async def _read_loop(self, pubsub: _HookedPubSub, loop: asyncio.AbstractEventLoop) -> None:
-        on_line = self._on_line
+        on_lines = self._on_lines
         time = loop.time
         while True:
             reply = await pubsub.parse_response(block=True)
             now = time()
             self._last_received = now
             gets = _buffered_replies(pubsub.connection)
+            lines: list[bytes] = []
             while reply is not _NOT_ENOUGH_DATA:
                 if type(reply) is list and len(reply) == 3 and reply[0] in _MESSAGE_KINDS:
-                    on_line(reply[2], now)
+                    lines.append(reply[2])
                 else:
+                    if lines:  # in order: the messages before this reply first
+                        on_lines(lines, now)
+                        lines = []
                     self._control_reply(reply)
                 if gets is None:
                     break
                 reply = gets()
+            if lines:
+                on_lines(lines, now)
 
     def _control_reply(self, reply: Any) -> None:
         if isinstance(reply, Exception):

@@ -97,7 +97,7 @@ class Stream(Generic[RowT]):
         factor = 1 if self.positive else -1
         return {name: factor * value for name, value in self.generator.get_positions().items()}
 
-    def parse_payload(self, payload: str, numbered: bool) -> tuple[RowT, int, int]:
+    def parse_payload(self, payload: str | bytes, numbered: bool) -> tuple[RowT, int, int]:
         """Validate an RDATA payload: `(row, prev, n)`; a batch row has prev=-1, n=0.
 
         Raises pydantic.ValidationError. See `encode_payload` for the shape.

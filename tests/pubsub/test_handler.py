@@ -33,8 +33,8 @@ class Harness:
         self.events = events
 
     def send(self, *lines: str) -> None:
-        for line in lines:
-            self.handler.handle_line(line.encode(), 0.0)
+        """Deliver `lines` as one socket read would (the path the transport takes)."""
+        self.handler.handle_lines([line.encode() for line in lines], 0.0)
 
     async def settle(self) -> None:
         for _ in range(50):
