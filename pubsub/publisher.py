@@ -49,7 +49,8 @@ class _Source:
         self.stream = stream
         self.channel = channel
         self.sent_upto = sent_upto
-        self.staged: dict[int, list[Row | str]] = {}
+        #: token -> its row, or the list of its rows when it has several (rows are never lists).
+        self.staged: dict[int, Row | str | list[Row | str]] = {}
 
 
 class StreamPublisher:
@@ -116,11 +117,13 @@ class StreamPublisher:
                     f"stream {stream}: token {token} already announced (sent up to {sent_upto}); "
                     "stage rows inside the ID's context, before it is finished"
                 )
-            same_token = staged.get(token)
-            if same_token is None:
-                staged[token] = [row]
+            earlier = staged.get(token)
+            if earlier is None:
+                staged[token] = row
+            elif isinstance(earlier, list):
+                earlier.append(row)
             else:
-                same_token.append(row)
+                staged[token] = [earlier, row]
 
     def notify(self, stream: str | None = None) -> None:
         """New IDs finished: flush soon (coalesced)."""
@@ -158,15 +161,28 @@ class StreamPublisher:
         current = stream.current_token(me)
         lines: list[tuple[str, str]] = []
         prev = source.sent_upto
-        if current > prev and source.staged:
-            ready = sorted(t for t in source.staged if t <= current)
+        staged = source.staged
+        if current > prev and staged:
+            if max(staged) <= current:  # the usual case: every staged ID has finished
+                ready = sorted(staged)
+                taken = [staged[token] for token in ready]
+                staged.clear()
+            else:
+                ready = sorted(t for t in staged if t <= current)
+                taken = [staged.pop(token) for token in ready]
+            head = f"RDATA {name} {me} "
             last = prev
-            staged = source.staged
-            for token in ready:
-                rows = staged.pop(token)
-                for row in rows[:-1]:
-                    lines.append((channel, format_rdata(name, me, None, encode(row))))
-                lines.append((channel, format_rdata(name, me, token, encode(rows[-1], last, len(rows)))))
+            for token, rows in zip(ready, taken, strict=True):
+                if isinstance(rows, list):
+                    for row in rows[:-1]:
+                        lines.append((channel, format_rdata(name, me, None, encode(row))))
+                    lines.append((channel, format_rdata(name, me, token, encode(rows[-1], last, len(rows)))))
+                elif type(rows) is str and len(rows) > 2 and "\n" not in rows and "\r" not in rows:
+                    # format_rdata(name, me, token, encode(rows, last, 1)) for a row given as JSON
+                    # text, the writer's usual case, without the two calls
+                    lines.append((channel, f"{head}{token} [{last},1,{rows[1:]}"))
+                else:
+                    lines.append((channel, format_rdata(name, me, token, encode(rows, last, 1))))
                 last = token
             if ready:
                 prev = ready[-1]

@@ -49,7 +49,7 @@ from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.streams.caches import CACHES, CacheRow, caches_stream
-from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream, row_json
+from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream
 
 log = logging.getLogger(__name__)
 CATCH_UP_INTERVALS = 10
@@ -253,21 +253,29 @@ class Worker:
         self.notifier.position_moved()
 
     def _committed(
-        self, events: Sequence[Event], invalidations: Sequence[tuple[int, CacheInvalidation]]
+        self,
+        events: Sequence[Event],
+        rows: Sequence[str],
+        invalidations: Sequence[tuple[int, CacheInvalidation]],
     ) -> None:
         """Inside the ID blocks, after commit: invalidate our caches, stage the rows for RDATA."""
         self.caches.on_events(events)
         self.caches.on_invalidations(row for _, row in invalidations)
         self._invalidations.labels("local").inc(len(invalidations))
         if events and events[0].stream_ordering > 0:
-            self.replication.stage_rows(EVENTS, [(e.stream_ordering, row_json(e)) for e in events])
+            self.replication.stage_rows(EVENTS, zip([e.stream_ordering for e in events], rows, strict=True))
         elif events:
-            self.replication.stage_rows(BACKFILL, [(-e.stream_ordering, row_json(e)) for e in events])
+            self.replication.stage_rows(
+                BACKFILL, zip([-e.stream_ordering for e in events], rows, strict=True)
+            )
         if invalidations:
             self.replication.stage_rows(CACHES, [(i, CacheRow.of(row)) for i, row in invalidations])
 
     def _finished(
-        self, events: Sequence[Event], invalidations: Sequence[tuple[int, CacheInvalidation]]
+        self,
+        events: Sequence[Event],
+        rows: Sequence[str],
+        invalidations: Sequence[tuple[int, CacheInvalidation]],
     ) -> None:
         """The IDs are finished: publish, then wake local readers."""
         self.replication.notify()

@@ -13,7 +13,8 @@ publisher sends RDATA only up to that position, in token order.
 
 Order on the writer, for every batch:
 1. commit the rows (events, current state, membership, the caches log);
-2. `on_committed`: the worker invalidates its own caches and stages the rows for RDATA;
+2. `on_committed`: the worker invalidates its own caches and stages the rows for RDATA (the
+   events' row JSON is built with their stored JSON, `Event.json_texts`);
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
@@ -39,8 +40,10 @@ log = logging.getLogger(__name__)
 #: Events per batch at most: past this, bigger batches stopped paying off in `fanout bench cluster`.
 MAX_BATCH = 500
 
-#: (events, caches rows with their stream ids) of one batch.
-BatchCallback = Callable[[Sequence[Event], Sequence[tuple[int, CacheInvalidation]]], Awaitable[None] | None]
+#: (events, their `events` stream rows as JSON, caches rows with their stream ids) of one batch.
+BatchCallback = Callable[
+    [Sequence[Event], Sequence[str], Sequence[tuple[int, CacheInvalidation]]], Awaitable[None] | None
+]
 
 
 class PersisterOverloaded(Exception):
@@ -106,10 +109,15 @@ class EventPersister:
         """Queue `event`; the future gives it persisted, with its stream ordering, once its batch
         finished. (A future rather than a coroutine: one frame less per event on the write path.)
         Raises PersisterStopped or PersisterOverloaded at once."""
-        self._check_room(1)
+        queue = self._queue
+        if self._stopping or len(queue) >= self._max_queue:
+            self._check_room(1)  # raises
         future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
-        self._queue.append((event, future))
-        self._queued(1)
+        queue.append((event, future))
+        self._unfinished += 1  # `_queued(1)`, inline: this runs once per event
+        arrived = self._arrived
+        if arrived is not None and not arrived.done():
+            arrived.set_result(None)
         return future
 
     async def persist_many(self, events: Sequence[NewEvent]) -> list[Event]:
@@ -185,7 +193,8 @@ class EventPersister:
         changes = StateChanges()
         if not self._backfill:
             for new, _ in batch:
-                changes.add(new)
+                if new.state_key is not None:
+                    changes.add(new)
         invalidation_rows = changes.invalidations(now)
         async with contextlib.AsyncExitStack() as stack:
             ids = await stack.enter_async_context(self._events_gen.get_next_mult(len(batch)))
@@ -198,17 +207,20 @@ class EventPersister:
             events = [new.persisted(i, me, now) for i, (new, _) in zip(ids, batch, strict=True)]
             allocated.set_result(None)
             invalidations = list(zip(cache_ids, invalidation_rows, strict=False))
+            texts = [event.json_texts() for event in events]
+            stored = [text for text, _ in texts]
+            rows = [row for _, row in texts]
             async with self._pool.acquire() as conn:
                 if needs_transaction(events, invalidations):
                     async with conn.transaction():
-                        await insert_batch(conn, events, invalidations, self._instance)
+                        await insert_batch(conn, events, stored, invalidations, me)
                 else:
-                    await insert_batch(conn, events, invalidations, self._instance)
-            result = self._on_committed(events, invalidations)
+                    await insert_batch(conn, events, stored, invalidations, me)
+            result = self._on_committed(events, rows, invalidations)
             if result is not None:
                 await result
         # The IDs are finished and stream_positions upserted: now others may learn of them.
-        result = self._on_finished(events, invalidations)
+        result = self._on_finished(events, rows, invalidations)
         if result is not None:
             await result
         self.batches += 1

@@ -100,7 +100,7 @@ def new_event_id() -> str:
     """128 random bits: unique, not secret (reading a room takes membership, not its ids). From
     `random` (seeded from the OS, reseeded after fork): a system call per event showed in write
     path profiles."""
-    return f"${random.getrandbits(128):032x}"
+    return "$" + random.getrandbits(128).to_bytes(16, "big").hex()  # half the time of f"{:032x}"
 
 
 def new_room_id() -> str:

@@ -42,12 +42,14 @@ def _event(record: asyncpg.Record) -> Event:
 async def insert_batch(
     conn: Conn,
     events: Sequence[Event],
+    stored_json: Sequence[str],
     invalidations: Sequence[tuple[int, CacheInvalidation]],
     instance_name: str,
 ) -> None:
-    """Insert `events` (in stream order), fold their state into current state and membership, and
-    log the cache invalidations. Call inside a transaction unless `needs_transaction` says one
-    statement suffices (a batch of messages only: one COPY is atomic on its own).
+    """Insert `events` (in stream order) with their stored JSON (`Event.json_texts`), fold their
+    state into current state and membership, and log the cache invalidations. Call inside a
+    transaction unless `needs_transaction` says one statement suffices (a batch of messages only:
+    one COPY is atomic on its own).
 
     Several persisters may write the same room: current state and membership keep the row with the
     highest stream ordering, whatever order the transactions commit in.
@@ -57,8 +59,8 @@ async def insert_batch(
             conn,
             [
                 (e.stream_ordering, e.instance_name, e.event_id, e.room_id, e.type, e.state_key,
-                 e.sender, e.to_json(), e.received_ts)
-                for e in events
+                 e.sender, text, e.received_ts)
+                for e, text in zip(events, stored_json, strict=True)
             ],
         )  # fmt: skip
     # Within one statement a key may appear once: keep the last (highest ordering) per key.

@@ -1,0 +1,65 @@
+"""What the publisher sends for staged rows: the lines `format_rdata` and `Stream.encode_payload`
+define, whichever way the publisher builds them."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pubsub.metrics import ReplicationMetrics
+from pubsub.publisher import StreamPublisher
+from pubsub.redis_transport import RedisTransport
+from pubsub.streams import Stream
+from pubsub.wire import format_rdata
+from tests.pubsub.fakes import MemoryGenerator, MemoryTable, Row, memory_stream
+
+
+class _Recorder:
+    """Stands in for the transport: keeps what would have been published."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    async def publish_many(self, messages: list[tuple[str, str]]) -> int:
+        self.lines += messages
+        return len(messages)
+
+
+def _expected(name: str, prev: int, tokens: list[tuple[int, list[Row | str]]]) -> list[str]:
+    lines, last = [], prev
+    for token, rows in tokens:
+        for row in rows[:-1]:
+            lines.append(format_rdata(name, "me", None, Stream.encode_payload(row)))
+        lines.append(format_rdata(name, "me", token, Stream.encode_payload(rows[-1], last, len(rows))))
+        last = token
+    return lines
+
+
+_ROW = st.builds(Row, st.text(max_size=8), st.integers(-5, 5))
+_ROWS = st.lists(st.one_of(_ROW, _ROW.map(Stream.encode_payload)), min_size=1, max_size=3)
+
+
+@settings(max_examples=50, deadline=None)
+@given(rows_per_token=st.lists(_ROWS, min_size=1, max_size=6), start=st.integers(0, 100))
+async def test_flushed_lines_are_the_wire_format(rows_per_token: list[list[Row | str]], start: int) -> None:
+    stream = memory_stream("s", ["me"], MemoryTable())
+    generator = cast(MemoryGenerator, stream.generator)
+    generator.positions["me"] = start
+    recorder = _Recorder()
+    publisher = StreamPublisher(
+        "me", [stream], cast(RedisTransport, recorder), metrics=ReplicationMetrics(), prefix="p",
+        per_stream_channels=False, announce_interval_s=1.0, heartbeat_ttl_s=5.0,
+    )  # fmt: skip
+    publisher.start()
+    try:
+        tokens = [(start + 1 + i, rows) for i, rows in enumerate(rows_per_token)]
+        for token, rows in reversed(tokens):  # staging order does not matter, token order does
+            publisher.stage_rows("s", [(token, row) for row in rows])
+        generator.positions["me"] = tokens[-1][0]
+        await publisher.flush()
+    finally:
+        await publisher.stop()
+    sent = [line for _, line in recorder.lines if line.startswith("RDATA")]
+    assert sent == _expected("s", start, tokens)
