@@ -35,6 +35,7 @@ from idgen import InstanceMap, MultiWriterIdGenerator
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from pubsub.types import Row
+from workers import event_loop
 from workers.config import ConfigError, WorkerConfig, load_config
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
@@ -184,7 +185,10 @@ class Worker:
             await self._serve()
         tune_gc()
         self._ready = True
-        log.info("ready instance=%s http=%s:%d", self.name, config.http_host, self.http_port)
+        log.info(
+            "ready instance=%s http=%s:%d event_loop=%s",
+            self.name, config.http_host, self.http_port, event_loop.name(),
+        )  # fmt: skip
 
     async def _serve(self) -> None:
         api = ClientApi(
@@ -395,4 +399,4 @@ def main(argv: list[str]) -> int:
         level=config.log_level,
         format=f"%(asctime)s %(levelname)s [{config.instance_name}] %(name)s %(message)s",
     )
-    return asyncio.run(run(config))
+    return event_loop.run(run(config))

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from workers import event_loop
 from workers.cluster import LocalCluster
 from workers.loadgen import LoadDriver, LoadPlan, LoadReport
 from workers.services import given_or_embedded
@@ -157,7 +158,7 @@ def main(argv: list[str]) -> int:
     with given_or_embedded(args.database_url, args.redis_url) as (database_url, redis_url):
         if not args.database_url:
             database_url = database_url.rsplit("/", 1)[0] + "/fanout_demo"
-        summary = asyncio.run(run_demo(args, database_url, redis_url, workdir))
+        summary = event_loop.run(run_demo(args, database_url, redis_url, workdir))
         (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
         _print_summary(summary)
         print(f"  summary JSON                 {workdir / 'summary.json'}")

@@ -11,7 +11,6 @@ not the source of truth (that is the database).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -22,6 +21,7 @@ from redis.exceptions import RedisError
 from pubsub import keys
 from pubsub.errors import WireError
 from pubsub.wire import RData, command_name, parse_line
+from workers import event_loop
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -139,7 +139,7 @@ async def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
-        return asyncio.run(_run(args))
+        return event_loop.run(_run(args))
     except KeyboardInterrupt:
         return 0
     except (OSError, RedisError) as e:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
 from pathlib import Path
 from types import FrameType
 
+from workers import event_loop
 from workers.services import EmbeddedServices, ServiceError
 from workers.storage.migrate import migrate_url
 
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     try:
         with services:
             if args.migrate:
-                asyncio.run(migrate_url(services.database_url))
+                event_loop.run(migrate_url(services.database_url))
             print(f"postgres: {services.database_url}", flush=True)
             print(f"redis:    {services.redis_url}", flush=True)
             print("ready (Ctrl-C or SIGTERM stops both)", flush=True)

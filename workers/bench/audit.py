@@ -21,7 +21,6 @@ scale-out across executors and reading Parquet exports without loading the datab
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+
+from workers import event_loop
 
 _PG_AGGREGATE = """
 WITH d AS (
@@ -153,17 +154,17 @@ def _run(admin_url: str, args: argparse.Namespace) -> dict[str, Any]:
             name = f"bench_audit_{rows}"
             _progress(f"generating {rows} rows in database {name}")
             gen_started = time.perf_counter()
-            url = asyncio.run(_prepare(admin_url, name, rows))
+            url = event_loop.run(_prepare(admin_url, name, rows))
             generated = time.perf_counter() - gen_started
             try:
                 _progress(f"postgres aggregate over {rows} rows")
-                pg_s, pg_sums = asyncio.run(_postgres_aggregate(url, args.window))
+                pg_s, pg_sums = event_loop.run(_postgres_aggregate(url, args.window))
                 _progress(f"spark aggregate over {rows} rows (postgres took {pg_s:.1f}s)")
                 spark_s, spark_sums = _spark_aggregate(spark, url, jar, args.window, args.num_partitions)
                 _progress(f"spark took {spark_s:.1f}s")
             finally:
                 if not args.keep:
-                    asyncio.run(_drop(admin_url, name))
+                    event_loop.run(_drop(admin_url, name))
             results.append(
                 {
                     "rows": rows,

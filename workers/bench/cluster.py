@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from workers import event_loop
 from workers.client import ClusterClient
 from workers.cluster import LocalCluster
 from workers.config import WorkerConfig
@@ -163,9 +164,9 @@ async def drive_persister(
 
 def _child_main(kind: str, args: tuple[Any, ...], queue: Any) -> None:
     if kind == "ceiling":
-        queue.put(asyncio.run(_ceiling_child(*args)))
+        queue.put(event_loop.run(_ceiling_child(*args)))
     else:
-        queue.put(asyncio.run(_write_path_child(*args)))
+        queue.put(event_loop.run(_write_path_child(*args)))
 
 
 def _in_processes(kind: str, arg_sets: list[tuple[Any, ...]]) -> tuple[int, float]:
@@ -484,7 +485,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="fanout-bench-cluster-"))
     with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
-        result = asyncio.run(_run(args, admin_url, redis_url, workdir))
+        result = event_loop.run(_run(args, admin_url, redis_url, workdir))
     print(json.dumps(result, indent=2))
     print(_table(result))
     return 0

@@ -47,6 +47,7 @@ from typing import Any
 import asyncpg
 
 from idgen import MultiWriterIdGenerator
+from workers import event_loop
 
 SEQ = "events_stream_seq"
 UPSERT = (
@@ -141,7 +142,7 @@ async def _writer(
 def _writer_process(
     args: tuple[str, int, dict[str, str], str, list[str], list[str], float, float],
 ) -> tuple[list[float], list[float]]:
-    return asyncio.run(_writer(*args))
+    return event_loop.run(_writer(*args))
 
 
 def _spread(values: list[float]) -> float:
@@ -309,7 +310,7 @@ def main(argv: list[str]) -> int:
 
             _progress("starting embedded servers ...")
             admin_url = stack.enter_context(EmbeddedServices()).database_url
-        name, url = asyncio.run(_create_database(admin_url))
+        name, url = event_loop.run(_create_database(admin_url))
         try:
             throughput = []
             for label, batch in (("get_next", 1), ("get_next_mult(100)", 100)):
@@ -326,9 +327,9 @@ def main(argv: list[str]) -> int:
                     throughput.append(row)
             _progress("start-up time ...")
             sizes = {"small": 10, "large": args.startup_rows}
-            times = asyncio.run(_startup_times(url, sizes, args.startup_runs))
+            times = event_loop.run(_startup_times(url, sizes, args.startup_runs))
         finally:
-            asyncio.run(_drop_database(admin_url, name))
+            event_loop.run(_drop_database(admin_url, name))
     small, large = statistics.median(times["small"]), statistics.median(times["large"])
     result = {
         "benchmark": "idgen",

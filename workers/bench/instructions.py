@@ -38,6 +38,7 @@ from pubsub import keys
 from pubsub.redis_transport import pack_publishes
 from pubsub.streams import Stream
 from pubsub.wire import format_rdata
+from workers import event_loop
 from workers.bench.cluster import bench_rooms, drive_persister, fresh_database, insert_raw_batch
 from workers.handlers import rooms
 from workers.handlers.persist import MAX_BATCH
@@ -147,11 +148,11 @@ async def _measure_ceiling(database_url: str, events: int) -> None:
 def _child(argv: list[str]) -> int:
     kind, database_url, redis_url, events, concurrency = argv
     if kind == "write":
-        asyncio.run(_measure_write_path(database_url, redis_url, int(events), int(concurrency)))
+        event_loop.run(_measure_write_path(database_url, redis_url, int(events), int(concurrency)))
     elif kind == "receive":
-        asyncio.run(_measure_receive(database_url, redis_url, int(events)))
+        event_loop.run(_measure_receive(database_url, redis_url, int(events)))
     else:
-        asyncio.run(_measure_ceiling(database_url, int(events)))
+        event_loop.run(_measure_ceiling(database_url, int(events)))
     return 0
 
 
@@ -188,7 +189,7 @@ def main(argv: list[str]) -> int:
         print("fanout bench instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
     with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
-        write_db, receive_db, ceiling_db = asyncio.run(_databases(admin_url))
+        write_db, receive_db, ceiling_db = event_loop.run(_databases(admin_url))
         say(f"write path under callgrind: {args.events:,} events (about a minute) ...")
         write = _count("write", write_db, redis_url, args.events, args.concurrency)
         say(f"receive path under callgrind: {args.events:,} events ...")

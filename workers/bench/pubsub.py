@@ -33,6 +33,7 @@ from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.redis_transport import SUBSCRIBER_READ_BYTES
 from pubsub.streams import Stream
 from pubsub.wire import Position, RData, format_command, parse_line
+from workers import event_loop
 from workers.gc_tuning import tune_gc
 
 STREAM = "bench"
@@ -98,7 +99,7 @@ def _subscriber_main(conn: Connection) -> None:
             return
         kind, url, name, index, total = job
         runner = _raw_subscriber if kind == "raw" else _our_subscriber
-        conn.send(asyncio.run(runner(conn, url, name, index, total)))
+        conn.send(event_loop.run(runner(conn, url, name, index, total)))
 
 
 async def _raw_subscriber(conn: Connection, url: str, channel: str, index: int, total: int) -> JobResult:
@@ -424,12 +425,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--row-bytes", type=int, default=150)
     args = p.parse_args(argv)
     if args.redis_url:
-        report = asyncio.run(_bench(args, args.redis_url))
+        report = event_loop.run(_bench(args, args.redis_url))
     else:
         from workers.services import EmbeddedServices
 
         with EmbeddedServices(with_postgres=False) as services:
-            report = asyncio.run(_bench(args, services.redis_url))
+            report = event_loop.run(_bench(args, services.redis_url))
     print(json.dumps(report, indent=2))
     print(_table(report))
     return 0 if all(e["meets_targets"] for e in report["runs"]) else 1

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
+from workers import event_loop
 from workers.storage.migrate import migrate_url
 
 
@@ -14,6 +14,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--database-url", required=True)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    applied = asyncio.run(migrate_url(args.database_url))
+    applied = event_loop.run(migrate_url(args.database_url))
     print(f"applied: {applied or 'nothing (up to date)'}")
     return 0
