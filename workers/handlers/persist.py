@@ -207,9 +207,7 @@ class EventPersister:
             events = [new.persisted(i, me, now) for i, (new, _) in zip(ids, batch, strict=True)]
             allocated.set_result(None)
             invalidations = list(zip(cache_ids, invalidation_rows, strict=False))
-            texts = [event.json_texts() for event in events]
-            stored = [text for text, _ in texts]
-            rows = [row for _, row in texts]
+            stored, rows = zip(*[event.json_texts() for event in events], strict=True)
             async with self._pool.acquire() as conn:
                 if needs_transaction(events, invalidations):
                     async with conn.transaction():
