@@ -119,7 +119,12 @@ class ReplicationHandler:
         # (stream, writer) of every other writer of a read stream, as bytes: `handle_lines` checks
         # and queues their RDATA inline.
         self._rdata_routes = {
-            (name.encode(), writer.encode()): (state, writer)
+            (name.encode(), writer.encode()): (
+                state,
+                writer,
+                state.stream.numbered_validator.validate_json,
+                state.stream.row_type,
+            )
             for name, state in self._states.items()
             for writer in state.stream.writers
             if writer != instance_name and NAME_PATTERN.fullmatch(writer)
@@ -174,7 +179,7 @@ class ReplicationHandler:
         one of those checks, goes through `handle_line`, which parses it in full and, if it is
         bad, rejects it with its reason.
         """
-        own, echo, routes = self._own_prefixes, self._echo_prefixes, self._rdata_routes
+        own, echo, routes, new = self._own_prefixes, self._echo_prefixes, self._rdata_routes, tuple.__new__
         max_bytes, generation = self.max_line_bytes, self.generation
         echoes = unsubscribed = size = 0
         heard: dict[tuple[_StreamState, str], int] = {}
@@ -199,9 +204,9 @@ class ReplicationHandler:
                     and 10 not in data  # "\n"; an int: `b"\n" in` costs bytes a caught TypeError
                     and 13 not in data  # "\r"
                 ):
-                    state = route[0]
+                    state, writer, validate, row_type = route
                     try:
-                        row, prev, count = state.stream.parse_payload(payload, True)
+                        values = validate(payload)  # `Stream.parse_payload`, without its call
                     except ValidationError:
                         pass  # handle_line rejects it with the validator's message
                     else:
@@ -210,8 +215,9 @@ class ReplicationHandler:
                             self._overflow(state)
                             self.metrics.drop("backlog_overflow")
                         else:
-                            state.queue.append((generation, route[1], int(token), row, prev, count))
-                        heard[route] = heard.get(route, 0) + 1
+                            row = new(row_type, values[2:])
+                            state.queue.append((generation, writer, int(token), row, values[0], values[1]))
+                        heard[state, writer] = heard.get((state, writer), 0) + 1
                         continue
             self.handle_line(data, now)
         self.metrics.bytes_in += size

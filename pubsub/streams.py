@@ -97,6 +97,14 @@ class Stream(Generic[RowT]):
         factor = 1 if self.positive else -1
         return {name: factor * value for name, value in self.generator.get_positions().items()}
 
+    @property
+    def numbered_validator(self) -> Any:
+        """The strict validator of a numbered payload, `[prev, n, *fields]` (see `parse_payload`,
+        which uses it): `validate_json(payload)` gives those values as a tuple. For the receive
+        path, which builds the row itself (`tuple.__new__(row_type, values[2:])`) rather than
+        pay a call per row."""
+        return self._numbered
+
     def parse_payload(self, payload: str | bytes, numbered: bool) -> tuple[RowT, int, int]:
         """Validate an RDATA payload: `(row, prev, n)`; a batch row has prev=-1, n=0.
 

@@ -26,7 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -237,13 +237,13 @@ class Worker:
     async def _apply(self, stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
         rooms, users = self._woken.setdefault(stream.name, (set(), set()))
         if stream.name == EVENTS:
-            event_rows = [r for r in rows if isinstance(r, EventRow)]
+            event_rows = cast("Sequence[EventRow]", rows)  # a stream's rows are of its row type
             self.caches.on_events(event_rows)
             self._events_applied.inc(len(event_rows))
-            for row in event_rows:
-                rooms.add(row.room_id)
-                if row.membership is not None and row.state_key is not None:
-                    users.add(row.state_key)
+            rooms.update([row.room_id for row in event_rows])
+            users.update(
+                [r.state_key for r in event_rows if r.membership is not None and r.state_key is not None]
+            )
         elif stream.name == CACHES:
             self.caches.on_invalidations(r.to_domain() for r in rows if isinstance(r, CacheRow))
             self._invalidations.labels("replication").inc(len(rows))
