@@ -8,8 +8,9 @@ Phases (each prints progress on stderr; the result is one JSON document plus a t
    at once as a persister has batches in flight, from 1 and 2 processes.
 2. write path: the persisters' own code (EventPersister via an in-process Worker, publishing to
    Redis for real) driven directly by many concurrent tasks, from 1 and 2 persister processes.
-   Phases 1 and 2 alternate `--rounds` times; the ratio is the median of each round's
-   write path / ceiling (the machine's speed drifts between phases).
+   Phases 1 and 2 alternate `--rounds` times (default 5); the ratio is the median of each
+   round's write path / ceiling (the machine's speed drifts by 20% and more between phases,
+   so one slow phase must not decide the figure).
 3. HTTP: the same through `POST /rooms/{room}/send` on real worker subprocesses, 1 and 2 persisters.
 4. latency: persist-to-visible on every sync worker at a fixed offered load over HTTP.
 5. memory: the write path pushes `--rss-events` events (default 1,000,000) through a cluster while
@@ -463,7 +464,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--redis-url")
     p.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput phase")
     p.add_argument(
-        "--rounds", type=int, default=3,
+        "--rounds", type=int, default=5,
         help="ceiling/write-path pairs per persister count; the table shows medians",
     )  # fmt: skip
     p.add_argument(
