@@ -172,10 +172,10 @@ class ReplicationHandler:
 
         Most lines are our own (on a shared channel a writer hears every row it sends) or a
         numbered RDATA of another writer of a stream we read. Both are handled here on the bytes,
-        without a call per line: our own are counted and dropped by prefix; an RDATA whose
-        stream and writer are a known route gets exactly the checks `parse_line`
-        and `_route_stream_command` would make (size, no line breaks, canonical token, the
-        stream's strict row validator) and is queued. Every other line, and any line that fails
+        without a Python call per line: our own are counted and dropped by prefix; an RDATA whose
+        stream and writer are a known route gets exactly the checks `parse_line` and
+        `_route_stream_command` would make (size, no line breaks, canonical token, the stream's
+        strict row validator) and is queued. Every other line, and any line that fails
         one of those checks, goes through `handle_line`, which parses it in full and, if it is
         bad, rejects it with its reason.
         """

@@ -399,4 +399,4 @@ def main(argv: list[str]) -> int:
         level=config.log_level,
         format=f"%(asctime)s %(levelname)s [{config.instance_name}] %(name)s %(message)s",
     )
-    return event_loop.run(run(config))
+    return event_loop.run(run(config), use_uvloop=config.event_loop == "uvloop")

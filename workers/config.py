@@ -59,6 +59,9 @@ class WorkerConfig(BaseSettings):
     )
     cache_max_entries: int = Field(10_000, ge=1, description="Entries per in-process cache (LRU)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="uvloop (asyncio's own loop when uvloop is not installed) or asyncio"
+    )
 
     @field_validator("instance_name", "channel_prefix")
     @classmethod

@@ -20,13 +20,13 @@ except ImportError:  # not built for this platform (uvloop has no Windows wheels
     _uvloop_run = None  # type: ignore[assignment]
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)`, on uvloop when it is installed."""
-    if _uvloop_run is not None:
+def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool = True) -> T:
+    """`asyncio.run(main)`, on uvloop when it is installed (and `use_uvloop`)."""
+    if use_uvloop and _uvloop_run is not None:
         return _uvloop_run(main)
     return asyncio.run(main)
 
 
 def name() -> str:
-    """Which loop `run` uses (for start-up logs and benchmark reports)."""
-    return "asyncio" if _uvloop_run is None else "uvloop"
+    """Which loop runs the calling code (for start-up logs)."""
+    return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
