@@ -67,6 +67,9 @@ UserSyncListener = Callable[[UserSync | ClearUserSync], Awaitable[None] | None]
 #: POSITION). A POSITION line: (generation, command).
 _Received = tuple[int, str, int | None, Row | None, int, int]
 _Announced = tuple[int, Position]
+#: Where `handle_lines` sends another writer's RDATA: its stream's state, the writer, the stream's
+#: numbered-payload validator and row type.
+_Route = tuple["_StreamState", str, Callable[[bytes], Any], type[Row]]
 
 
 class _StreamState:
@@ -118,7 +121,7 @@ class ReplicationHandler:
         self._own_prefixes = self._echo_prefixes + _own_prefixes(instance_name, self._other_streams)
         # (stream, writer) of every other writer of a read stream, as bytes: `handle_lines` checks
         # and queues their RDATA inline.
-        self._rdata_routes = {
+        self._rdata_routes: dict[tuple[bytes, bytes], _Route] = {
             (name.encode(), writer.encode()): (
                 state,
                 writer,
@@ -180,9 +183,10 @@ class ReplicationHandler:
         bad, rejects it with its reason.
         """
         own, echo, routes, new = self._own_prefixes, self._echo_prefixes, self._rdata_routes, tuple.__new__
-        max_bytes, generation = self.max_line_bytes, self.generation
-        echoes = unsubscribed = size = 0
-        heard: dict[tuple[_StreamState, str], int] = {}
+        max_bytes, generation, queue_size = self.max_line_bytes, self.generation, self.queue_size
+        echoes = unsubscribed = size = run = 0
+        runs: list[tuple[_Route, int]] = []  # (route, lines queued through it in a row)
+        last: _Route | None = None
         for data in lines:
             if data.startswith(own):
                 if data.startswith(echo):
@@ -211,13 +215,17 @@ class ReplicationHandler:
                         pass  # handle_line rejects it with the validator's message
                     else:
                         size += len(data)
-                        if len(state.queue) >= self.queue_size:
+                        if len(state.queue) >= queue_size:
                             self._overflow(state)
                             self.metrics.drop("backlog_overflow")
                         else:
                             row = new(row_type, values[2:])
                             state.queue.append((generation, writer, int(token), row, values[0], values[1]))
-                        heard[state, writer] = heard.get((state, writer), 0) + 1
+                        if route is not last:
+                            if last is not None:
+                                runs.append((last, run))
+                            last, run = route, 0
+                        run += 1
                         continue
             self.handle_line(data, now)
         self.metrics.bytes_in += size
@@ -225,7 +233,9 @@ class ReplicationHandler:
             self.metrics.drop("echo", echoes)
         if unsubscribed:
             self.metrics.drop("not_subscribed", unsubscribed)
-        for (state, writer), count in heard.items():
+        if last is not None:
+            runs.append((last, run))
+        for (state, writer, *_), count in runs:
             state.last_heard[writer] = now
             self.metrics.command_in("RDATA", state.stream.name, count)
             state.wake.set()
