@@ -69,7 +69,7 @@ _Received = tuple[int, str, int | None, Row | None, int, int]
 _Announced = tuple[int, Position]
 #: Where `handle_lines` sends another writer's RDATA: its stream's state, the writer, the stream's
 #: numbered-payload validator and row type.
-_Route = tuple["_StreamState", str, Callable[[bytes], Any], type[Row]]
+_Route = tuple["_StreamState", str, Callable[[str | bytes], tuple[Any, ...]], type[Row]]
 
 
 class _StreamState:
@@ -125,7 +125,7 @@ class ReplicationHandler:
             (name.encode(), writer.encode()): (
                 state,
                 writer,
-                state.stream.numbered_validator.validate_json,
+                state.stream.validate_numbered,
                 state.stream.row_type,
             )
             for name, state in self._states.items()
