@@ -73,8 +73,10 @@ class ReplicationClient:
     """Replication for one process: publish the streams it writes, apply the streams it reads.
 
     `streams`: every stream of the cluster this process knows. `read`: names of the streams to
-    subscribe to (default: all); writers of other streams are not heard. `apply` receives the
-    rows of read streams (see `ReplicationHandler` for the order contract).
+    subscribe to (default: all); writers of other streams are not heard. `positions_only`: read
+    streams whose rows this process does not apply; it follows their writers' positions only
+    (see `ReplicationHandler`). `apply` receives the rows of the other read streams (see
+    `ReplicationHandler` for the order contract).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class ReplicationClient:
         *,
         apply: ApplyCallback | None = None,
         read: Iterable[str] | None = None,
+        positions_only: Iterable[str] = (),
         drop_filter: DropFilter | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -99,6 +102,7 @@ class ReplicationClient:
             apply or _ignore_rows,
             metrics=self.metrics,
             other_streams=[s.name for s in every if s.name not in read_names],
+            positions_only=positions_only,
             max_line_bytes=settings.max_line_bytes,
             catch_up_batch_size=settings.catch_up_batch_size,
             queue_size=settings.queue_size,

@@ -23,6 +23,13 @@ Rules (see the package docstring for why):
   whose catch-up retries the rows.
 * Rejected input (bad line, unknown stream, forged writer, invalid row) is logged (rate-limited),
   counted by reason and never moves a position.
+* A stream can be followed for positions only (`positions_only`): for a process that applies none
+  of its rows (a persister that serves no reads) but must know how far every writer got (its
+  persisted-upto, and the position it announces when idle). A numbered RDATA's token and a
+  POSITION's new token then only advance the writer (RDATA is published up to the writer's
+  position, so its token is one); rows are neither validated nor applied and there is no
+  catch-up. Queued positions of one writer in a row are merged into one. A forged line can do no
+  more here than a forged POSITION can on a full reader: only a configured writer's name is heard.
 """
 
 from __future__ import annotations
@@ -68,15 +75,19 @@ UserSyncListener = Callable[[UserSync | ClearUserSync], Awaitable[None] | None]
 _Received = tuple[int, str, int | None, Row | None, int, int]
 _Announced = tuple[int, Position]
 #: Where `handle_lines` sends another writer's RDATA: its stream's state, the writer, the stream's
-#: numbered-payload validator and row type.
-_Route = tuple["_StreamState", str, Callable[[str | bytes], tuple[Any, ...]], type[Row]]
+#: numbered-payload validator (None: the stream is followed for positions only) and row type.
+_Route = tuple["_StreamState", str, Callable[[str | bytes], tuple[Any, ...]] | None, type[Row]]
 
 
 class _StreamState:
-    __slots__ = ("announced", "connected", "last_heard", "pending", "queue", "stream", "task", "wake")
+    __slots__ = (
+        "announced", "connected", "last_heard", "pending", "positions_only", "queue", "stream", "task",
+        "wake",
+    )  # fmt: skip
 
-    def __init__(self, stream: Stream[Any]) -> None:
+    def __init__(self, stream: Stream[Any], positions_only: bool = False) -> None:
         self.stream = stream
+        self.positions_only = positions_only
         self.queue: deque[_Received | _Announced] = deque()
         self.wake = asyncio.Event()
         self.connected: set[str] = set()
@@ -98,6 +109,7 @@ class ReplicationHandler:
         *,
         metrics: ReplicationMetrics,
         other_streams: Iterable[str] = (),
+        positions_only: Iterable[str] = (),
         max_line_bytes: int = 1 << 20,
         catch_up_batch_size: int = 1000,
         queue_size: int = 10_000,
@@ -114,7 +126,11 @@ class ReplicationHandler:
         self.position_listeners: list[PositionListener] = []
         self.user_sync_listeners: list[UserSyncListener] = []
         self.on_replicate: Callable[[], None] | None = None
-        self._states = {s.name: _StreamState(s) for s in streams}
+        followed = frozenset(positions_only)
+        unknown = followed - {s.name for s in streams}
+        if unknown:
+            raise ValueError(f"positions_only names streams that are not read: {sorted(unknown)}")
+        self._states = {s.name: _StreamState(s, s.name in followed) for s in streams}
         # Our own lines come back when one channel carries everything: recognised by prefix,
         # before any parsing (a writer hears every row it sends).
         self._echo_prefixes = _own_prefixes(instance_name, self._states)
@@ -125,7 +141,7 @@ class ReplicationHandler:
             (name.encode(), writer.encode()): (
                 state,
                 writer,
-                state.stream.validate_numbered,
+                None if state.positions_only else state.stream.validate_numbered,
                 state.stream.row_type,
             )
             for name, state in self._states.items()
@@ -178,15 +194,20 @@ class ReplicationHandler:
         without a Python call per line: our own are counted and dropped by prefix; an RDATA whose
         stream and writer are a known route gets exactly the checks `parse_line` and
         `_route_stream_command` would make (size, no line breaks, canonical token, the stream's
-        strict row validator) and is queued. Every other line, and any line that fails
-        one of those checks, goes through `handle_line`, which parses it in full and, if it is
-        bad, rejects it with its reason.
+        strict row validator) and is queued; on a positions-only stream, only its token is taken
+        (no row validation). Every other line, and any line that fails one of those checks, goes
+        through `handle_line`, which parses it in full and, if it is bad, rejects it with its
+        reason.
         """
         own, echo, routes, new = self._own_prefixes, self._echo_prefixes, self._rdata_routes, tuple.__new__
         max_bytes, generation, queue_size = self.max_line_bytes, self.generation, self.queue_size
         echoes = unsubscribed = size = run = 0
         runs: list[tuple[_Route, int]] = []  # (route, lines queued through it in a row)
         last: _Route | None = None
+        # A positions-only route's highest token so far, queued (`_follow`) when another route or
+        # the full path comes next: one queue entry per run of lines, as per-line calls would merge.
+        follow: _Route | None = None
+        top = 0
         for data in lines:
             if data.startswith(own):
                 if data.startswith(echo):
@@ -209,25 +230,41 @@ class ReplicationHandler:
                     and 13 not in data  # "\r"
                 ):
                     state, writer, validate, row_type = route
-                    try:
-                        values = validate(payload)  # `Stream.parse_payload`, without its call
-                    except ValidationError:
-                        pass  # handle_line rejects it with the validator's message
+                    if validate is None:
+                        if route is not follow:
+                            if follow is not None:
+                                self._follow(follow[0], follow[1], top)
+                            follow, top = route, 0
+                        if int(token) > top:
+                            top = int(token)
                     else:
-                        size += len(data)
+                        if follow is not None:
+                            self._follow(follow[0], follow[1], top)
+                            follow = None
+                        try:
+                            values = validate(payload)  # `Stream.parse_payload`, without its call
+                        except ValidationError:
+                            self.handle_line(data, now)  # rejects it with the validator's message
+                            continue
                         if len(state.queue) >= queue_size:
                             self._overflow(state)
                             self.metrics.drop("backlog_overflow")
                         else:
                             row = new(row_type, values[2:])
                             state.queue.append((generation, writer, int(token), row, values[0], values[1]))
-                        if route is not last:
-                            if last is not None:
-                                runs.append((last, run))
-                            last, run = route, 0
-                        run += 1
-                        continue
+                    size += len(data)
+                    if route is not last:
+                        if last is not None:
+                            runs.append((last, run))
+                        last, run = route, 0
+                    run += 1
+                    continue
+            if follow is not None:
+                self._follow(follow[0], follow[1], top)
+                follow = None
             self.handle_line(data, now)
+        if follow is not None:
+            self._follow(follow[0], follow[1], top)
         self.metrics.bytes_in += size
         if echoes:
             self.metrics.drop("echo", echoes)
@@ -275,6 +312,14 @@ class ReplicationHandler:
         if instance not in state.stream.writers:
             self._reject("not_a_writer", f"stream={stream_name} instance={instance}")
             return
+        if state.positions_only:
+            token = cmd.token if isinstance(cmd, RData) else cmd.new_token
+            self.metrics.command_in(command_name(cmd), stream_name)
+            state.last_heard[instance] = now
+            if token is not None:  # a `batch` row says nothing of the position
+                self._follow(state, instance, token)
+                state.wake.set()
+            return
         entry: _Received | _Announced
         if type(cmd) is RData:
             row: Row | None = None
@@ -298,6 +343,20 @@ class ReplicationHandler:
                 return
         state.queue.append(entry)
         state.wake.set()
+
+    def _follow(self, state: _StreamState, writer: str, token: int) -> None:
+        """Queue `token` as `writer`'s position on a positions-only stream: merged into the last
+        queued entry when that is this writer's on this connection (only the latest counts)."""
+        queue, generation = state.queue, self.generation
+        if queue:
+            last = queue[-1]
+            if len(last) == 2 and last[0] == generation and last[1].instance == writer:
+                if token > last[1].new_token:
+                    queue[-1] = (generation, Position(state.stream.name, writer, token, token))
+                return
+        if len(queue) >= self.queue_size:
+            self._overflow(state)
+        queue.append((generation, Position(state.stream.name, writer, token, token)))
 
     def _overflow(self, state: _StreamState) -> None:
         count = len(state.queue)
@@ -434,7 +493,7 @@ class ReplicationHandler:
         if cmd.new_token > state.announced.get(writer, 0):
             state.announced[writer] = cmd.new_token
         cur = stream.current_token(writer)
-        if cur < cmd.prev_token:
+        if cur < cmd.prev_token and not state.positions_only:
             await self._catch_up(stream, writer, cur, cmd.new_token)
         if cmd.new_token > stream.current_token(writer):
             await self._apply(stream, writer, cmd.new_token, [])

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 5.0
-SUBSCRIBER_READ_BYTES = 16 * 1024
+SUBSCRIBER_READ_BYTES = 8 * 1024
 _MESSAGE_KINDS = (b"message", b"smessage")
 # What redis-py's hiredis reader returns when no complete reply is buffered (redis-py < 6: False).
 _NOT_ENOUGH_DATA: object = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
@@ -132,9 +132,11 @@ class RedisTransport:
         self.watchdog_s = watchdog_s
         # RESP2: measurably faster than RESP3 on the receive path with redis-py 8.1.
         self._pub = aioredis.Redis.from_url(url, protocol=2, socket_keepalive=True)
-        # Subscriber reads of 16 KiB, not redis-py's 64 KiB: hiredis moves its unread buffer to
+        # Subscriber reads of 8 KiB, not redis-py's 64 KiB: hiredis moves its unread buffer to
         # the front after every 1 KiB it parses, so a 64 KiB read cost about 3,000 instructions of
-        # copying per 200-byte message (callgrind); 16 KiB still takes dozens of messages a read.
+        # copying per 200-byte message (callgrind); 8 KiB still takes dozens of messages a read
+        # (`fanout bench instructions`: 800 fewer per received message than 16 KiB; 4 KiB costs
+        # more again, in reads).
         self._sub_pool = aioredis.ConnectionPool.from_url(
             url, protocol=2, socket_keepalive=True, socket_read_size=SUBSCRIBER_READ_BYTES
         )

@@ -6,7 +6,11 @@ catch up (every writer of every stream heard once, bounded), start the persister
 tasks this instance runs, then serve HTTP. Only then is /health ready.
 
 What an instance does comes from the configuration alone: it persists events when it is listed in
-`stream_writers.events`, runs the background tasks in `background_tasks`, and serves /sync always.
+`stream_writers.events`, runs the background tasks in `background_tasks`, and serves /sync and room
+state unless `serve_reads` is false. A worker that serves no reads applies no other writer's rows:
+it follows every stream for positions only (a persister still needs them: the position it
+announces when idle is the highest one it has heard of), which saves it the validation and the
+cache work of every row the other writers publish.
 
 Order on every replicated batch (the rule that keeps readers from seeing stale data): the apply
 callback invalidates caches, pubsub advances the generator, then the position listener wakes
@@ -147,14 +151,18 @@ class Worker:
             backfill_stream(self.pool, self.generators[BACKFILL], self.writers(BACKFILL)),
             caches_stream(self.pool, self.generators[CACHES], self.writers(CACHES)),
         ]
+        # What this run applies of the caches stream, for the audit: its own rows always (they are
+        # applied here as they commit), other writers' only when it applies their rows.
         self.applied = AppliedRangesRecorder(self.pool, self.name, CACHES)
         for writer in self.writers(CACHES):
-            self.applied.begin(writer, self.generators[CACHES].get_current_token_for_writer(writer))
+            if config.serve_reads or writer == self.name:
+                self.applied.begin(writer, self.generators[CACHES].get_current_token_for_writer(writer))
         with self._phase("subscribe"):
             self.replication = ReplicationClient(
                 ReplicationSettings.from_config(config),
                 streams,
                 apply=self._apply,
+                positions_only=[] if config.serve_reads else [s.name for s in streams],
                 drop_filter=self._drop_filter,
                 registry=self.registry,
             )
@@ -198,7 +206,7 @@ class Worker:
                 event_writers=self.writers(EVENTS),
                 persister=self.persister,
                 backfill=self.backfill_persister,
-                sync=self.sync,
+                sync=self.sync if self.config.serve_reads else None,
                 metrics=self.registry,
                 health=self.health,
                 accepting=lambda: self._accepting,
@@ -249,7 +257,7 @@ class Worker:
             self._invalidations.labels("replication").inc(len(rows))
 
     def _position_moved(self, stream: str, instance: str, token: int) -> None:
-        if stream == CACHES:
+        if stream == CACHES and self.config.serve_reads:
             self.applied.advanced(instance, token)
         rooms, users = self._woken.pop(stream, (set(), set()))
         if rooms or users:

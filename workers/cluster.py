@@ -2,7 +2,8 @@
 
 Each worker is `python -m workers.cli worker --config <file>` with its own YAML file, log file and
 free HTTP port, started with PR_SET_PDEATHSIG so none outlives the launcher. `start()` returns once
-every worker's /health says ready.
+every worker's /health says ready. Roles as a deployment would give them: persisters only write
+(`serve_reads: false`), sync workers serve reads, background workers run their tasks.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class LocalCluster:
             "http_port": spec.port,
             "position_announce_interval_s": self.announce_interval_s,
             "background_tasks": spec.background_tasks,
+            "serve_reads": not spec.writes_events,
             "log_level": self.log_level,
             **self.extra_config,
         }

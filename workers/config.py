@@ -54,6 +54,11 @@ class WorkerConfig(BaseSettings):
         description="Batches a persister has in the database at once (each holds a"
         " pool connection while it inserts)",
     )
+    serve_reads: bool = Field(
+        True,
+        description="Serve /sync and room state, applying every writer's rows; false for a"
+        " persister that only writes (it then follows the other writers' positions only)",
+    )
     background_tasks: list[Literal["room_stats"]] = Field(
         default_factory=list, description="Background tasks this instance runs"
     )

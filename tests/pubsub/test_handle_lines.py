@@ -1,6 +1,7 @@
 """`handle_lines` checks most RDATA inline, on the bytes; it must decide every line exactly as the
 full per-line path (`handle_line`: `parse_line`, then routing) does. Two handlers get the same lines,
-one through each entry point; what they queued and counted must be equal."""
+one through each entry point; what they queued and counted must be equal. Both for a stream whose
+rows are applied and for one followed for positions only."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from pubsub.streams import StreamRegistry
 from tests.pubsub.fakes import MemoryTable, memory_stream
 
 
-def _handler(max_line_bytes: int) -> ReplicationHandler:
+def _handler(max_line_bytes: int, positions_only: bool = False) -> ReplicationHandler:
     return ReplicationHandler(
         "me",
         StreamRegistry([memory_stream("s", ["w1", "w2", "me"], MemoryTable())]),
         _no_apply,
         metrics=ReplicationMetrics(),
         other_streams=["elsewhere"],
+        positions_only=["s"] if positions_only else [],
         max_line_bytes=max_line_bytes,
     )
 
@@ -80,9 +82,16 @@ def _line(draw: st.DrawFn) -> bytes:
 
 
 @settings(max_examples=400, deadline=None)
-@given(lines=st.lists(_line(), max_size=12), max_line_bytes=st.sampled_from([1 << 20, 40]))
-def test_handle_lines_decides_every_line_as_handle_line_does(lines: list[bytes], max_line_bytes: int) -> None:
-    together, one_by_one = _handler(max_line_bytes), _handler(max_line_bytes)
+@given(
+    lines=st.lists(_line(), max_size=12),
+    max_line_bytes=st.sampled_from([1 << 20, 40]),
+    positions_only=st.booleans(),
+)
+def test_handle_lines_decides_every_line_as_handle_line_does(
+    lines: list[bytes], max_line_bytes: int, positions_only: bool
+) -> None:
+    together = _handler(max_line_bytes, positions_only)
+    one_by_one = _handler(max_line_bytes, positions_only)
     together.handle_lines(lines, 1.0)
     for line in lines:
         one_by_one.handle_line(line, 1.0)
@@ -98,3 +107,32 @@ def test_the_inline_path_is_taken_for_other_writers_rows() -> None:
     assert calls == []
     assert len(handler._states["s"].queue) == 1
     assert handler.metrics.dropped == {("echo",): 1}
+
+
+def test_a_positions_only_stream_takes_tokens_inline_and_queues_one_position_per_run() -> None:
+    handler = _handler(1 << 20, positions_only=True)
+    calls: list[bytes] = []
+    handler.handle_line = lambda data, now: calls.append(data)  # type: ignore[method-assign]
+    rows = [f"RDATA s w1 {token} {_GOOD}".encode() for token in (5, 7, 6)]
+    handler.handle_lines([*rows, f"RDATA s w2 3 {_GOOD}".encode(), f"RDATA s w1 9 {_GOOD}".encode()], 1.0)
+    assert calls == []
+    queued = [(entry[1].instance, entry[1].new_token) for entry in handler._states["s"].queue]
+    assert queued == [("w1", 7), ("w2", 3), ("w1", 9)]
+    assert handler.metrics.commands_in == {("RDATA", "s"): 5}
+
+
+def test_a_positions_only_run_is_queued_before_a_line_of_the_full_path() -> None:
+    """Lines the full path handles (here another writer's POSITION) keep their place in the queue."""
+    lines = [
+        f"RDATA s w1 5 {_GOOD}".encode(),
+        b"POSITION s w2 1 3",
+        f"RDATA s w1 6 {_GOOD}".encode(),
+    ]
+    together, one_by_one = _handler(1 << 20, True), _handler(1 << 20, True)
+    together.handle_lines(lines, 1.0)
+    for line in lines:
+        one_by_one.handle_line(line, 1.0)
+    assert _state(together) == _state(one_by_one)
+    assert [(e[1].instance, e[1].new_token) for e in together._states["s"].queue] == [
+        ("w1", 5), ("w2", 3), ("w1", 6)
+    ]  # fmt: skip

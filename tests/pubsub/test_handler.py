@@ -54,7 +54,12 @@ class Harness:
 async def make() -> AsyncIterator[Callable[..., Harness]]:
     handlers: list[ReplicationHandler] = []
 
-    def build(queue_size: int = 100, batch: int = 3, fail_on: Callable[[int], bool] | None = None) -> Harness:
+    def build(
+        queue_size: int = 100,
+        batch: int = 3,
+        fail_on: Callable[[int], bool] | None = None,
+        positions_only: bool = False,
+    ) -> Harness:
         table = MemoryTable()
         applied: Applied = []
         events: list[str] = []
@@ -72,6 +77,7 @@ async def make() -> AsyncIterator[Callable[..., Harness]]:
             apply,
             metrics=ReplicationMetrics(),
             other_streams=["elsewhere"],
+            positions_only=["s"] if positions_only else [],
             catch_up_batch_size=batch,
             queue_size=queue_size,
         )
@@ -342,3 +348,52 @@ async def test_single_row_tokens_queued_back_to_back_are_applied_together(
     ]
     assert h.dropped("duplicate") == 1
     assert h.position("w1") == 6
+
+
+async def test_a_positions_only_stream_advances_writers_without_applying_or_fetching(
+    make: Callable[..., Harness],
+) -> None:
+    h = make(positions_only=True)
+    h.table.add("w1", 3, Row(payload="never fetched"))
+    h.send(rd("w1", 2, "a"))  # before any POSITION: a numbered row's token is a position too
+    await h.settle()
+    assert h.position("w1") == 2
+    h.send(rd("w1", None, "b"), rd("w1", 5, "c", prev=4, n=2), rd("w2", 4, "d"))
+    h.send("POSITION s w1 9 12")  # behind prev: a full reader would catch up from the database
+    await h.settle()
+    assert (h.position("w1"), h.position("w2")) == (12, 4)
+    assert h.applied == [] and h.table.calls == []
+    assert h.events == ["listener 2 pos=2", "listener 5 pos=5", "listener 4 pos=4", "listener 12 pos=12"]
+    assert h.handler.is_connected("s", "w1")
+
+
+async def test_a_positions_only_stream_still_rejects_forged_and_malformed_lines(
+    make: Callable[..., Harness],
+) -> None:
+    h = make(positions_only=True)
+    h.send(
+        rd("intruder", 9, "x"),
+        "POSITION s intruder 0 9",
+        "RDATA s w1 09 [0,1]",
+        "RDATA s w1 9\r [0,1]",
+        "POSITION s w1 0 x9",
+    )
+    await h.settle()
+    assert (h.position("w1"), h.position("w2")) == (0, 0)
+    assert h.rejected("not_a_writer") == 2
+    assert h.handler.metrics.value("fanout_repl_rejected_total") == 5
+
+
+def test_positions_only_must_name_read_streams() -> None:
+    with pytest.raises(ValueError, match="elsewhere"):
+        ReplicationHandler(
+            "me",
+            StreamRegistry([memory_stream("s", ["w1"], MemoryTable())]),
+            _never,
+            metrics=ReplicationMetrics(),
+            positions_only=["elsewhere"],
+        )
+
+
+async def _never(*_: object) -> None:
+    raise AssertionError("no rows are applied")

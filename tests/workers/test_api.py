@@ -9,6 +9,7 @@ import pytest
 
 from tests.workers.conftest import MakeWorker, client_for
 from workers.client import ApiError
+from workers.routing import writer_for_room
 
 
 async def test_register_auth_and_bad_bodies(make_worker: MakeWorker, http: aiohttp.ClientSession) -> None:
@@ -190,3 +191,40 @@ async def test_reader_records_the_caches_rows_it_applied(
             break
         await asyncio.sleep(0.05)
     assert row is not None and row["from_id"] == 0 and row["to_id"] >= published
+
+
+async def test_write_only_persisters_follow_positions_and_serve_no_reads(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """`serve_reads: false` (how LocalCluster and compose run persisters): the worker applies no
+    other writer's rows, only follows positions; that is enough for an idle writer to announce
+    positions that let readers' persisted-upto pass the busy writer's events."""
+    p1 = await make_worker("p1", ["p1", "p2"], serve_reads=False)
+    p2 = await make_worker("p2", ["p1", "p2"], serve_reads=False)
+    reader = await make_worker("r1", ["p1", "p2"])
+    client = client_for(http, [p1, p2, reader], ["p1", "p2"])
+    await client.register("@alice", via="r1")
+    auth = {"Authorization": f"Bearer {client.token}"}
+    for worker in (p1, p2):
+        for path in ("/sync", "/rooms/!abc/state"):
+            async with http.get(f"http://127.0.0.1:{worker.http_port}{path}", headers=auth) as resp:
+                assert (resp.status, (await resp.json())["errcode"]) == (421, "NOT_A_READER")
+    since = (await client.sync("r1"))["next_batch"]
+    room = await client.create_room("public")
+    owner, idle = (p1, p2) if writer_for_room(room, ["p1", "p2"]) == "p1" else (p2, p1)
+    sent = [(await client.send(room, "m.room.message", {"n": i}))["stream_ordering"] for i in range(20)]
+    seen: list[int] = []
+    while len(seen) < 20:
+        result = await client.sync("r1", since, 2000)
+        since = result["next_batch"]
+        seen += [e["content"]["n"] for e in result["events"] if e["type"] == "m.room.message"]
+    assert seen == list(range(20))
+    reader_events = reader.generators["events"]
+    for _ in range(100):  # the idle writer's announcements move persisted-upto past the busy one's rows
+        if reader_events.get_current_token() >= sent[-1]:
+            break
+        await asyncio.sleep(0.05)
+    assert reader_events.get_current_token() >= sent[-1]
+    assert idle.generators["events"].get_current_token_for_writer(owner.name) >= sent[-1]
+    assert idle.replication.metrics.value("fanout_repl_rejected_total") == 0
+    assert idle.registry.get_sample_value("fanout_events_applied_total") == 0

@@ -8,6 +8,9 @@ Phases (each prints progress on stderr; the result is one JSON document plus a t
    at once as a persister has batches in flight, from 1 and 2 processes.
 2. write path: the persisters' own code (EventPersister via an in-process Worker, publishing to
    Redis for real) driven directly by many concurrent tasks, from 1 and 2 persister processes.
+   The persisters are configured as `LocalCluster` and compose deploy them (`serve_reads: false`:
+   they write, and follow the other writer's positions only). With 2 persisters each round also
+   runs persisters that serve reads too (each applies every row of the other), for comparison.
    Phases 1 and 2 alternate `--rounds` times (default 5); the ratio is the median of each
    round's write path / ceiling (the machine's speed drifts by 20% and more between phases,
    so one slow phase must not decide the figure).
@@ -121,13 +124,13 @@ async def _ceiling_child(database_url: str, seconds: float, batch: int, name: st
 
 async def _write_path_child(
     database_url: str, redis_url: str, prefix: str, name: str, writers: list[str], seconds: float,
-    events: int, concurrency: int,
+    events: int, concurrency: int, serve_reads: bool = False,
 ) -> int:  # fmt: skip
     from workers.app import Worker
 
     config = WorkerConfig(
         instance_name=name, database_url=database_url, redis_url=redis_url, channel_prefix=prefix,
-        stream_writers={"events": writers}, http_port=0, log_level="WARNING",
+        stream_writers={"events": writers}, http_port=0, log_level="WARNING", serve_reads=serve_reads,
     )  # fmt: skip
     worker = Worker(config)
     await worker.start()
@@ -297,6 +300,7 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
         ceilings: list[float] = []
         writes: list[float] = []
         ratios: list[float] = []
+        reading: list[float] = []  # persisters that also serve reads (2 persisters only)
         for round_no in range(1, args.rounds + 1):
             say(f"ceiling: raw asyncpg batched insert from {k} process(es) (round {round_no}/{args.rounds})")
             db = await fresh_database(admin_url, "ceiling")
@@ -315,6 +319,17 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
             writes.append(count / args.seconds)
             ratios.append(writes[-1] / ceilings[-1])
             say(f"  round {round_no}: {writes[-1]:,.0f} vs {ceilings[-1]:,.0f} events/s = {ratios[-1]:.3f}")
+            if k > 1:
+                say(f"write path: {k} persisters that also serve reads (round {round_no})")
+                db = await fresh_database(admin_url, "writepath")
+                prefix = f"bench-{uuid.uuid4().hex[:6]}"
+                count, _ = _in_processes(
+                    "write",
+                    [(db, redis_url, prefix, w, writers, args.seconds, 0, args.concurrency, True)
+                     for w in writers],
+                )  # fmt: skip
+                reading.append(count / args.seconds)
+                say(f"  round {round_no}: {reading[-1]:,.0f} events/s = {reading[-1] / ceilings[-1]:.3f}")
         result[f"ceiling_{k}"] = round(statistics.median(ceilings), 1)
         result[f"write_path_{k}"] = round(statistics.median(writes), 1)
         result[f"write_path_vs_ceiling_{k}"] = round(statistics.median(ratios), 3)
@@ -322,6 +337,11 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
             {"ceiling": round(c, 1), "write_path": round(w, 1), "ratio": round(r, 3)}
             for c, w, r in zip(ceilings, writes, ratios, strict=True)
         ]
+        if reading:
+            result[f"write_path_serving_reads_{k}"] = round(statistics.median(reading), 1)
+            result[f"write_path_serving_reads_vs_ceiling_{k}"] = round(
+                statistics.median([w / c for w, c in zip(reading, ceilings, strict=True)]), 3
+            )
         say(f"HTTP: POST /send on worker subprocesses, {k} persister(s)")
         db = await fresh_database(admin_url, "http")
         cluster = LocalCluster(db, redis_url, workdir / f"http{k}", persisters=k, sync_workers=0,
@@ -441,6 +461,11 @@ def _table(result: dict[str, Any]) -> str:
     lines.append(
         "(the ceiling of each column runs as many raw processes as there are persisters; 2 persisters"
         f" against the 1-process ceiling: {result['write_path_2_vs_ceiling_1']})"
+    )
+    lines.append(
+        "(persisters write only, as deployed; 2 persisters that also serve reads, applying each"
+        f" other's rows: {result['write_path_serving_reads_2']:,} events/s,"
+        f" {result['write_path_serving_reads_vs_ceiling_2']} of the ceiling)"
     )
     lines.append(
         f"persist-to-visible on every sync worker at {result['latency_offered_per_s']}/s offered "

@@ -8,10 +8,13 @@ under `valgrind --tool=callgrind` with instrumentation off; the process switches
 
 * write path: an in-process Worker's EventPersister, driven as in `fanout bench cluster` (tasks
   each persisting one message at a time), `--events` events;
-* receive path: a persister applying another persister's events as they come from Redis: the
-  RDATA lines that writer would publish (made and packed before counting starts) are published
-  from a raw socket, a batch at a time, each once the previous one is applied. With 2 persisters,
-  every event costs the write path on its writer and the receive path on the other;
+* receive path: a worker applying another persister's events as they come from Redis (a sync
+  worker, or a persister that serves reads): the RDATA lines that writer would publish (made and
+  packed before counting starts) are published from a raw socket, a batch at a time, each once
+  the previous one is applied;
+* follow path: the same lines heard by a persister that serves no reads (`serve_reads: false`,
+  as deployed): it only takes each line's token as the writer's position. With 2 persisters,
+  every event costs the write path on its writer and the follow path on the other;
 * ceiling: the same process doing `fanout bench cluster`'s raw batched insert for as many rows:
   the client side of the cheapest way to put these rows in the database.
 
@@ -47,6 +50,9 @@ from workers.services import given_or_embedded
 from workers.storage import connect
 from workers.streams.events import EVENTS, row_json
 
+#: What is counted, each in its own process and database (see the module docstring).
+KINDS = ("write", "receive", "follow", "ceiling")
+
 
 def say(message: str) -> None:
     print(f"bench instructions: {message}", file=sys.stderr, flush=True)
@@ -80,14 +86,14 @@ async def _measure_write_path(database_url: str, redis_url: str, events: int, co
         await worker.stop()
 
 
-async def _measure_receive(database_url: str, redis_url: str, events: int) -> None:
+async def _measure_receive(database_url: str, redis_url: str, events: int, serve_reads: bool) -> None:
     from workers.app import Worker
     from workers.config import WorkerConfig
 
     prefix = f"instr-{uuid.uuid4().hex[:6]}"
     config = WorkerConfig(
         instance_name="p2", database_url=database_url, redis_url=redis_url, channel_prefix=prefix,
-        stream_writers={"events": ["p1", "p2"]}, http_port=0, log_level="ERROR",
+        stream_writers={"events": ["p1", "p2"]}, http_port=0, log_level="ERROR", serve_reads=serve_reads,
     )  # fmt: skip
     worker = Worker(config)
     await worker.start()
@@ -149,8 +155,8 @@ def _child(argv: list[str]) -> int:
     kind, database_url, redis_url, events, concurrency = argv
     if kind == "write":
         event_loop.run(_measure_write_path(database_url, redis_url, int(events), int(concurrency)))
-    elif kind == "receive":
-        event_loop.run(_measure_receive(database_url, redis_url, int(events)))
+    elif kind in ("receive", "follow"):
+        event_loop.run(_measure_receive(database_url, redis_url, int(events), kind == "receive"))
     else:
         event_loop.run(_measure_ceiling(database_url, int(events)))
     return 0
@@ -173,7 +179,7 @@ def _count(kind: str, database_url: str, redis_url: str, events: int, concurrenc
 
 
 async def _databases(admin_url: str) -> list[str]:
-    return [await fresh_database(admin_url, f"instr_{kind}") for kind in ("write", "receive", "ceiling")]
+    return [await fresh_database(admin_url, f"instr_{kind}") for kind in KINDS]
 
 
 def main(argv: list[str]) -> int:
@@ -189,18 +195,18 @@ def main(argv: list[str]) -> int:
         print("fanout bench instructions: needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
     with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
-        write_db, receive_db, ceiling_db = event_loop.run(_databases(admin_url))
-        say(f"write path under callgrind: {args.events:,} events (about a minute) ...")
-        write = _count("write", write_db, redis_url, args.events, args.concurrency)
-        say(f"receive path under callgrind: {args.events:,} events ...")
-        receive = _count("receive", receive_db, redis_url, args.events, args.concurrency)
-        say(f"ceiling under callgrind: {args.events:,} rows ...")
-        ceiling = _count("ceiling", ceiling_db, redis_url, args.events, args.concurrency)
+        counts = {}
+        for kind, db in zip(KINDS, event_loop.run(_databases(admin_url)), strict=True):
+            say(f"{kind} under callgrind: {args.events:,} {'rows' if kind == 'ceiling' else 'events'} ...")
+            counts[kind] = _count(kind, db, redis_url, args.events, args.concurrency)
     result = {
         "events": args.events,
-        "write_path_instructions_per_event": round(write / args.events),
-        "receive_path_instructions_per_event": round(receive / args.events),
-        "ceiling_client_instructions_per_row": round(ceiling / (args.events // MAX_BATCH * MAX_BATCH)),
+        "write_path_instructions_per_event": round(counts["write"] / args.events),
+        "receive_path_instructions_per_event": round(counts["receive"] / args.events),
+        "follow_path_instructions_per_event": round(counts["follow"] / args.events),
+        "ceiling_client_instructions_per_row": round(
+            counts["ceiling"] / (args.events // MAX_BATCH * MAX_BATCH)
+        ),
     }
     result["ratio"] = round(
         result["write_path_instructions_per_event"] / result["ceiling_client_instructions_per_row"], 2
@@ -209,8 +215,9 @@ def main(argv: list[str]) -> int:
     print(
         f"instructions per event: write path {result['write_path_instructions_per_event']:,},"
         f" raw batched insert (client side) {result['ceiling_client_instructions_per_row']:,}"
-        f" ({result['ratio']}x); receive path (another persister applying it)"
-        f" {result['receive_path_instructions_per_event']:,}"
+        f" ({result['ratio']}x); receive path (a worker applying it)"
+        f" {result['receive_path_instructions_per_event']:,}; follow path (another persister,"
+        f" serving no reads) {result['follow_path_instructions_per_event']:,}"
     )
     return 0
 

@@ -46,14 +46,15 @@ MAX_BACKFILL = 500
 
 @dataclass
 class ApiDeps:
-    """What the routes use; `persister`/`backfill` are None on workers that do not write events."""
+    """What the routes use; `persister`/`backfill` are None on workers that do not write events,
+    `sync` on workers that serve no reads (`serve_reads: false`)."""
 
     instance_name: str
     pool: asyncpg.Pool
     event_writers: list[str]
     persister: EventPersister | None
     backfill: EventPersister | None
-    sync: SyncHandler
+    sync: SyncHandler | None
     metrics: CollectorRegistry
     health: Callable[[], tuple[bool, dict[str, Any]]]
     accepting: Callable[[], bool]
@@ -129,6 +130,13 @@ class ClientApi:
             except users.UserExistsError:
                 raise ApiError(409, "USER_IN_USE", f"{user_id} is already registered") from None
         return web.json_response({"user_id": user_id, "access_token": token})
+
+    def _sync_handler(self) -> SyncHandler:
+        if self.deps.sync is None:
+            raise ApiError(
+                421, "NOT_A_READER", f"{self.deps.instance_name} serves no reads (serve_reads is false)"
+            )
+        return self.deps.sync
 
     def _persister_for(self, room_id: str | None, backfill: bool = False) -> EventPersister:
         persister = self.deps.backfill if backfill else self.deps.persister
@@ -228,7 +236,7 @@ class ClientApi:
     async def room_state(self, request: web.Request) -> web.Response:
         user = await self._user(request)
         room_id = self._room_id(request)
-        state = await self.deps.sync.room_state(user, room_id)
+        state = await self._sync_handler().room_state(user, room_id)
         if state is None:
             raise ApiError(403, "FORBIDDEN", f"{user} is not in {room_id}")
         return web.json_response(
@@ -237,13 +245,14 @@ class ClientApi:
 
     async def sync(self, request: web.Request) -> web.Response:
         user = await self._user(request)
+        handler = self._sync_handler()
         try:
             timeout_ms = int(request.query.get("timeout", "0"))
         except ValueError:
             raise ApiError(400, "BAD_TIMEOUT", "timeout is a whole number of milliseconds") from None
         timeout_ms = max(0, min(timeout_ms, MAX_SYNC_TIMEOUT_MS))
         try:
-            result = await self.deps.sync.sync(user, request.query.get("since"), timeout_ms / 1000)
+            result = await handler.sync(user, request.query.get("since"), timeout_ms / 1000)
         except InvalidTokenError as e:
             raise ApiError(400, "BAD_TOKEN", str(e)) from None
         return web.json_response(result)
