@@ -47,6 +47,7 @@ from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.room_stats import RoomStatsTask
+from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.model import CacheInvalidation, Event, UserRooms
@@ -146,6 +147,7 @@ class Worker:
             config.cache_max_entries,
         )
         self.sync = SyncHandler(self.pool, self.caches, self.notifier, self.generators, self.instance_map)
+        self.room_views = RoomViews(self.pool, config.cache_max_entries)
         streams: list[Stream[Any]] = [
             events_stream(self.pool, self.generators[EVENTS], self.writers(EVENTS)),
             backfill_stream(self.pool, self.generators[BACKFILL], self.writers(BACKFILL)),
@@ -207,6 +209,7 @@ class Worker:
                 persister=self.persister,
                 backfill=self.backfill_persister,
                 sync=self.sync if self.config.serve_reads else None,
+                room_views=self.room_views,
                 metrics=self.registry,
                 health=self.health,
                 accepting=lambda: self._accepting,
@@ -272,6 +275,7 @@ class Worker:
     ) -> None:
         """Inside the ID blocks, after commit: invalidate our caches, stage the rows for RDATA."""
         self.caches.on_events(events)
+        self.room_views.on_events(events)
         self.caches.on_invalidations(row for _, row in invalidations)
         self._invalidations.labels("local").inc(len(invalidations))
         if events and events[0].stream_ordering > 0:
@@ -319,8 +323,10 @@ class Worker:
     # -- health and shutdown -------------------------------------------------------------------
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        for cache in self.caches.all():
-            self._cache_size.labels(cache.name).set(len(cache))
+        sizes = [(c.name, len(c)) for c in self.caches.all()]
+        sizes += [(c.name, len(c)) for c in (self.room_views.rooms, self.room_views.memberships)]
+        for name, size in sizes:
+            self._cache_size.labels(name).set(size)
         self._waiting.set(self.notifier.waiting)
         replication = self.replication.health()
         detail: dict[str, Any] = {

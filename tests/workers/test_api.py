@@ -228,3 +228,35 @@ async def test_write_only_persisters_follow_positions_and_serve_no_reads(
     assert idle.generators["events"].get_current_token_for_writer(owner.name) >= sent[-1]
     assert idle.replication.metrics.value("fanout_repl_rejected_total") == 0
     assert idle.registry.get_sample_value("fanout_events_applied_total") == 0
+
+
+async def test_the_rules_see_every_change_the_writer_committed(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """The writer caches the state its rules read (`RoomViews`); each committed change must reach the
+    next check: a leave, a kick, a ban, a join rule, a room that did not exist yet."""
+    worker = await make_worker("p1", ["p1"])
+    alice, bob, carol = (client_for(http, [worker], ["p1"]) for _ in range(3))
+    for client, name in ((alice, "@alice"), (bob, "@bob"), (carol, "@carol")):
+        await client.register(name)
+    room = await alice.create_room("public")
+    await bob.membership(room, "join")
+    await bob.send(room, "m.room.message", {"body": "hi"})  # bob's view is cached: joined
+    await bob.membership(room, "leave")
+    with pytest.raises(ApiError) as refused:
+        await bob.send(room, "m.room.message", {"body": "still here?"})
+    assert refused.value.status == 403
+    await carol.membership(room, "join")
+    await alice.membership(room, "leave", target="@carol")  # kicked
+    with pytest.raises(ApiError):
+        await carol.send(room, "m.room.message", {})
+    await alice.membership(room, "ban", target="@bob")
+    with pytest.raises(ApiError):
+        await bob.membership(room, "join")
+    await alice.set_state(room, "m.room.join_rules", "", {"join_rule": "invite"})
+    with pytest.raises(ApiError):
+        await carol.membership(room, "join")
+    await alice.set_state(room, "m.room.join_rules", "", {"join_rule": "public"})
+    await carol.membership(room, "join")
+    await carol.send(room, "m.room.message", {"body": "back"})
+    assert worker.room_views.rooms.hits > 0 and worker.room_views.memberships.hits > 0

@@ -55,6 +55,7 @@ class ApiDeps:
     persister: EventPersister | None
     backfill: EventPersister | None
     sync: SyncHandler | None
+    room_views: rooms.RoomViews
     metrics: CollectorRegistry
     health: Callable[[], tuple[bool, dict[str, Any]]]
     accepting: Callable[[], bool]
@@ -172,9 +173,8 @@ class ClientApi:
 
     async def _send_checked(self, event: NewEvent) -> web.Response:
         persister = self._persister_for(event.room_id)
-        async with self.deps.pool.acquire() as conn:
-            target = event.state_key if event.type == MEMBER_EVENT else None
-            view = await rooms.load_view(conn, event.room_id, event.sender, target)
+        target = event.state_key if event.type == MEMBER_EVENT else None
+        view = await self.deps.room_views.view(event.room_id, event.sender, target)
         try:
             rooms.check(event, view)
         except rooms.NotFound as e:
@@ -218,8 +218,7 @@ class ClientApi:
         items = body.get("events")
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BACKFILL:
             raise ApiError(400, "BAD_EVENTS", f"events must be a list of 1 to {MAX_BACKFILL} objects")
-        async with self.deps.pool.acquire() as conn:
-            view = await rooms.load_view(conn, room_id, user, None)
+        view = await self.deps.room_views.view(room_id, user, None)
         if view.sender_membership != "join":
             raise ApiError(403, "FORBIDDEN", f"{user} is not in {room_id}")
         events: list[NewEvent] = []
