@@ -79,6 +79,7 @@ class Worker:
         self.persister: EventPersister | None = None
         self.backfill_persister: EventPersister | None = None
         self.room_stats: RoomStatsTask | None = None
+        self.applied: AppliedRangesRecorder | None = None
         self.generators: dict[str, MultiWriterIdGenerator] = {}
         self._events_applied = Counter(
             "fanout_events_applied_total", "Events rows applied from replication", registry=self.registry
@@ -153,11 +154,11 @@ class Worker:
             backfill_stream(self.pool, self.generators[BACKFILL], self.writers(BACKFILL)),
             caches_stream(self.pool, self.generators[CACHES], self.writers(CACHES)),
         ]
-        # What this run applies of the caches stream, for the audit: its own rows always (they are
-        # applied here as they commit), other writers' only when it applies their rows.
-        self.applied = AppliedRangesRecorder(self.pool, self.name, CACHES)
-        for writer in self.writers(CACHES):
-            if config.serve_reads or writer == self.name:
+        # What this run applies of the caches stream, for the audit's reconciliation of what readers
+        # applied; a worker that serves no reads applies no invalidation that matters and keeps none.
+        if config.serve_reads:
+            self.applied = AppliedRangesRecorder(self.pool, self.name, CACHES)
+            for writer in self.writers(CACHES):
                 self.applied.begin(writer, self.generators[CACHES].get_current_token_for_writer(writer))
         with self._phase("subscribe"):
             self.replication = ReplicationClient(
@@ -172,7 +173,8 @@ class Worker:
             await self.replication.start()
         with self._phase("catch_up"):
             await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
-        self.applied.start()
+        if self.applied is not None:
+            self.applied.start()
         if config.writes(EVENTS):
             with self._phase("start_persisters"):
                 self.persister = EventPersister(
@@ -260,7 +262,7 @@ class Worker:
             self._invalidations.labels("replication").inc(len(rows))
 
     def _position_moved(self, stream: str, instance: str, token: int) -> None:
-        if stream == CACHES and self.config.serve_reads:
+        if stream == CACHES and self.applied is not None:
             self.applied.advanced(instance, token)
         rooms, users = self._woken.pop(stream, (set(), set()))
         if rooms or users:
@@ -295,7 +297,7 @@ class Worker:
     ) -> None:
         """The IDs are finished: publish, then wake local readers."""
         self.replication.notify()
-        if invalidations:
+        if invalidations and self.applied is not None:
             # Batches may finish out of order: our own position only covers finished IDs, and
             # every finished batch ran `_committed` (invalidated here) before finishing.
             self.applied.advanced(self.name, self.generators[CACHES].get_current_token_for_writer(self.name))
@@ -362,7 +364,7 @@ class Worker:
             steps.append(("stop_background", self.room_stats.stop))
         if hasattr(self, "replication"):
             steps.append(("announce_and_unsubscribe", self.replication.stop))
-        if hasattr(self, "applied"):
+        if self.applied is not None:
             steps.append(("record_applied", self.applied.stop))
         if self._runner is not None:
             steps.append(("close_http", self._runner.cleanup))

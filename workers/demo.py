@@ -163,18 +163,22 @@ def main(argv: list[str]) -> int:
         _print_summary(summary)
         print(f"  summary JSON                 {workdir / 'summary.json'}")
         if not args.no_audit:
-            summary["audit_exit"] = _run_audit(database_url, workdir / "audit")
+            summary["audit_exit"] = _run_audit(database_url, workdir / "audit", len(summary["workers"]))
     return 0 if summary["verified"] and summary.get("audit_exit", 0) == 0 else 1
 
 
-def _run_audit(database_url: str, out: Path) -> int:
-    """The Spark invalidation audit over the demo's own data (issue 6)."""
+def _run_audit(database_url: str, out: Path, subscribers: int) -> int:
+    """The Spark invalidation audit over the demo's own data (issue 6). Every worker subscribes to
+    the one channel, so each invalidation fans out to all of them; the applied record holds the
+    workers that serve reads only (persisters write only)."""
     try:
         from analytics.audit import main as audit_main
     except ImportError as e:
         say(f"audit skipped: {e} (install the 'audit' extra)")
         return 0
     say(f"running the invalidation audit (Spark) into {out}")
-    code = audit_main(["run", "--database-url", database_url, "--out", str(out)])
+    code = audit_main(
+        ["run", "--database-url", database_url, "--out", str(out), "--subscribers", str(subscribers)]
+    )
     say(f"audit report: {out} (exit {code})")
     return code

@@ -180,6 +180,7 @@ async def test_reader_records_the_caches_rows_it_applied(
         published = await conn.fetchval(
             "SELECT max(stream_id) FROM cache_invalidation_stream_by_instance WHERE instance_name = 'p1'"
         )
+    assert reader.applied is not None
     for _ in range(100):
         await reader.applied.flush()
         async with reader.pool.acquire() as conn:
@@ -228,6 +229,7 @@ async def test_write_only_persisters_follow_positions_and_serve_no_reads(
     assert idle.generators["events"].get_current_token_for_writer(owner.name) >= sent[-1]
     assert idle.replication.metrics.value("fanout_repl_rejected_total") == 0
     assert idle.registry.get_sample_value("fanout_events_applied_total") == 0
+    assert idle.applied is None and owner.applied is None  # the audit's record is the readers'
 
 
 async def test_the_rules_see_every_change_the_writer_committed(
