@@ -204,8 +204,8 @@ class ReplicationHandler:
         echoes = unsubscribed = size = run = 0
         runs: list[tuple[_Route, int]] = []  # (route, lines queued through it in a row)
         last: _Route | None = None
-        # A positions-only route's highest token so far, queued (`_follow`) when another route or
-        # the full path comes next: one queue entry per run of lines, as per-line calls would merge.
+        # A positions-only route's highest token so far, queued (`_follow`) when another such route
+        # or the full path comes next: one queue entry per run, as per-line calls would merge.
         follow: _Route | None = None
         top = 0
         for data in lines:
@@ -237,10 +237,7 @@ class ReplicationHandler:
                             follow, top = route, 0
                         if int(token) > top:
                             top = int(token)
-                    else:
-                        if follow is not None:
-                            self._follow(follow[0], follow[1], top)
-                            follow = None
+                    else:  # another stream's queue: a pending run of `follow` may wait
                         try:
                             values = validate(payload)  # `Stream.parse_payload`, without its call
                         except ValidationError:

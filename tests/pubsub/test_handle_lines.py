@@ -1,7 +1,7 @@
 """`handle_lines` checks most RDATA inline, on the bytes; it must decide every line exactly as the
 full per-line path (`handle_line`: `parse_line`, then routing) does. Two handlers get the same lines,
-one through each entry point; what they queued and counted must be equal. Both for a stream whose
-rows are applied and for one followed for positions only."""
+one through each entry point; what they queued and counted must be equal. Stream "t" is applied;
+stream "s" is applied too, or followed for positions only."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.pubsub.fakes import MemoryTable, memory_stream
 def _handler(max_line_bytes: int, positions_only: bool = False) -> ReplicationHandler:
     return ReplicationHandler(
         "me",
-        StreamRegistry([memory_stream("s", ["w1", "w2", "me"], MemoryTable())]),
+        StreamRegistry([memory_stream(name, ["w1", "w2", "me"], MemoryTable()) for name in ("s", "t")]),
         _no_apply,
         metrics=ReplicationMetrics(),
         other_streams=["elsewhere"],
@@ -34,8 +34,8 @@ async def _no_apply(*_: object) -> None:
 
 def _state(handler: ReplicationHandler) -> tuple[object, ...]:
     m = handler.metrics
-    queued = [tuple(entry) for entry in handler._states["s"].queue]
-    heard = dict(handler._states["s"].last_heard)
+    queued = [[tuple(entry) for entry in handler._states[name].queue] for name in ("s", "t")]
+    heard = [dict(handler._states[name].last_heard) for name in ("s", "t")]
     return (queued, heard, m.bytes_in, m.rejected, m.dropped, m.commands_in)
 
 
@@ -60,7 +60,7 @@ _PAYLOADS = [
 ]
 _TOKENS = ["5", "0", "05", "batch", "-5", "+5", "5a", "\u0661", "9" * 19, "9" * 20, "", "5 "]
 _WRITERS = ["w1", "w2", "me", "intruder", "w1 "]
-_STREAMS = ["s", "elsewhere", "nosuch", "s/x"]
+_STREAMS = ["s", "t", "elsewhere", "nosuch", "s/x"]
 
 
 @st.composite
