@@ -193,11 +193,11 @@ class ReplicationHandler:
         numbered RDATA of another writer of a stream we read. Both are handled here on the bytes,
         without a Python call per line: our own are counted and dropped by prefix; an RDATA whose
         stream and writer are a known route gets exactly the checks `parse_line` and
-        `_route_stream_command` would make (size, no line breaks, canonical token, the stream's
-        strict row validator) and is queued; on a positions-only stream, only its token is taken
-        (no row validation). Every other line, and any line that fails one of those checks, goes
-        through `handle_line`, which parses it in full and, if it is bad, rejects it with its
-        reason.
+        `_route_stream_command` would make (size, UTF-8, no line breaks, canonical token, the
+        stream's strict row validator) and is queued; on a positions-only stream, only its token is
+        taken (no row validation). Every other line, and any line that fails one of those checks
+        (or is not ASCII), goes through `handle_line`, which parses it in full and, if it is bad,
+        rejects it with its reason.
         """
         own, echo, routes, new = self._own_prefixes, self._echo_prefixes, self._rdata_routes, tuple.__new__
         max_bytes, generation, queue_size = self.max_line_bytes, self.generation, self.queue_size
@@ -228,6 +228,7 @@ class ReplicationHandler:
                     and payload[:1] == b"["
                     and 10 not in data  # "\n"; an int: `b"\n" in` costs bytes a caught TypeError
                     and 13 not in data  # "\r"
+                    and data.isascii()  # so UTF-8; other lines are rare: `handle_line` decodes them
                 ):
                     state, writer, validate, row_type = route
                     if validate is None:

@@ -136,3 +136,14 @@ def test_a_positions_only_run_is_queued_before_a_line_of_the_full_path() -> None
     assert [(e[1].instance, e[1].new_token) for e in together._states["s"].queue] == [
         ("w1", 5), ("w2", 3), ("w1", 6)
     ]  # fmt: skip
+
+
+def test_a_line_that_is_not_utf8_is_rejected_on_a_positions_only_stream_too() -> None:
+    """Found by the property above: no row validator reads the payload there, and `parse_line`
+    rejects the whole line."""
+    lines = [b'RDATA s w1 5 [\xff4,1,"payload",7]']
+    together, one_by_one = _handler(1 << 20, True), _handler(1 << 20, True)
+    together.handle_lines(lines, 1.0)
+    one_by_one.handle_line(lines[0], 1.0)
+    assert _state(together) == _state(one_by_one)
+    assert together.metrics.rejected == {("not_utf8",): 1}
