@@ -287,6 +287,23 @@ async def fresh_database(admin_url: str, tag: str) -> str:
     return url
 
 
+async def _write_phase(
+    args: argparse.Namespace, admin_url: str, redis_url: str, k: int, *, serve_reads: bool
+) -> float:
+    """Events/s of `k` persister processes on a fresh database, driven directly for `args.seconds`."""
+    db = await fresh_database(admin_url, "writepath")
+    writers = [f"p{i}" for i in range(1, k + 1)]
+    prefix = f"bench-{uuid.uuid4().hex[:6]}"
+    count, _ = _in_processes(
+        "write",
+        [
+            (db, redis_url, prefix, w, writers, args.seconds, 0, args.concurrency, serve_reads)
+            for w in writers
+        ],
+    )
+    return float(count / args.seconds)
+
+
 async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir: Path) -> dict[str, Any]:
     connections = args.ceiling_connections
     result: dict[str, Any] = {
@@ -309,26 +326,12 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
             )
             ceilings.append(count / args.seconds)
             say(f"write path: EventPersister driven directly, {k} persister process(es) (round {round_no})")
-            db = await fresh_database(admin_url, "writepath")
-            writers = [f"p{i}" for i in range(1, k + 1)]
-            prefix = f"bench-{uuid.uuid4().hex[:6]}"
-            count, _ = _in_processes(
-                "write",
-                [(db, redis_url, prefix, w, writers, args.seconds, 0, args.concurrency) for w in writers],
-            )
-            writes.append(count / args.seconds)
+            writes.append(await _write_phase(args, admin_url, redis_url, k, serve_reads=False))
             ratios.append(writes[-1] / ceilings[-1])
             say(f"  round {round_no}: {writes[-1]:,.0f} vs {ceilings[-1]:,.0f} events/s = {ratios[-1]:.3f}")
             if k > 1:
                 say(f"write path: {k} persisters that also serve reads (round {round_no})")
-                db = await fresh_database(admin_url, "writepath")
-                prefix = f"bench-{uuid.uuid4().hex[:6]}"
-                count, _ = _in_processes(
-                    "write",
-                    [(db, redis_url, prefix, w, writers, args.seconds, 0, args.concurrency, True)
-                     for w in writers],
-                )  # fmt: skip
-                reading.append(count / args.seconds)
+                reading.append(await _write_phase(args, admin_url, redis_url, k, serve_reads=True))
                 say(f"  round {round_no}: {reading[-1]:,.0f} events/s = {reading[-1] / ceilings[-1]:.3f}")
         result[f"ceiling_{k}"] = round(statistics.median(ceilings), 1)
         result[f"write_path_{k}"] = round(statistics.median(writes), 1)
