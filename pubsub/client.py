@@ -26,6 +26,7 @@ from pubsub.metrics import ReplicationMetrics
 from pubsub.publisher import StreamPublisher
 from pubsub.redis_transport import RedisTransport
 from pubsub.streams import Stream, StreamRegistry
+from pubsub.tasks import cancel_and_wait
 from pubsub.types import ApplyCallback, DropFilter, PositionListener, Row
 from pubsub.wire import REPLICATE, ClearUserSync, Command, UserSync, command_name, format_command
 
@@ -186,16 +187,13 @@ class ReplicationClient:
             return
         self._started = False
         if self._health_task is not None:
-            self._health_task.cancel()
-            await asyncio.gather(self._health_task, return_exceptions=True)
+            await cancel_and_wait(self._health_task)
         await self.publisher.stop()
         try:
             await self.publisher.flush(announce=True)
         except Exception:  # best effort at shutdown: readers catch up anyway
             log.debug("final flush failed", exc_info=True)
-        for task in list(self._pending):
-            task.cancel()
-        await asyncio.gather(*self._pending, return_exceptions=True)
+        await cancel_and_wait(*self._pending)
         await self.handler.stop()
         await self.transport.stop()
 

@@ -48,6 +48,7 @@ from pubsub.errors import WireError
 from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
 from pubsub.streams import Stream, StreamRegistry
+from pubsub.tasks import cancel_and_wait
 from pubsub.types import ApplyCallback, PositionListener, Row
 from pubsub.wire import (
     MAX_TOKEN_DIGITS,
@@ -167,9 +168,7 @@ class ReplicationHandler:
     async def stop(self) -> None:
         tasks = [s.task for s in self._states.values() if s.task is not None]
         tasks += list(self._background)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         for state in self._states.values():
             state.task = None
 

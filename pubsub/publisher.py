@@ -36,6 +36,7 @@ from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
 from pubsub.redis_transport import RedisTransport
 from pubsub.streams import Stream
+from pubsub.tasks import cancel_and_wait
 from pubsub.types import Row
 from pubsub.wire import Position, format_command, format_rdata
 
@@ -98,8 +99,8 @@ class StreamPublisher:
         try:
             await asyncio.wait_for(asyncio.shield(self._task), grace_s)
         except TimeoutError:
-            self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+            pass
+        await cancel_and_wait(self._task)
         self._task = None
 
     def stage_rows(self, stream: str, rows: Iterable[tuple[int, Row | str]]) -> None:

@@ -39,6 +39,7 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
 from pubsub.metrics import ReplicationMetrics
+from pubsub.tasks import cancel_and_wait
 from pubsub.types import DropFilter
 
 log = logging.getLogger(__name__)
@@ -208,8 +209,7 @@ class RedisTransport:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
             self._task = None
         await self._pub.aclose()
         await self._sub_pool.aclose()
@@ -248,8 +248,7 @@ class RedisTransport:
                 await asyncio.sleep(delay)
                 continue
             finally:
-                watchdog.cancel()
-                await asyncio.gather(watchdog, return_exceptions=True)
+                await cancel_and_wait(watchdog)
                 await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call]
                 self._pubsub = None
             attempt = 0

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from pubsub.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 
@@ -64,9 +66,7 @@ class AppliedRangesRecorder:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         with contextlib.suppress(OSError, asyncpg.PostgresError):
             await self.flush()
 

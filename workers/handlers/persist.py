@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import asyncpg
 
 from idgen import MultiWriterIdGenerator
+from pubsub.tasks import cancel_and_wait
 from workers.model import CacheInvalidation, Event, NewEvent, StateChanges
 from workers.storage.events import insert_batch, needs_transaction
 
@@ -149,9 +150,7 @@ class EventPersister:
                 self._drained = asyncio.get_running_loop().create_future()
             await asyncio.shield(self._drained)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -16,6 +16,7 @@ from collections import Counter
 import asyncpg
 
 from idgen import MultiWriterIdGenerator
+from pubsub.tasks import cancel_and_wait
 from workers.handlers.notifier import Notifier
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,7 @@ class RoomStatsTask:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:
