@@ -22,6 +22,7 @@ keys (positions hash, heartbeat with TTL) for people and `fanout inspect`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -96,10 +97,8 @@ class StreamPublisher:
             return
         self._stopping = True
         self._poke.set()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._task), grace_s)
-        except TimeoutError:
-            pass
         await cancel_and_wait(self._task)
         self._task = None
 

@@ -13,7 +13,7 @@ RECANCEL_EVERY_S = 0.5
 
 async def cancel_and_wait(*tasks: asyncio.Task[Any], every_s: float = RECANCEL_EVERY_S) -> None:
     """Cancel `tasks` and wait until every one has ended, cancelling again every `every_s` those
-    that run on. Their results and exceptions are dropped, as `gather(return_exceptions=True)` would.
+    that run on. An exception a task ended with is logged, not raised: stopping goes on.
 
     One cancellation is not always enough. On Python 3.11 `asyncio.wait_for` drops a cancel that
     arrives as the future it awaits completes (rewritten in 3.12). After a Redis restart a trace
@@ -31,5 +31,5 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any], every_s: float = RECANCEL_E
                 "task %s still running %.1fs after a cancel; cancelling it again", task.get_name(), every_s
             )
     for task in tasks:
-        if not task.cancelled():
-            task.exception()  # retrieved, so asyncio does not log it as never retrieved
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("task %s had failed: %r", task.get_name(), error)
