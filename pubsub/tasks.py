@@ -18,7 +18,7 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any], every_s: float = RECANCEL_E
     One cancellation is not always enough. On Python 3.11 `asyncio.wait_for` drops a cancel that
     arrives as the future it awaits completes (rewritten in 3.12). After a Redis restart a trace
     caught this in the subscriber task: the task went back to reading its socket and shutdown hung
-    for good (a stress loop of kill Redis, restart it, stop hit it about once in 50 runs). The next
+    for good (rare: the fault test hung once in CI and once in about 300 runs here). The next
     cancel reaches the task in that read.
     """
     pending = {t for t in tasks if not t.done()}

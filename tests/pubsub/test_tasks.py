@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from pubsub.tasks import cancel_and_wait
 
@@ -25,7 +28,9 @@ async def test_a_task_that_swallows_a_cancel_is_cancelled_again() -> None:
     assert task.cancelled()
 
 
-async def test_ended_and_failed_tasks_are_waited_for_without_raising() -> None:
+async def test_ended_and_failed_tasks_are_waited_for_without_raising(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def fails() -> None:
         raise ValueError("boom")
 
@@ -35,7 +40,9 @@ async def test_ended_and_failed_tasks_are_waited_for_without_raising() -> None:
     failed = asyncio.create_task(fails())
     await asyncio.sleep(0)
     running = asyncio.create_task(waits())
-    await cancel_and_wait(failed, running)
+    with caplog.at_level(logging.WARNING, logger="pubsub.tasks"):
+        await cancel_and_wait(failed, running)
+    assert "had failed: ValueError('boom')" in caplog.text
     assert running.cancelled()
     assert isinstance(failed.exception(), ValueError)
     await cancel_and_wait()
