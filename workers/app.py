@@ -1,4 +1,4 @@
-"""One worker process: `fanout worker --config FILE`.
+"""One worker process's life: start, serve, stop (run by `fanout worker --config FILE`).
 
 Start-up, each phase logged with its duration: connect to Postgres, apply migrations, load the ID
 generators (eagerly, so a write never waits on a lazy load), subscribe to Redis and announce,
@@ -22,12 +22,9 @@ exit 0.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
@@ -40,7 +37,7 @@ from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from pubsub.types import Row
 from workers import event_loop
-from workers.config import ConfigError, WorkerConfig, load_config
+from workers.config import WorkerConfig
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import SyncCaches
@@ -385,34 +382,3 @@ class Worker:
     async def _close_generators(self) -> None:
         for generator in self.generators.values():
             await generator.close()
-
-
-async def run(config: WorkerConfig) -> int:
-    worker = Worker(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await worker.start()
-        print(f"ready http://{config.http_host}:{worker.http_port}", flush=True)
-        await stop.wait()
-    finally:
-        await worker.stop()
-    return 0
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fanout worker", description="Run one fanout worker process.")
-    parser.add_argument("--config", required=True, help="YAML file; FANOUT_* variables override fields")
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as e:
-        print(f"fanout: {e}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=config.log_level,
-        format=f"%(asctime)s %(levelname)s [{config.instance_name}] %(name)s %(message)s",
-    )
-    return event_loop.run(run(config), use_uvloop=config.event_loop == "uvloop")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from workers.cluster import LocalCluster
+from workers.harness.cluster import LocalCluster
 
 MakeCluster = Callable[..., Awaitable[LocalCluster]]
 

@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from tests.cluster.conftest import MakeCluster
-from workers.client import ApiError, ClusterClient
-from workers.loadgen import LoadDriver, LoadPlan
+from workers.harness.cluster_client import ClusterClient, RequestRefused
+from workers.harness.loadgen import LoadDriver, LoadPlan
 from workers.routing import writer_for_room
 from workers.storage import connect
 
@@ -111,10 +111,10 @@ async def test_user_cannot_read_another_users_room(make_cluster: MakeCluster) ->
         since = (await mallory.sync("sync1"))["next_batch"]
         room = await alice.create_room("invite")
         await alice.send(room, "m.room.message", {"body": "private"})
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(RequestRefused) as refused:
             await mallory.room_state(room, "sync1")
         assert refused.value.status == 403
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(RequestRefused) as refused:
             await mallory.membership(room, "join")
         assert refused.value.status == 403
         assert (await mallory.sync("sync1", since, 500))["events"] == []

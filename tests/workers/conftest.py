@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 
 from workers.app import Worker
-from workers.client import ClusterClient
 from workers.config import WorkerConfig
+from workers.harness.cluster_client import ClusterClient
 
 MakeWorker = Callable[..., Awaitable[Worker]]
 

@@ -9,7 +9,7 @@ the hole between rows is what the audit reports. Rows are written in autocommit,
 `flush_interval_s`, so the record may lag behind the worker but never runs ahead of it.
 
 What it cannot show: a bug in the handler that advanced past rows without applying them. The
-history checker (workers.history) covers that end to end.
+history checker (workers.harness.history) covers that end to end.
 """
 
 from __future__ import annotations

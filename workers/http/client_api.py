@@ -30,7 +30,8 @@ from idgen import InvalidTokenError
 from workers.handlers import rooms
 from workers.handlers.persist import EventPersister, PersisterOverloaded, PersisterStopped
 from workers.handlers.sync import SyncHandler
-from workers.http.errors import ApiError, json_body
+from workers.http.bodies import json_body
+from workers.http.errors import ApiError
 from workers.model import MEMBER_EVENT, NewEvent
 from workers.routing import writer_for_room
 from workers.storage import users

@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 
 from workers import event_loop
-from workers.cluster import LocalCluster
-from workers.loadgen import LoadDriver, LoadPlan, LoadReport
+from workers.harness.cluster import LocalCluster
+from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
 from workers.services import given_or_embedded
 from workers.storage import connect
 from workers.storage.migrate import migrate_url

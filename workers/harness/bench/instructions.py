@@ -42,9 +42,9 @@ from pubsub.redis_transport import pack_publishes
 from pubsub.streams import Stream
 from pubsub.wire import format_rdata
 from workers import event_loop
-from workers.bench.cluster import bench_rooms, drive_persister, fresh_database, insert_raw_batch
 from workers.handlers import rooms
 from workers.handlers.persist import MAX_BATCH
+from workers.harness.bench.cluster import bench_rooms, drive_persister, fresh_database, insert_raw_batch
 from workers.model import Event
 from workers.services import given_or_embedded
 from workers.storage import connect
@@ -168,7 +168,7 @@ def _count(kind: str, database_url: str, redis_url: str, events: int, concurrenc
         command = [
             "valgrind", "--tool=callgrind", "--instr-atstart=no",
             f"--callgrind-out-file={Path(tmp) / 'callgrind.out'}",
-            sys.executable, "-m", "workers.bench.instructions", "--child",
+            sys.executable, "-m", "workers.harness.bench.instructions", "--child",
             kind, database_url, redis_url, str(events), str(concurrency),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True)

@@ -43,11 +43,11 @@ import aiohttp
 import asyncpg
 
 from workers import event_loop
-from workers.client import ClusterClient
-from workers.cluster import LocalCluster
 from workers.config import WorkerConfig
 from workers.handlers import rooms
 from workers.handlers.persist import MAX_BATCH, EventPersister
+from workers.harness.cluster import LocalCluster
+from workers.harness.cluster_client import ClusterClient
 from workers.model import NewEvent
 from workers.routing import writer_for_room
 from workers.services import given_or_embedded

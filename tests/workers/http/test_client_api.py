@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from tests.workers.conftest import MakeWorker, client_for
-from workers.client import ApiError
+from workers.harness.cluster_client import RequestRefused
 from workers.routing import writer_for_room
 
 
@@ -17,7 +17,7 @@ async def test_register_auth_and_bad_bodies(make_worker: MakeWorker, http: aioht
     base = f"http://127.0.0.1:{worker.http_port}"
     client = client_for(http, [worker], ["p1"])
     await client.register("@alice")
-    with pytest.raises(ApiError) as taken:
+    with pytest.raises(RequestRefused) as taken:
         await client_for(http, [worker], ["p1"]).register("@alice")
     assert taken.value.status == 409
     auth = {"Authorization": f"Bearer {client.token}"}
@@ -88,7 +88,7 @@ async def test_user_cannot_read_or_enter_another_users_room(
         bob.send(room, "m.room.message", {"body": "let me in"}),
         bob.membership(room, "invite", target="@bob"),
     ):
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(RequestRefused) as refused:
             await attempt
         assert refused.value.status == 403
     assert (await bob.sync("p1", bob_since, 300))["events"] == []
@@ -245,18 +245,18 @@ async def test_the_rules_see_every_change_the_writer_committed(
     await bob.membership(room, "join")
     await bob.send(room, "m.room.message", {"body": "hi"})  # bob's view is cached: joined
     await bob.membership(room, "leave")
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(RequestRefused) as refused:
         await bob.send(room, "m.room.message", {"body": "still here?"})
     assert refused.value.status == 403
     await carol.membership(room, "join")
     await alice.membership(room, "leave", target="@carol")  # kicked
-    with pytest.raises(ApiError):
+    with pytest.raises(RequestRefused):
         await carol.send(room, "m.room.message", {})
     await alice.membership(room, "ban", target="@bob")
-    with pytest.raises(ApiError):
+    with pytest.raises(RequestRefused):
         await bob.membership(room, "join")
     await alice.set_state(room, "m.room.join_rules", "", {"join_rule": "invite"})
-    with pytest.raises(ApiError):
+    with pytest.raises(RequestRefused):
         await carol.membership(room, "join")
     await alice.set_state(room, "m.room.join_rules", "", {"join_rule": "public"})
     await carol.membership(room, "join")

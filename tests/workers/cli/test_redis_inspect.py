@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from pubsub import keys
 from tests.pubsub.conftest import STREAM, NodeFactory
-from workers.inspect import describe, main
+from workers.cli.redis_inspect import describe, main
 
 
 def test_describe_decodes_and_flags_rejections() -> None:

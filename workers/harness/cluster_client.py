@@ -16,7 +16,7 @@ import aiohttp
 from workers.routing import writer_for_room
 
 
-class ApiError(Exception):
+class RequestRefused(Exception):
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"HTTP {status}: {body}")
         self.status = status
@@ -51,9 +51,9 @@ class ClusterClient:
             try:
                 data = json.loads(text)
             except ValueError:
-                raise ApiError(resp.status, text) from None
+                raise RequestRefused(resp.status, text) from None
             if resp.status != 200:
-                raise ApiError(resp.status, data)
+                raise RequestRefused(resp.status, data)
             return data
 
     def owner_url(self, room_id: str) -> str:

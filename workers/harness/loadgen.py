@@ -4,7 +4,7 @@ Users join and leave rooms, send messages and change room state, each action rou
 persister that owns the room. Every user long-polls /sync the whole time, switching between the
 sync workers (tokens must carry over), and records each answer. One probe user per sync worker,
 in every room, timestamps arrivals to measure persist-to-visible latency on every sync worker.
-At the end the recorded histories are checked against the events table (workers.history).
+At the end the recorded histories are checked against the events table (workers.harness.history).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import aiohttp
 
-from workers.client import ApiError, ClusterClient
-from workers.history import StoredEvent, SyncRecord, check_history, events_token
+from workers.harness.cluster_client import ClusterClient, RequestRefused
+from workers.harness.history import StoredEvent, SyncRecord, check_history, events_token
 from workers.storage import connect
 
 Progress = Callable[[int, int, str], None]
@@ -201,7 +201,7 @@ class LoadDriver:
                     )
                 else:
                     return
-            except ApiError as e:
+            except RequestRefused as e:
                 if e.status == 403:
                     self.report.rejected += 1
                     return

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.history import StoredEvent, SyncRecord, check_history, visible_events
+from workers.harness.history import StoredEvent, SyncRecord, check_history, visible_events
 
 IDS = {"p1": 1, "p2": 2}
 ALICE = "@alice"
