@@ -38,15 +38,19 @@ class WorkerConfig(BaseSettings):
     )
     per_stream_channels: bool = Field(False, description="Publish each stream on <prefix>/<stream>")
     sharded_pubsub: bool = Field(False, description="Use SPUBLISH/SSUBSCRIBE (Redis >= 7, Redis Cluster)")
-    http_host: str = "127.0.0.1"
+    http_host: str = Field("127.0.0.1", description="Address the HTTP API listens on")
     http_port: int = Field(8080, ge=0, le=65535, description="0 picks a free port")
-    position_announce_interval_s: float = Field(1.0, gt=0, le=60)
+    position_announce_interval_s: float = Field(
+        1.0, gt=0, le=60, description="Seconds between a writer's POSITION announcements (also when idle)"
+    )
     silent_writer_intervals: int = Field(
         5, ge=2, description="Announce intervals before a writer is 'silent'"
     )
     max_line_bytes: int = Field(1 << 20, ge=1024, description="Longest accepted pub/sub line")
-    catch_up_batch_size: int = Field(1000, ge=1, le=100_000)
-    db_pool_size: int = Field(10, ge=1, le=200)
+    catch_up_batch_size: int = Field(
+        1000, ge=1, le=100_000, description="Rows read per query when catching up from the database"
+    )
+    db_pool_size: int = Field(10, ge=1, le=200, description="Connections in the worker's Postgres pool")
     persist_batches_in_flight: int = Field(
         2,
         ge=1,
@@ -63,7 +67,7 @@ class WorkerConfig(BaseSettings):
         default_factory=list, description="Background tasks this instance runs"
     )
     cache_max_entries: int = Field(10_000, ge=1, description="Entries per in-process cache (LRU)")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Logging threshold")
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="uvloop (asyncio's own loop when uvloop is not installed) or asyncio"
     )

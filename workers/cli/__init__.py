@@ -1,8 +1,9 @@
 """The `fanout` command.
 
 Each subcommand lives in its own module with a `main(argv: list[str]) -> int`; this module only
-dispatches, so `fanout X --help` is always the owning module's own parser. Exit status 2 means
-bad usage or bad configuration (one clear message, no traceback).
+dispatches, so `fanout X --help` is always the owning module's own parser, and importing a
+subcommand's module happens only when it runs (`fanout worker` never loads the harness or Spark).
+Exit status 2 means bad usage or bad configuration (one clear message, no traceback).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "services": ("workers.cli.services", "run the embedded PostgreSQL and Redis in the foreground"),
     "check-config": ("workers.cli.check_config", "validate a worker configuration file"),
+    "config-reference": (
+        "workers.cli.config_reference",
+        "the settings reference (docs/configuration.md)",
+    ),
     "migrate": ("workers.cli.migrate", "apply the schema migrations to a database"),
     "worker": ("workers.cli.worker", "run one worker process (--config FILE)"),
     "demo": ("workers.harness.demo", "the main job: a local cluster under load, verified"),
@@ -69,7 +74,3 @@ def main(argv: list[str] | None = None) -> int:
         raise
     result: int = module.main(rest)
     return result
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,6 @@
-"""Storage: migrations and one module of SQL per domain. Functions take a connection, never a pool,
-so the caller decides what runs in one transaction."""
+"""Storage: the schema migrations (`migrations/*.sql`, applied by `migrate.py`) and one module of SQL
+per domain. Functions take a connection, never a pool, so the caller decides what runs in one
+transaction. Storage imports nothing of `workers` but `model`; never `http`, `handlers` or `harness`."""
 
 from __future__ import annotations
 
