@@ -53,10 +53,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check idgen pubsub workers analytics tests
 	$(BIN)/mypy
 
-bench: $(STAMP)
-	$(BIN)/fanout bench idgen
-	$(BIN)/fanout bench pubsub
-	$(BIN)/fanout bench cluster
+# Every benchmark, then docs/benchmarks.md and out/bench/all.json from the run (tens of minutes).
+bench: $(STAMP) jdbc
+	$(BIN)/fanout bench all
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

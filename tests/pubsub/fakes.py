@@ -1,4 +1,5 @@
-"""Test doubles for handler unit tests that need no database: an in-memory generator and stream."""
+"""Test doubles for handler unit tests that need no database: an in-memory table and stream (the
+in-memory generator is the harness's, shared with the pubsub benchmark)."""
 
 from __future__ import annotations
 
@@ -6,27 +7,14 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from pubsub.streams import Stream
+from workers.harness.memory import MemoryGenerator
+
+__all__ = ["MemoryGenerator", "MemoryTable", "Row", "memory_stream"]
 
 
 class Row(NamedTuple):
     payload: str
     n: int = 0
-
-
-class MemoryGenerator:
-    """Per-writer positions only (what a pure reader's generator does with `advance`)."""
-
-    def __init__(self, writers: Sequence[str], start: int = 0) -> None:
-        self.positions = dict.fromkeys(writers, start)
-
-    def get_current_token_for_writer(self, instance_name: str) -> int:
-        return self.positions.get(instance_name, 0)
-
-    def advance(self, instance_name: str, new_id: int) -> None:
-        self.positions[instance_name] = max(self.positions.get(instance_name, 0), new_id)
-
-    def get_positions(self) -> dict[str, int]:
-        return dict(self.positions)
 
 
 class MemoryTable:

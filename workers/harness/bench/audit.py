@@ -32,6 +32,7 @@ from typing import Any
 import asyncpg
 
 from workers import event_loop
+from workers.harness.bench._common import Figure, drop_database, progress, scratch_database
 
 _PG_AGGREGATE = """
 WITH d AS (
@@ -55,10 +56,6 @@ FROM a GROUP BY 1, 2, 3
 _COMPARED = ("groups", "rows", "keys", "batched_rows", "invalidate_all_rows", "bytes", "per_key_messages")
 
 
-def _progress(message: str) -> None:
-    print(f"bench audit: {message}", file=sys.stderr, flush=True)
-
-
 def _rows_arg(text: str) -> list[int]:
     try:
         sizes = [int(float(part)) for part in text.split(",") if part]
@@ -69,18 +66,11 @@ def _rows_arg(text: str) -> list[int]:
     return sizes
 
 
-async def _prepare(admin_url: str, name: str, rows: int) -> str:
+async def _prepare(admin_url: str, rows: int) -> str:
+    """A fresh migrated database holding a generated log of `rows` rows; its URL."""
     from analytics.generate import generate_log
-    from workers.storage.migrate import migrate_url
 
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    url = f"{admin_url.rpartition('/')[0]}/{name}"
-    await migrate_url(url)
+    url = await scratch_database(admin_url, f"audit_{rows}")
     conn = await asyncpg.connect(url)
     try:
         await generate_log(conn, rows, instances=("persister1", "persister2", "persister3"), progress=True)
@@ -88,14 +78,6 @@ async def _prepare(admin_url: str, name: str, rows: int) -> str:
     finally:
         await conn.close()
     return url
-
-
-async def _drop(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
 
 
 async def _postgres_aggregate(url: str, window_ms: int) -> tuple[float, dict[str, int]]:
@@ -151,20 +133,21 @@ def _run(admin_url: str, args: argparse.Namespace) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     try:
         for rows in args.rows:
-            name = f"bench_audit_{rows}"
-            _progress(f"generating {rows} rows in database {name}")
+            progress(f"generating {rows} rows in a scratch database")
             gen_started = time.perf_counter()
-            url = event_loop.run(_prepare(admin_url, name, rows))
+            url = event_loop.run(_prepare(admin_url, rows))
             generated = time.perf_counter() - gen_started
             try:
-                _progress(f"postgres aggregate over {rows} rows")
+                progress(f"postgres aggregate over {rows} rows")
                 pg_s, pg_sums = event_loop.run(_postgres_aggregate(url, args.window))
-                _progress(f"spark aggregate over {rows} rows (postgres took {pg_s:.1f}s)")
+                progress(f"spark aggregate over {rows} rows (postgres took {pg_s:.1f}s)")
                 spark_s, spark_sums = _spark_aggregate(spark, url, jar, args.window, args.num_partitions)
-                _progress(f"spark took {spark_s:.1f}s")
+                progress(f"spark took {spark_s:.1f}s")
             finally:
-                if not args.keep:
-                    event_loop.run(_drop(admin_url, name))
+                if args.keep:
+                    progress(f"kept {url}")
+                else:
+                    event_loop.run(drop_database(admin_url, url))
             results.append(
                 {
                     "rows": rows,
@@ -189,6 +172,22 @@ def _run(admin_url: str, args: argparse.Namespace) -> dict[str, Any]:
         "spark_startup_s": round(startup, 2),
         "results": results,
     }
+
+
+def figures(report: dict[str, Any]) -> list[Figure]:
+    """The Spark audit's aggregate beside Postgres's own GROUP BY over the same rows (JDBC read)."""
+    return [
+        Figure(
+            "audit",
+            f"Spark over JDBC, {r['rows']:,} rows (ceiling: Postgres GROUP BY)",
+            r["spark_s"],
+            "s",
+            r["postgres_s"],
+            "ratio <= 2.0",
+            r["agree"] and r["spark_s"] <= 2.0 * r["postgres_s"],
+        )
+        for r in report["results"]
+    ]
 
 
 def main(argv: list[str]) -> int:

@@ -30,7 +30,6 @@ import asyncio
 import json
 import multiprocessing
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -46,6 +45,7 @@ from workers import event_loop
 from workers.config import WorkerConfig
 from workers.handlers import rooms
 from workers.handlers.persist import MAX_BATCH, EventPersister
+from workers.harness.bench._common import Figure, percentile, progress, scratch_database
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient
 from workers.model import NewEvent
@@ -53,12 +53,6 @@ from workers.routing import writer_for_room
 from workers.services import given_or_embedded
 from workers.storage import connect
 from workers.storage.events import copy_event_rows
-from workers.storage.migrate import migrate_url
-
-
-def say(message: str) -> None:
-    print(f"bench cluster: {message}", file=sys.stderr, flush=True)
-
 
 # -- phase 1: the ceiling ------------------------------------------------------------------------
 
@@ -141,7 +135,7 @@ async def _write_path_child(
             persister, name, writers, time.monotonic() + seconds, events, concurrency
         )
     finally:
-        say(f"{name}: {persister.events} events in {persister.batches} batches")
+        progress(f"{name}: {persister.events} events in {persister.batches} batches")
         await worker.stop()
 
 
@@ -263,13 +257,6 @@ async def _http_load(
     return len(sent), latencies
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
 def _peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -277,21 +264,11 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def fresh_database(admin_url: str, tag: str) -> str:
-    base, _, _ = admin_url.rpartition("/")
-    name = f"bench_{tag}_{uuid.uuid4().hex[:6]}"
-    async with connect(admin_url) as conn:
-        await conn.execute(f"CREATE DATABASE {name}")
-    url = f"{base}/{name}"
-    await migrate_url(url)
-    return url
-
-
 async def _write_phase(
     args: argparse.Namespace, admin_url: str, redis_url: str, k: int, *, serve_reads: bool
 ) -> float:
     """Events/s of `k` persister processes on a fresh database, driven directly for `args.seconds`."""
-    db = await fresh_database(admin_url, "writepath")
+    db = await scratch_database(admin_url, "writepath")
     writers = [f"p{i}" for i in range(1, k + 1)]
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     count, _ = _in_processes(
@@ -319,20 +296,28 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
         ratios: list[float] = []
         reading: list[float] = []  # persisters that also serve reads (2 persisters only)
         for round_no in range(1, args.rounds + 1):
-            say(f"ceiling: raw asyncpg batched insert from {k} process(es) (round {round_no}/{args.rounds})")
-            db = await fresh_database(admin_url, "ceiling")
+            progress(
+                f"ceiling: raw asyncpg batched insert from {k} process(es) (round {round_no}/{args.rounds})"
+            )
+            db = await scratch_database(admin_url, "ceiling")
             count, _ = _in_processes(
                 "ceiling", [(db, args.seconds, args.batch, f"c{i}", connections) for i in range(k)]
             )
             ceilings.append(count / args.seconds)
-            say(f"write path: EventPersister driven directly, {k} persister process(es) (round {round_no})")
+            progress(
+                f"write path: EventPersister driven directly, {k} persister process(es) (round {round_no})"
+            )
             writes.append(await _write_phase(args, admin_url, redis_url, k, serve_reads=False))
             ratios.append(writes[-1] / ceilings[-1])
-            say(f"  round {round_no}: {writes[-1]:,.0f} vs {ceilings[-1]:,.0f} events/s = {ratios[-1]:.3f}")
+            progress(
+                f"  round {round_no}: {writes[-1]:,.0f} vs {ceilings[-1]:,.0f} events/s = {ratios[-1]:.3f}"
+            )
             if k > 1:
-                say(f"write path: {k} persisters that also serve reads (round {round_no})")
+                progress(f"write path: {k} persisters that also serve reads (round {round_no})")
                 reading.append(await _write_phase(args, admin_url, redis_url, k, serve_reads=True))
-                say(f"  round {round_no}: {reading[-1]:,.0f} events/s = {reading[-1] / ceilings[-1]:.3f}")
+                progress(
+                    f"  round {round_no}: {reading[-1]:,.0f} events/s = {reading[-1] / ceilings[-1]:.3f}"
+                )
         result[f"ceiling_{k}"] = round(statistics.median(ceilings), 1)
         result[f"write_path_{k}"] = round(statistics.median(writes), 1)
         result[f"write_path_vs_ceiling_{k}"] = round(statistics.median(ratios), 3)
@@ -345,8 +330,8 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
             result[f"write_path_serving_reads_vs_ceiling_{k}"] = round(
                 statistics.median([w / c for w, c in zip(reading, ceilings, strict=True)]), 3
             )
-        say(f"HTTP: POST /send on worker subprocesses, {k} persister(s)")
-        db = await fresh_database(admin_url, "http")
+        progress(f"HTTP: POST /send on worker subprocesses, {k} persister(s)")
+        db = await scratch_database(admin_url, "http")
         cluster = LocalCluster(db, redis_url, workdir / f"http{k}", persisters=k, sync_workers=0,
                                background_workers=0, channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
                                log_level="WARNING")  # fmt: skip
@@ -356,8 +341,8 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
         finally:
             await cluster.stop()
         result[f"http_{k}"] = round(sent / args.seconds, 1)
-    say(f"latency: {args.rate} events/s offered over HTTP, 2 persisters, 2 sync workers")
-    db = await fresh_database(admin_url, "latency")
+    progress(f"latency: {args.rate} events/s offered over HTTP, 2 persisters, 2 sync workers")
+    db = await scratch_database(admin_url, "latency")
     cluster = LocalCluster(
         db, redis_url, workdir / "latency", persisters=2, sync_workers=2, background_workers=0,
         channel_prefix=f"bench-{uuid.uuid4().hex[:6]}", log_level="WARNING",
@@ -369,8 +354,8 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
         await cluster.stop()
     result["latency_offered_per_s"] = args.rate
     result["latency_achieved_per_s"] = round(sent / args.seconds, 1)
-    result["latency_p50_ms"] = round(_percentile(latencies, 50), 2)
-    result["latency_p99_ms"] = round(_percentile(latencies, 99), 2)
+    result["latency_p50_ms"] = round(percentile(latencies, 50), 2)
+    result["latency_p99_ms"] = round(percentile(latencies, 99), 2)
     result["latency_samples"] = len(latencies)
     if args.rss_events:
         result.update(await _memory_phase(args, admin_url, redis_url, workdir))
@@ -384,8 +369,8 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
 async def _memory_phase(
     args: argparse.Namespace, admin_url: str, redis_url: str, workdir: Path
 ) -> dict[str, Any]:
-    say(f"memory: {args.rss_events:,} events through 2 persisters while users long-poll a sync worker")
-    db = await fresh_database(admin_url, "memory")
+    progress(f"memory: {args.rss_events:,} events through 2 persisters while users long-poll a sync worker")
+    db = await scratch_database(admin_url, "memory")
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     cluster = LocalCluster(
         db, redis_url, workdir / "memory", persisters=0, sync_workers=1, background_workers=0,
@@ -484,6 +469,72 @@ def _table(result: dict[str, Any]) -> str:
         )
     lines.append(f"write path >= 0.5 x ceiling: {'met' if result['target_write_path_met'] else 'NOT met'}")
     return "\n".join(lines)
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """The write path beside the raw insert, HTTP beside the write path, latency and memory."""
+    found: list[Figure] = []
+    for k in (1, 2):
+        write, ceiling = result[f"write_path_{k}"], result[f"ceiling_{k}"]
+        found.append(
+            Figure(
+                "cluster",
+                f"write path, {k} persister(s)",
+                write,
+                "events/s",
+                ceiling,
+                "ratio >= 0.5",
+                result[f"write_path_vs_ceiling_{k}"] >= 0.5,
+                result[f"write_path_vs_ceiling_{k}"],
+            )
+        )
+        found.append(
+            Figure(
+                "cluster",
+                f"HTTP send, {k} persister(s) (ceiling: the write path)",
+                result[f"http_{k}"],
+                "events/s",
+                write,
+                "ratio >= 0.25",
+                result[f"http_{k}"] >= 0.25 * write,
+            )
+        )
+    offered = f"{result['latency_offered_per_s']:,.0f}/s offered"
+    found.append(
+        Figure(
+            "cluster",
+            f"persist-to-visible p50, {offered}",
+            result["latency_p50_ms"],
+            "ms",
+            None,
+            "<= 5 ms",
+            result["latency_p50_ms"] <= 5,
+        )
+    )
+    found.append(
+        Figure(
+            "cluster",
+            f"persist-to-visible p99, {offered}",
+            result["latency_p99_ms"],
+            "ms",
+            None,
+            "<= 20 ms",
+            result["latency_p99_ms"] <= 20,
+        )
+    )
+    if "sync_worker_peak_rss_mb" in result:
+        found.append(
+            Figure(
+                "cluster",
+                f"sync worker peak RSS after {result['memory_events']:,} events",
+                result["sync_worker_peak_rss_mb"],
+                "MB",
+                None,
+                "< 200 MB",
+                result["target_rss_met"],
+            )
+        )
+    return found
 
 
 def main(argv: list[str]) -> int:

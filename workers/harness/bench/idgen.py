@@ -48,6 +48,7 @@ import asyncpg
 
 from idgen import MultiWriterIdGenerator
 from workers import event_loop
+from workers.harness.bench._common import Figure, drop_database, progress, scratch_database, spread
 
 SEQ = "events_stream_seq"
 UPSERT = (
@@ -61,10 +62,6 @@ GAP_S = 0.05  # between slices: every process finishes its last call before the 
 GEN, PLAIN = "generator", "plain"
 
 Step = Callable[[], Awaitable[None]]
-
-
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _schedule(repeats: int) -> list[str]:
@@ -145,11 +142,6 @@ def _writer_process(
     return event_loop.run(_writer(*args))
 
 
-def _spread(values: list[float]) -> float:
-    """(max - min) / median, as a fraction."""
-    return (max(values) - min(values)) / statistics.median(values)
-
-
 def _throughput(ctx: Any, url: str, label: str, batch: int, procs: int, repeats: int,
                 slice_s: float) -> dict[str, Any]:  # fmt: skip
     tag = uuid.uuid4().hex[:6]
@@ -174,10 +166,10 @@ def _throughput(ctx: Any, url: str, label: str, batch: int, procs: int, repeats:
         "pairs": repeats,
         "generator_ids_per_s": round(statistics.median(gen)),
         "generator_best_ids_per_s": round(max(gen)),
-        "generator_spread": round(_spread(gen), 3),
+        "generator_spread": round(spread(gen), 3),
         "plain_ids_per_s": round(statistics.median(plain)),
         "plain_best_ids_per_s": round(max(plain)),
-        "plain_spread": round(_spread(plain), 3),
+        "plain_spread": round(spread(plain), 3),
         "ratio": round(ratio, 3),
         "ratio_of_medians": round(statistics.median(gen) / statistics.median(plain), 3),
         "ratio_of_best": round(max(gen) / max(plain), 3),
@@ -232,28 +224,6 @@ async def _startup_times(url: str, sizes: dict[str, int], runs: int) -> dict[str
     return times
 
 
-async def _create_database(admin_url: str) -> tuple[str, str]:
-    from workers.storage.migrate import migrate_url
-
-    name = f"bench_idgen_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f"CREATE DATABASE {name}")
-    finally:
-        await admin.close()
-    url = f"{admin_url.rpartition('/')[0]}/{name}"
-    await migrate_url(url)
-    return name, url
-
-
-async def _drop_database(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
-
-
 def _row_line(row: dict[str, Any]) -> str:
     return (
         f"{row['workload']:<20}{row['processes']:>5}"
@@ -284,6 +254,36 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """The generator beside the plain SQL loop (ratio: median of the paired slices), and start-up."""
+    found = [
+        Figure(
+            "idgen",
+            f"{row['workload']}, {row['processes']} process(es)",
+            row["generator_ids_per_s"],
+            "IDs/s",
+            row["plain_ids_per_s"],
+            f"ratio >= {TARGET_RATIO}",
+            row["target_met"],
+            row["ratio"],
+        )
+        for row in result["throughput"]
+    ]
+    s = result["startup"]
+    found.append(
+        Figure(
+            "idgen",
+            f"start-up, {s['rows_large']:,} rows (ceiling: {s['rows_small']} rows)",
+            s["large_s"] * 1000,
+            "ms",
+            s["small_s"] * 1000,
+            f"ratio <= {STARTUP_TARGET_RATIO}",
+            s["target_met"],
+        )
+    )
+    return found
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fanout bench idgen", description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", help="admin URL of a PostgreSQL (default: start embedded servers)")
@@ -308,28 +308,28 @@ def main(argv: list[str]) -> int:
         if admin_url is None:
             from workers.services import EmbeddedServices
 
-            _progress("starting embedded servers ...")
+            progress("starting embedded servers ...")
             admin_url = stack.enter_context(EmbeddedServices()).database_url
-        name, url = event_loop.run(_create_database(admin_url))
+        url = event_loop.run(scratch_database(admin_url, "idgen"))
         try:
             throughput = []
             for label, batch in (("get_next", 1), ("get_next_mult(100)", 100)):
                 for procs in counts:
-                    _progress(
+                    progress(
                         f"{label} x {procs} process(es): {args.repeats} pairs of {args.slice} s slices ..."
                     )
                     row = _throughput(ctx, url, label, batch, procs, args.repeats, args.slice)
-                    _progress(
+                    progress(
                         f"  generator {row['generator_ids_per_s']:,} IDs/s, plain {row['plain_ids_per_s']:,}"
                         f" IDs/s, ratio {row['ratio']:.2f} ({row['paired_ratio_min']:.2f}-"
                         f"{row['paired_ratio_max']:.2f})"
                     )
                     throughput.append(row)
-            _progress("start-up time ...")
+            progress("start-up time ...")
             sizes = {"small": 10, "large": args.startup_rows}
             times = event_loop.run(_startup_times(url, sizes, args.startup_runs))
         finally:
-            event_loop.run(_drop_database(admin_url, name))
+            event_loop.run(drop_database(admin_url, url))
     small, large = statistics.median(times["small"]), statistics.median(times["large"])
     result = {
         "benchmark": "idgen",
@@ -344,8 +344,8 @@ def main(argv: list[str]) -> int:
             "runs": args.startup_runs,
             "small_s": round(small, 5),
             "large_s": round(large, 5),
-            "small_spread": round(_spread(times["small"]), 3),
-            "large_spread": round(_spread(times["large"]), 3),
+            "small_spread": round(spread(times["small"]), 3),
+            "large_spread": round(spread(times["large"]), 3),
             "ratio": round(large / small, 3),
             "target_ratio": STARTUP_TARGET_RATIO,
             "target_met": large / small <= STARTUP_TARGET_RATIO,

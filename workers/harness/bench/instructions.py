@@ -35,6 +35,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from pubsub import keys
@@ -44,7 +45,8 @@ from pubsub.wire import format_rdata
 from workers import event_loop
 from workers.handlers import rooms
 from workers.handlers.persist import MAX_BATCH
-from workers.harness.bench.cluster import bench_rooms, drive_persister, fresh_database, insert_raw_batch
+from workers.harness.bench._common import Figure, progress, scratch_database
+from workers.harness.bench.cluster import bench_rooms, drive_persister, insert_raw_batch
 from workers.model import Event
 from workers.services import given_or_embedded
 from workers.storage import connect
@@ -52,10 +54,6 @@ from workers.streams.events import EVENTS, row_json
 
 #: What is counted, each in its own process and database (see the module docstring).
 KINDS = ("write", "receive", "follow", "ceiling")
-
-
-def say(message: str) -> None:
-    print(f"bench instructions: {message}", file=sys.stderr, flush=True)
 
 
 def _instrument(on: bool) -> None:
@@ -179,7 +177,27 @@ def _count(kind: str, database_url: str, redis_url: str, events: int, concurrenc
 
 
 async def _databases(admin_url: str) -> list[str]:
-    return [await fresh_database(admin_url, f"instr_{kind}") for kind in KINDS]
+    return [await scratch_database(admin_url, f"instr_{kind}") for kind in KINDS]
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """Instructions per event (lower is better; no target: the figure to compare two versions by)."""
+    ceiling = result["ceiling_client_instructions_per_row"]
+    return [
+        Figure(
+            "instructions",
+            "write path per event (ceiling: raw insert, client side)",
+            result["write_path_instructions_per_event"],
+            "instr",
+            ceiling,
+        ),
+        Figure(
+            "instructions", "receive path per event", result["receive_path_instructions_per_event"], "instr"
+        ),
+        Figure(
+            "instructions", "follow path per event", result["follow_path_instructions_per_event"], "instr"
+        ),
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -197,7 +215,9 @@ def main(argv: list[str]) -> int:
     with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
         counts = {}
         for kind, db in zip(KINDS, event_loop.run(_databases(admin_url)), strict=True):
-            say(f"{kind} under callgrind: {args.events:,} {'rows' if kind == 'ceiling' else 'events'} ...")
+            progress(
+                f"{kind} under callgrind: {args.events:,} {'rows' if kind == 'ceiling' else 'events'} ..."
+            )
             counts[kind] = _count(kind, db, redis_url, args.events, args.concurrency)
     result = {
         "events": args.events,

@@ -21,7 +21,6 @@ import asyncio
 import json
 import math
 import multiprocessing
-import sys
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
@@ -35,6 +34,8 @@ from pubsub.streams import Stream
 from pubsub.wire import Position, RData, format_command, parse_line
 from workers import event_loop
 from workers.gc_tuning import tune_gc
+from workers.harness.bench._common import Figure, percentile, progress
+from workers.harness.memory import MemoryGenerator
 
 STREAM = "bench"
 WRITER = "writer"
@@ -46,36 +47,8 @@ class BenchRow(NamedTuple):
     body: str
 
 
-class _MemoryGenerator:
-    """Positions in memory; `own` is the writer's last finished token."""
-
-    def __init__(self) -> None:
-        self.positions: dict[str, int] = {}
-
-    def get_current_token_for_writer(self, instance_name: str) -> int:
-        return self.positions.get(instance_name, 0)
-
-    def advance(self, instance_name: str, new_id: int) -> None:
-        if new_id > self.positions.get(instance_name, 0):
-            self.positions[instance_name] = new_id
-
-    def get_positions(self) -> dict[str, int]:
-        return dict(self.positions)
-
-
 async def _no_rows(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, Any]]:
     return []
-
-
-def _progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _settings(name: str, url: str, prefix: str) -> ReplicationSettings:
@@ -147,7 +120,7 @@ async def _our_subscriber(conn: Connection, url: str, prefix: str, index: int, t
         if applied >= total:
             done.set()
 
-    stream = Stream(STREAM, BenchRow, _no_rows, _MemoryGenerator(), [WRITER])
+    stream = Stream(STREAM, BenchRow, _no_rows, MemoryGenerator(), [WRITER])
     client = ReplicationClient(_settings(f"reader{index}", url, prefix), [stream], apply=apply)
     await client.start()
     deadline = time.monotonic() + 30
@@ -281,8 +254,8 @@ def _result(
         latencies = [
             t - s for r in results for t, s in zip(r["arrivals"], sent_at, strict=True) if not math.isnan(t)
         ]
-        out["p50_ms"] = round(_pct(latencies, 0.50) * 1000, 3)
-        out["p99_ms"] = round(_pct(latencies, 0.99) * 1000, 3)
+        out["p50_ms"] = round(percentile(latencies, 50) * 1000, 3)
+        out["p99_ms"] = round(percentile(latencies, 99) * 1000, 3)
     return out
 
 
@@ -293,7 +266,7 @@ async def _pubsub_run(
     pool: _SubscriberPool, url: str, subs: int, total: int, rate: float | None, body: str, prefix: str
 ) -> dict[str, Any]:
     sent_at = [math.nan] * total
-    writer_gen = _MemoryGenerator()
+    writer_gen = MemoryGenerator()
     writer_stream = Stream(STREAM, BenchRow, _no_rows, writer_gen, [WRITER])
     writer = ReplicationClient(_settings(WRITER, url, prefix), [writer_stream], read=[])
     await writer.start()
@@ -321,7 +294,7 @@ async def _pubsub_run(
 
 
 def _codec(body: str) -> dict[str, float]:
-    stream = Stream(STREAM, BenchRow, _no_rows, _MemoryGenerator(), ["writer"])
+    stream = Stream(STREAM, BenchRow, _no_rows, MemoryGenerator(), ["writer"])
     row = BenchRow(n=1, body=body)
     rdata = RData(STREAM, "writer", 12345, stream.encode_payload(row, 12344, 1))
     line = format_command(rdata).encode()
@@ -350,9 +323,9 @@ async def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "layout": "writer in the bench process, one process per subscriber (raw and ours alike)",
         "runs": [],
     }
-    _progress("wire codec ...")
+    progress("wire codec ...")
     report["codec"] = _codec(body)
-    _progress(f"starting {max(args.subscribers)} subscriber processes ...")
+    progress(f"starting {max(args.subscribers)} subscriber processes ...")
     pool = _SubscriberPool(max(args.subscribers))
     try:
         prefix = f"bench-{int(time.time())}"
@@ -369,11 +342,11 @@ async def _one_count(
     total = args.rows
     lat_total = int(args.rate * args.latency_seconds)
     entry: dict[str, Any] = {"subscribers": subs, "throughput_rows": total, "latency_rows": lat_total}
-    _progress(f"{subs} subscriber(s): raw throughput ({total} rows) ...")
+    progress(f"{subs} subscriber(s): raw throughput ({total} rows) ...")
     entry["raw"] = await _raw_run(pool, url, subs, total, None, body, f"{prefix}-raw-t")
-    _progress(f"{subs} subscriber(s): pubsub throughput ({total} rows) ...")
+    progress(f"{subs} subscriber(s): pubsub throughput ({total} rows) ...")
     entry["pubsub"] = await _pubsub_run(pool, url, subs, total, None, body, f"{prefix}-t")
-    _progress(f"{subs} subscriber(s): latency at {args.rate:.0f} rows/s for {args.latency_seconds:.0f} s ...")
+    progress(f"{subs} subscriber(s): latency at {args.rate:.0f} rows/s for {args.latency_seconds:.0f} s ...")
     raw_lat = await _raw_run(pool, url, subs, lat_total, args.rate, body, f"{prefix}-raw-l")
     ours_lat = await _pubsub_run(pool, url, subs, lat_total, args.rate, body, f"{prefix}-l")
     for side, lat in (("raw", raw_lat), ("pubsub", ours_lat)):
@@ -385,7 +358,7 @@ async def _one_count(
     entry["throughput_target_met"] = entry["throughput_ratio"] >= 0.5
     entry["latency_target_met"] = bool(ours["latency_complete"]) and entry["p99_over_raw_ms"] <= 2.0
     entry["meets_targets"] = entry["throughput_target_met"] and entry["latency_target_met"]
-    _progress(
+    progress(
         f"  ratio {entry['throughput_ratio']:.2f}, p99 {ours['p99_ms']:.2f} ms vs raw {raw['p99_ms']:.2f} ms"
     )
     return entry
@@ -409,6 +382,36 @@ def _table(report: dict[str, Any]) -> str:
     lines.append(f"targets met for every subscriber count: {'yes' if met else 'NO'}")
     lines.append("codec (ops/s): " + ", ".join(f"{k}={v:,.0f}" for k, v in report["codec"].items()))
     return "\n".join(lines)
+
+
+def figures(report: dict[str, Any]) -> list[Figure]:
+    """Replication beside raw redis-py: throughput and p99 latency per subscriber count."""
+    found: list[Figure] = []
+    for e in report["runs"]:
+        raw, ours, subs = e["raw"], e["pubsub"], e["subscribers"]
+        found.append(
+            Figure(
+                "pubsub",
+                f"throughput, {subs} subscriber(s)",
+                ours["rows_per_s"],
+                "rows/s",
+                raw["rows_per_s"],
+                "ratio >= 0.5",
+                e["throughput_target_met"],
+            )
+        )
+        found.append(
+            Figure(
+                "pubsub",
+                f"p99 at {report['rate_rows_per_s']:,.0f} rows/s, {subs} subscriber(s)",
+                ours["p99_ms"],
+                "ms",
+                raw["p99_ms"],
+                "<= ceiling + 2 ms",
+                e["latency_target_met"],
+            )
+        )
+    return found
 
 
 def main(argv: list[str]) -> int:

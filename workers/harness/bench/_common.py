@@ -1,0 +1,133 @@
+"""What every benchmark shares: progress lines, the one percentile rule, scratch databases, figures.
+
+A benchmark module is one `fanout bench NAME`: its `main(argv)` prints one JSON document on stdout
+(the raw result) and a readable table on stderr, and its `figures(result)` turns that document
+into `Figure`s: a measured value beside the ceiling measured in the same run and the target.
+`fanout bench all` (all.py) collects those into docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr (stdout carries the JSON result)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile, `q` in percent: the smallest value such that at least q% of the
+    values are at or below it (p50 of 1..4 is 2, p99 of 100 values is the 99th). NaN when empty.
+    Every benchmark uses this one rule, so their p50 and p99 compare."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max - min) / median: how far apart repeated measurements of one thing fell."""
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle else float("nan")
+
+
+def database_url(admin_url: str, name: str) -> str:
+    """The URL of database `name` on the server of `admin_url`."""
+    return f"{admin_url.rpartition('/')[0]}/{name}"
+
+
+async def scratch_database(admin_url: str, tag: str, *, migrate: bool = True) -> str:
+    """Create a fresh database `bench_<tag>_<random>` next to `admin_url` (migrated unless told
+    not to) and return its URL; `drop_database` removes it."""
+    name = f"bench_{tag}_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+    finally:
+        await admin.close()
+    url = database_url(admin_url, name)
+    if migrate:
+        from workers.storage.migrate import migrate_url
+
+        await migrate_url(url)
+    return url
+
+
+async def drop_database(admin_url: str, url: str) -> None:
+    """Drop the database `url` names (connections to it are ended first)."""
+    name = url.rpartition("/")[2].partition("?")[0]
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure beside its ceiling (measured in the same run) and its target.
+
+    `ratio` is value / ceiling unless the benchmark gives its own (for example the median of
+    paired slices, steadier than a ratio of medians on a noisy machine). `target` reads as text
+    ("ratio >= 0.5", "< 200 MB"); `met` is None when the figure has no target."""
+
+    benchmark: str
+    name: str
+    value: float
+    unit: str
+    ceiling: float | None = None
+    target: str = ""
+    met: bool | None = None
+    ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ratio is None and self.ceiling and not math.isnan(self.ceiling):
+            object.__setattr__(self, "ratio", self.value / self.ceiling)
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{text} {unit}".strip()
+
+
+def markdown_table(figures: Sequence[Figure]) -> str:
+    """The figures as one Markdown table: benchmark, figure, value, ceiling, ratio, target, met."""
+    lines = [
+        "| benchmark | figure | value | ceiling | ratio | target | met |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for f in figures:
+        met = {True: "yes", False: "**no**", None: ""}[f.met]
+        ratio = "-" if f.ratio is None else f"{f.ratio:.2f}"
+        lines.append(
+            f"| {f.benchmark} | {f.name} | {_number(f.value, f.unit)} | {_number(f.ceiling, f.unit)}"
+            f" | {ratio} | {f.target} | {met} |"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    """One line naming the machine a run was measured on."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), ""
+            )
+    except OSError:
+        pass
+    cpu = model or platform.processor() or "unknown CPU"
+    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
