@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench venv jdbc redis-server clean
+.PHONY: demo test lint bench venv jdbc redis-server wrk clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,8 +53,18 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check idgen pubsub workers analytics tests
 	$(BIN)/mypy
 
+# The HTTP benchmark's load generator: Debian's wrk (C, epoll), so Python is never the client's limit.
+wrk:
+	@command -v wrk >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing wrk (the HTTP load generator of fanout bench http)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null); \
+	  else \
+	    echo "missing wrk: run 'sudo apt-get install wrk'"; exit 1; \
+	  fi; }
+
 # Every benchmark, then docs/benchmarks.md and out/bench/all.json from the run (tens of minutes).
-bench: $(STAMP) jdbc
+bench: $(STAMP) jdbc wrk
 	$(BIN)/fanout bench all
 
 clean:

@@ -33,6 +33,7 @@ BENCHES: dict[str, str] = {
     "cluster": "workers.harness.bench.cluster",
     "audit": "workers.harness.bench.audit",
     "instructions": "workers.harness.bench.instructions",
+    "http": "workers.harness.bench.http",
     "all": "workers.harness.bench.all",
 }
 

@@ -27,6 +27,7 @@ BENCHES: dict[str, list[str]] = {
     "idgen": ["--repeats", "3", "--startup-rows", "20000", "--startup-runs", "3", "--processes", "1,2"],
     "pubsub": ["--subscribers", "1,4", "--rows", "5000", "--latency-seconds", "1"],
     "cluster": ["--seconds", "1", "--rounds", "1", "--rss-events", "0"],
+    "http": ["--seconds", "2"],
     "audit": ["--rows", "100000"],
     "instructions": ["--events", "2000"],
 }
