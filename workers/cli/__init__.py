@@ -34,6 +34,7 @@ BENCHES: dict[str, str] = {
     "audit": "workers.harness.bench.audit",
     "instructions": "workers.harness.bench.instructions",
     "http": "workers.harness.bench.http",
+    "longpoll": "workers.harness.bench.longpoll",
     "all": "workers.harness.bench.all",
 }
 

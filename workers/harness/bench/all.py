@@ -28,6 +28,7 @@ BENCHES: dict[str, list[str]] = {
     "pubsub": ["--subscribers", "1,4", "--rows", "5000", "--latency-seconds", "1"],
     "cluster": ["--seconds", "1", "--rounds", "1", "--rss-events", "0"],
     "http": ["--seconds", "2"],
+    "longpoll": ["--polls", "1000", "--room-members", "200", "--idle-seconds", "2"],
     "audit": ["--rows", "100000"],
     "instructions": ["--events", "2000"],
 }
