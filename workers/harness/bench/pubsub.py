@@ -20,179 +20,33 @@ import argparse
 import asyncio
 import json
 import math
-import multiprocessing
 import time
-from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 
-from pubsub.client import ReplicationClient, ReplicationSettings
-from pubsub.redis_transport import SUBSCRIBER_READ_BYTES
+from pubsub.client import ReplicationClient
 from pubsub.streams import Stream
 from pubsub.wire import Position, RData, format_command, parse_line
 from workers import event_loop
-from workers.gc_tuning import tune_gc
 from workers.harness.bench._common import Figure, percentile, progress
+from workers.harness.bench.pubsub_subscribers import (
+    STREAM,
+    WRITER,
+    BenchRow,
+    JobResult,
+    SubscriberPool,
+    no_rows,
+    settings,
+)
 from workers.harness.memory import MemoryGenerator
-
-STREAM = "bench"
-WRITER = "writer"
-JOB_TIMEOUT_S = 60.0
-
-
-class BenchRow(NamedTuple):
-    n: int
-    body: str
-
-
-async def _no_rows(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, Any]]:
-    return []
-
-
-def _settings(name: str, url: str, prefix: str) -> ReplicationSettings:
-    return ReplicationSettings(name, url, channel_prefix=prefix, announce_interval_s=1.0, queue_size=200_000)
-
-
-# -- subscriber processes ---------------------------------------------------------------------------
-
-#: (kind "raw" | "ours", redis url, channel (raw) or channel prefix (ours), subscriber index, rows)
-Job = tuple[str, str, str, int, int]
-#: {"received": int, "arrivals": [perf_counter() per row n-1, NaN when not received]}
-JobResult = dict[str, Any]
-
-
-def _subscriber_main(conn: Connection) -> None:
-    """Body of one subscriber process: run the jobs the parent sends until it sends None."""
-    tune_gc()  # as in a worker process (raw and ours run in this same process)
-    while True:
-        job: Job | None = conn.recv()
-        if job is None:
-            return
-        kind, url, name, index, total = job
-        runner = _raw_subscriber if kind == "raw" else _our_subscriber
-        conn.send(event_loop.run(runner(conn, url, name, index, total)))
-
-
-async def _raw_subscriber(conn: Connection, url: str, channel: str, index: int, total: int) -> JobResult:
-    """The ceiling: redis-py's raw-reply read loop, no parsing beyond the row number, with the
-    transport's socket read size (which saves hiredis most of its buffer copying)."""
-    arrivals = [math.nan] * total
-    received = 0
-    clock = time.perf_counter
-    client = aioredis.Redis.from_url(url, protocol=2, socket_read_size=SUBSCRIBER_READ_BYTES)
-    p = client.pubsub()
-    await p.subscribe(channel)
-    await p.parse_response(block=True)  # the subscribe confirmation
-    conn.send("ready")
-
-    async def read() -> None:
-        nonlocal received
-        while received < total:
-            reply = await p.parse_response(block=True)
-            if reply[0] == b"message":
-                arrivals[int(reply[2].split(b" ", 1)[0]) - 1] = clock()
-                received += 1
-
-    try:
-        await asyncio.wait_for(read(), JOB_TIMEOUT_S)
-    except TimeoutError:
-        pass
-    await p.aclose()  # type: ignore[no-untyped-call]
-    await client.aclose()
-    return {"received": received, "arrivals": arrivals}
-
-
-async def _our_subscriber(conn: Connection, url: str, prefix: str, index: int, total: int) -> JobResult:
-    """A `ReplicationClient` reading the bench stream; `apply` notes when each row arrived."""
-    arrivals = [math.nan] * total
-    applied = 0
-    done = asyncio.Event()
-    clock = time.perf_counter
-
-    async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[Any]) -> None:
-        nonlocal applied
-        now = clock()
-        for row in rows:
-            arrivals[row.n - 1] = now
-        applied += len(rows)
-        if applied >= total:
-            done.set()
-
-    stream = Stream(STREAM, BenchRow, _no_rows, MemoryGenerator(), [WRITER])
-    client = ReplicationClient(_settings(f"reader{index}", url, prefix), [stream], apply=apply)
-    await client.start()
-    deadline = time.monotonic() + 30
-    while not client.handler.is_connected(STREAM, WRITER):
-        if time.monotonic() > deadline:
-            raise RuntimeError("subscriber did not connect to the writer within 30 s")
-        await asyncio.sleep(0.005)
-    conn.send("ready")
-    try:
-        await asyncio.wait_for(done.wait(), JOB_TIMEOUT_S)
-    except TimeoutError:
-        pass
-    dropped = {reason: count for (reason,), count in client.metrics.dropped.items()}
-    try:
-        await asyncio.wait_for(client.stop(), 10)
-    except TimeoutError:
-        dropped["bench_stop_timed_out"] = 1
-    return {"received": applied, "arrivals": arrivals, "dropped": dropped}
-
-
-class _SubscriberPool:
-    """Subscriber processes, started once (spawn: no inherited event loop) and reused by every run."""
-
-    def __init__(self, count: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conns: list[Connection] = []
-        self._procs: list[Any] = []
-        for _ in range(count):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_subscriber_main, args=(child,), daemon=True)
-            proc.start()
-            self._conns.append(parent)
-            self._procs.append(proc)
-
-    async def _recv(self, conn: Connection, timeout_s: float) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while not conn.poll():
-            if time.monotonic() > deadline:
-                raise RuntimeError("a subscriber process did not answer in time")
-            await asyncio.sleep(0.002)
-        return conn.recv()
-
-    async def start_jobs(self, jobs: Sequence[Job]) -> None:
-        """Send one job per process and wait until each is subscribed (and, for ours, connected)."""
-        for conn, job in zip(self._conns, jobs, strict=False):
-            conn.send(job)
-        for conn in self._conns[: len(jobs)]:
-            ready = await self._recv(conn, 90)
-            if ready != "ready":
-                raise RuntimeError(f"subscriber process failed to start: {ready!r}")
-
-    async def results(self, count: int) -> list[JobResult]:
-        return [await self._recv(conn, JOB_TIMEOUT_S + 30) for conn in self._conns[:count]]
-
-    def close(self) -> None:
-        for conn in self._conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for proc in self._procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
-
 
 # -- raw redis-py ceiling --------------------------------------------------------------------------
 
 
 async def _raw_run(
-    pool: _SubscriberPool, url: str, subs: int, total: int, rate: float | None, body: str, channel: str
+    pool: SubscriberPool, url: str, subs: int, total: int, rate: float | None, body: str, channel: str
 ) -> dict[str, Any]:
     await pool.start_jobs([("raw", url, channel, i, total) for i in range(subs)])
     sent_at = [math.nan] * total
@@ -263,12 +117,12 @@ def _result(
 
 
 async def _pubsub_run(
-    pool: _SubscriberPool, url: str, subs: int, total: int, rate: float | None, body: str, prefix: str
+    pool: SubscriberPool, url: str, subs: int, total: int, rate: float | None, body: str, prefix: str
 ) -> dict[str, Any]:
     sent_at = [math.nan] * total
     writer_gen = MemoryGenerator()
-    writer_stream = Stream(STREAM, BenchRow, _no_rows, writer_gen, [WRITER])
-    writer = ReplicationClient(_settings(WRITER, url, prefix), [writer_stream], read=[])
+    writer_stream = Stream(STREAM, BenchRow, no_rows, writer_gen, [WRITER])
+    writer = ReplicationClient(settings(WRITER, url, prefix), [writer_stream], read=[])
     await writer.start()
     try:
         await pool.start_jobs([("ours", url, prefix, i, total) for i in range(subs)])
@@ -294,7 +148,7 @@ async def _pubsub_run(
 
 
 def _codec(body: str) -> dict[str, float]:
-    stream = Stream(STREAM, BenchRow, _no_rows, MemoryGenerator(), ["writer"])
+    stream = Stream(STREAM, BenchRow, no_rows, MemoryGenerator(), ["writer"])
     row = BenchRow(n=1, body=body)
     rdata = RData(STREAM, "writer", 12345, stream.encode_payload(row, 12344, 1))
     line = format_command(rdata).encode()
@@ -326,7 +180,7 @@ async def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
     progress("wire codec ...")
     report["codec"] = _codec(body)
     progress(f"starting {max(args.subscribers)} subscriber processes ...")
-    pool = _SubscriberPool(max(args.subscribers))
+    pool = SubscriberPool(max(args.subscribers))
     try:
         prefix = f"bench-{int(time.time())}"
         for subs in args.subscribers:
@@ -337,7 +191,7 @@ async def _bench(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 
 async def _one_count(
-    args: argparse.Namespace, pool: _SubscriberPool, url: str, subs: int, body: str, prefix: str
+    args: argparse.Namespace, pool: SubscriberPool, url: str, subs: int, body: str, prefix: str
 ) -> dict[str, Any]:
     total = args.rows
     lat_total = int(args.rate * args.latency_seconds)
