@@ -16,11 +16,13 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from workers.errors import WorkerError
+
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 ENV_PREFIX = "FANOUT_"
 
 
-class ConfigError(Exception):
+class ConfigError(WorkerError):
     """The configuration cannot be used; str(error) is a complete message for a person."""
 
 

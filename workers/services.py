@@ -37,6 +37,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from workers.errors import WorkerError
+
 log = logging.getLogger(__name__)
 
 Source = Literal["embedded", "system"]
@@ -45,7 +47,7 @@ _START_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 10.0
 
 
-class ServiceError(RuntimeError):
+class ServiceError(WorkerError):
     """A server binary is missing or a server failed to start; the message says what to do."""
 
 

@@ -34,6 +34,7 @@ import asyncpg
 
 from idgen import MultiWriterIdGenerator
 from pubsub.tasks import cancel_and_wait
+from workers.errors import PersisterError
 from workers.model import CacheInvalidation, Event, NewEvent, StateChanges
 from workers.storage.events import insert_batch, needs_transaction
 
@@ -47,11 +48,11 @@ BatchCallback = Callable[
 ]
 
 
-class PersisterOverloaded(Exception):
+class PersisterOverloaded(PersisterError):
     """The queue is full: the client should retry later (HTTP 503)."""
 
 
-class PersisterStopped(Exception):
+class PersisterStopped(PersisterError):
     """The persister is shutting down and takes no new events."""
 
 

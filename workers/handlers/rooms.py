@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 
+from workers.errors import RoomRuleError
 from workers.handlers.caches import EventLike, LruCache
 from workers.model import MEMBER_EVENT, MEMBERSHIPS, NewEvent
 from workers.storage import Conn
@@ -27,15 +28,15 @@ JOIN_RULES_EVENT = "m.room.join_rules"
 JOIN_RULES = frozenset({"public", "invite"})
 
 
-class Forbidden(Exception):
+class Forbidden(RoomRuleError):
     """The sender may not do this (HTTP 403)."""
 
 
-class NotFound(Exception):
+class NotFound(RoomRuleError):
     """No such room (HTTP 404)."""
 
 
-class BadEvent(Exception):
+class BadEvent(RoomRuleError):
     """The event is malformed (HTTP 400)."""
 
 

@@ -21,11 +21,12 @@ from typing import Any
 import aiohttp
 import yaml
 
+from workers.errors import WorkerError
 from workers.services import child_setup, free_port
 
 
-class ClusterError(RuntimeError):
-    pass
+class ClusterError(WorkerError):
+    """A worker of the local cluster did not start, answer or stop as expected."""
 
 
 @dataclass

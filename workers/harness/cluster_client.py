@@ -13,10 +13,13 @@ from typing import Any
 
 import aiohttp
 
+from workers.errors import WorkerError
 from workers.routing import writer_for_room
 
 
-class RequestRefused(Exception):
+class RequestRefused(WorkerError):
+    """A worker answered a request with an error status; `body` is its JSON answer."""
+
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"HTTP {status}: {body}")
         self.status = status

@@ -6,8 +6,10 @@ from typing import Any
 
 from aiohttp import web
 
+from workers.errors import WorkerError
 
-class ApiError(Exception):
+
+class ApiError(WorkerError):
     """Raised by handlers; the middleware turns it into a JSON response."""
 
     def __init__(self, status: int, errcode: str, message: str, **extra: Any) -> None:

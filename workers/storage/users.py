@@ -6,6 +6,7 @@ import hashlib
 import secrets
 import time
 
+from workers.errors import WorkerError
 from workers.storage import Conn
 
 
@@ -13,7 +14,7 @@ def token_hash(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-class UserExistsError(Exception):
+class UserExistsError(WorkerError):
     """The user id is taken: registration never hands out a token for an existing account."""
 
 
