@@ -25,9 +25,9 @@ from pubsub.handler import ReplicationHandler, UserSyncListener
 from pubsub.metrics import ReplicationMetrics
 from pubsub.publisher import StreamPublisher
 from pubsub.redis_transport import RedisTransport
-from pubsub.streams import Stream, StreamRegistry
+from pubsub.streams import ApplyCallback, Stream, StreamRegistry
 from pubsub.tasks import cancel_and_wait
-from pubsub.types import ApplyCallback, DropFilter, PositionListener, Row
+from pubsub.types import DropFilter, PositionListener, Row
 from pubsub.wire import REPLICATE, ClearUserSync, Command, UserSync, command_name, format_command
 
 log = logging.getLogger(__name__)

@@ -37,9 +37,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from itertools import groupby
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,11 +45,11 @@ from pydantic import ValidationError
 from pubsub.errors import WireError
 from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
-from pubsub.streams import Stream, StreamRegistry
+from pubsub.stream_queue import Announced, Received, StreamQueue
+from pubsub.streams import ApplyCallback, StreamRegistry
 from pubsub.tasks import cancel_and_wait
-from pubsub.types import ApplyCallback, PositionListener, Row
+from pubsub.types import PositionListener, Row
 from pubsub.wire import (
-    MAX_TOKEN_DIGITS,
     NAME_PATTERN,
     ClearUserSync,
     Command,
@@ -60,42 +58,18 @@ from pubsub.wire import (
     Replicate,
     UserSync,
     command_name,
+    own_line_prefixes,
     parse_line,
+    split_numbered_rdata,
 )
 
 log = logging.getLogger(__name__)
-MAX_BATCH_ROWS = 10_000
-MAX_APPLY_ROWS = 1_000
 UserSyncListener = Callable[[UserSync | ClearUserSync], Awaitable[None] | None]
 
 
-#: What a stream's queue holds, in arrival order (plain tuples: one is built and read per received
-#: row). An RDATA line: (generation, writer, token, row, prev, count); token None is a `batch` row,
-#: row None a row that failed validation (queued anyway: in order, it makes the writer wait for a
-#: POSITION). A POSITION line: (generation, command).
-_Received = tuple[int, str, int | None, Row | None, int, int]
-_Announced = tuple[int, Position]
-#: Where `handle_lines` sends another writer's RDATA: its stream's state, the writer, the stream's
+#: Where `handle_lines` sends another writer's RDATA: its stream's queue, the writer, the stream's
 #: numbered-payload validator (None: the stream is followed for positions only) and row type.
-_Route = tuple["_StreamState", str, Callable[[str | bytes], tuple[Any, ...]] | None, type[Row]]
-
-
-class _StreamState:
-    __slots__ = (
-        "announced", "connected", "last_heard", "pending", "positions_only", "queue", "stream", "task",
-        "wake",
-    )  # fmt: skip
-
-    def __init__(self, stream: Stream[Any], positions_only: bool = False) -> None:
-        self.stream = stream
-        self.positions_only = positions_only
-        self.queue: deque[_Received | _Announced] = deque()
-        self.wake = asyncio.Event()
-        self.connected: set[str] = set()
-        self.pending: dict[str, list[Row]] = {}
-        self.announced: dict[str, int] = {}
-        self.last_heard: dict[str, float] = {}
-        self.task: asyncio.Task[None] | None = None
+_Route = tuple[StreamQueue, str, Callable[[str | bytes], tuple[Any, ...]] | None, type[Row]]
 
 
 class ReplicationHandler:
@@ -131,11 +105,11 @@ class ReplicationHandler:
         unknown = followed - {s.name for s in streams}
         if unknown:
             raise ValueError(f"positions_only names streams that are not read: {sorted(unknown)}")
-        self._states = {s.name: _StreamState(s, s.name in followed) for s in streams}
+        self._states = {s.name: StreamQueue(s, self, apply, s.name in followed) for s in streams}
         # Our own lines come back when one channel carries everything: recognised by prefix,
         # before any parsing (a writer hears every row it sends).
-        self._echo_prefixes = _own_prefixes(instance_name, self._states)
-        self._own_prefixes = self._echo_prefixes + _own_prefixes(instance_name, self._other_streams)
+        self._echo_prefixes = own_line_prefixes(instance_name, self._states)
+        self._own_prefixes = self._echo_prefixes + own_line_prefixes(instance_name, self._other_streams)
         # (stream, writer) of every other writer of a read stream, as bytes: `handle_lines` checks
         # and queues their RDATA inline.
         self._rdata_routes: dict[tuple[bytes, bytes], _Route] = {
@@ -163,7 +137,7 @@ class ReplicationHandler:
             for writer in state.stream.writers:
                 state.last_heard.setdefault(writer, self._started_at)
             if state.task is None:
-                state.task = loop.create_task(self._consume(state), name=f"repl-{state.stream.name}")
+                state.task = loop.create_task(state.consume(), name=f"repl-{state.stream.name}")
 
     async def stop(self) -> None:
         tasks = [s.task for s in self._states.values() if s.task is not None]
@@ -181,7 +155,8 @@ class ReplicationHandler:
 
     # -- receive path (synchronous: never blocks the socket reader) ----------------------------
 
-    def _reject(self, reason: str, detail: str) -> None:
+    def reject(self, reason: str, detail: str) -> None:
+        """Count and log (rate-limited) a refused line; nothing else happens."""
         self.metrics.reject(reason)
         self._ratelog.warning(reason, "rejected replication line: reason=%s %s", reason, detail)
 
@@ -199,6 +174,7 @@ class ReplicationHandler:
         rejects it with its reason.
         """
         own, echo, routes, new = self._own_prefixes, self._echo_prefixes, self._rdata_routes, tuple.__new__
+        split = split_numbered_rdata
         max_bytes, generation, queue_size = self.max_line_bytes, self.generation, self.queue_size
         echoes = unsubscribed = size = run = 0
         runs: list[tuple[_Route, int]] = []  # (route, lines queued through it in a row)
@@ -215,53 +191,42 @@ class ReplicationHandler:
                     unsubscribed += 1
                 size += len(data)
                 continue
-            parts = data.split(b" ", 4)
-            route = routes.get((parts[1], parts[2])) if len(parts) == 5 and parts[0] == b"RDATA" else None
-            if route is not None:
-                token, payload = parts[3], parts[4]
-                if (
-                    len(data) <= max_bytes
-                    and token.isdigit()
-                    and (token[0] != 48 or len(token) == 1)  # 48: "0"
-                    and len(token) <= MAX_TOKEN_DIGITS
-                    and payload[:1] == b"["
-                    and 10 not in data  # "\n"; an int: `b"\n" in` costs bytes a caught TypeError
-                    and 13 not in data  # "\r"
-                    and data.isascii()  # so UTF-8; other lines are rare: `handle_line` decodes them
-                ):
-                    state, writer, validate, row_type = route
-                    if validate is None:
-                        if route is not follow:
-                            if follow is not None:
-                                self._follow(follow[0], follow[1], top)
-                            follow, top = route, 0
-                        if int(token) > top:
-                            top = int(token)
-                    else:  # another stream's queue: a pending run of `follow` may wait
-                        try:
-                            values = validate(payload)  # `Stream.parse_payload`, without its call
-                        except ValidationError:
-                            self.handle_line(data, now)  # rejects it with the validator's message
-                            continue
-                        if len(state.queue) >= queue_size:
-                            self._overflow(state)
-                            self.metrics.drop("backlog_overflow")
-                        else:
-                            row = new(row_type, values[2:])
-                            state.queue.append((generation, writer, int(token), row, values[0], values[1]))
-                    size += len(data)
-                    if route is not last:
-                        if last is not None:
-                            runs.append((last, run))
-                        last, run = route, 0
-                    run += 1
-                    continue
+            fields = split(data, max_bytes)  # the checks `parse_line` would make, on the bytes
+            if fields is not None and (route := routes.get((fields[0], fields[1]))) is not None:
+                token, payload = fields[2], fields[3]
+                state, writer, validate, row_type = route
+                if validate is None:
+                    if route is not follow:
+                        if follow is not None:
+                            follow[0].follow(follow[1], top)
+                        follow, top = route, 0
+                    if int(token) > top:
+                        top = int(token)
+                else:  # another stream's queue: a pending run of `follow` may wait
+                    try:
+                        values = validate(payload)  # `Stream.parse_payload`, without its call
+                    except ValidationError:
+                        self.handle_line(data, now)  # rejects it with the validator's message
+                        continue
+                    if len(state.queue) >= queue_size:
+                        state.overflow()
+                        self.metrics.drop("backlog_overflow")
+                    else:
+                        row = new(row_type, values[2:])
+                        state.queue.append((generation, writer, int(token), row, values[0], values[1]))
+                size += len(data)
+                if route is not last:
+                    if last is not None:
+                        runs.append((last, run))
+                    last, run = route, 0
+                run += 1
+                continue
             if follow is not None:
-                self._follow(follow[0], follow[1], top)
+                follow[0].follow(follow[1], top)
                 follow = None
             self.handle_line(data, now)
         if follow is not None:
-            self._follow(follow[0], follow[1], top)
+            follow[0].follow(follow[1], top)
         self.metrics.bytes_in += size
         if echoes:
             self.metrics.drop("echo", echoes)
@@ -284,7 +249,7 @@ class ReplicationHandler:
         try:
             cmd = parse_line(data, self.max_line_bytes)
         except WireError as e:
-            self._reject(
+            self.reject(
                 e.reason,
                 f"detail={e.detail!r} line={bytes(data[:80]) if isinstance(data, bytes) else data[:80]!r}",
             )
@@ -301,32 +266,30 @@ class ReplicationHandler:
             if stream_name in self._other_streams:
                 self.metrics.drop("not_subscribed")
             else:
-                self._reject("unknown_stream", f"stream={stream_name}")
+                self.reject("unknown_stream", f"stream={stream_name}")
             return
         if instance == self.instance_name:
             self.metrics.drop("echo")
             return
         if instance not in state.stream.writers:
-            self._reject("not_a_writer", f"stream={stream_name} instance={instance}")
+            self.reject("not_a_writer", f"stream={stream_name} instance={instance}")
             return
         if state.positions_only:
             token = cmd.token if isinstance(cmd, RData) else cmd.new_token
             self.metrics.command_in(command_name(cmd), stream_name)
             state.last_heard[instance] = now
             if token is not None:  # a `batch` row says nothing of the position
-                self._follow(state, instance, token)
+                state.follow(instance, token)
                 state.wake.set()
             return
-        entry: _Received | _Announced
+        entry: Received | Announced
         if type(cmd) is RData:
             row: Row | None = None
             prev = count = 0
             try:
                 row, prev, count = state.stream.parse_payload(cmd.row_json, cmd.token is not None)
             except ValidationError as e:
-                self._reject(
-                    "invalid_row", f"stream={stream_name} instance={instance} error={e.errors()[:1]}"
-                )
+                self.reject("invalid_row", f"stream={stream_name} instance={instance} error={e.errors()[:1]}")
             entry = (self.generation, instance, cmd.token, row, prev, count)
         else:
             assert type(cmd) is Position
@@ -334,39 +297,12 @@ class ReplicationHandler:
         self.metrics.command_in(command_name(cmd), stream_name)
         state.last_heard[instance] = now
         if len(state.queue) >= self.queue_size:
-            self._overflow(state)
+            state.overflow()
             if isinstance(cmd, RData):
                 self.metrics.drop("backlog_overflow")
                 return
         state.queue.append(entry)
         state.wake.set()
-
-    def _follow(self, state: _StreamState, writer: str, token: int) -> None:
-        """Queue `token` as `writer`'s position on a positions-only stream: merged into the last
-        queued entry when that is this writer's on this connection (only the latest counts)."""
-        queue, generation = state.queue, self.generation
-        if queue:
-            last = queue[-1]
-            if len(last) == 2 and last[0] == generation and last[1].instance == writer:
-                if token > last[1].new_token:
-                    queue[-1] = (generation, Position(state.stream.name, writer, token, token))
-                return
-        if len(queue) >= self.queue_size:
-            self._overflow(state)
-        queue.append((generation, Position(state.stream.name, writer, token, token)))
-
-    def _overflow(self, state: _StreamState) -> None:
-        count = len(state.queue)
-        state.queue.clear()
-        state.connected.clear()
-        state.pending.clear()
-        self.metrics.drop("backlog_overflow", count)
-        self._ratelog.warning(
-            f"overflow:{state.stream.name}",
-            "replication backlog full: stream=%s dropped=%d; catching up from the database at next POSITION",
-            state.stream.name,
-            count,
-        )
 
     def _route_other(self, cmd: Command) -> None:
         self.metrics.command_in(command_name(cmd), "")
@@ -386,153 +322,6 @@ class ReplicationHandler:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("user-sync listener failed", exc_info=task.exception())
-
-    # -- per-stream serial processing ----------------------------------------------------------
-
-    async def _consume(self, state: _StreamState) -> None:
-        while True:
-            if not state.queue:
-                state.wake.clear()
-                await state.wake.wait()
-                continue
-            entry = state.queue.popleft()
-            if entry[0] != self.generation:
-                self.metrics.drop("stale_connection")
-                continue
-            writer = entry[1] if len(entry) == 6 else entry[1].instance
-            try:
-                if len(entry) == 6:
-                    await self._process_rdata(state, entry)
-                else:
-                    await self._process_position(state, entry[1], entry[0])
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # Not advanced: the writer's next POSITION finds us behind and retries from the database.
-                state.connected.discard(writer)
-                state.pending.pop(writer, None)
-                log.exception(
-                    "replication processing failed: stream=%s instance=%s", state.stream.name, writer
-                )
-
-    async def _process_rdata(self, state: _StreamState, entry: _Received) -> None:
-        _, writer, token, row, prev, count = entry
-        if writer not in state.connected:
-            if row is not None:
-                self.metrics.drop("not_connected")
-            return
-        stream = state.stream
-        if row is None:
-            self._disconnect(state, writer)
-            return
-        if token is None:
-            batch = state.pending.setdefault(writer, [])
-            if len(batch) >= MAX_BATCH_ROWS:
-                self._reject("batch_too_long", f"stream={stream.name} instance={writer}")
-                self._disconnect(state, writer)
-                return
-            batch.append(row)
-            return
-        batch = state.pending.pop(writer, [])
-        rows = [*batch, row] if batch else [row]
-        if token > state.announced.get(writer, 0):
-            state.announced[writer] = token
-        cur = stream.current_token(writer)
-        if token <= cur:
-            self.metrics.drop("duplicate")
-            return
-        if prev > cur or count != len(rows):
-            # A message of this writer was lost: wait for its next POSITION, which catches up.
-            self.metrics.drop("gap")
-            self._disconnect(state, writer)
-            return
-        await self._apply(stream, writer, self._take_following(state, writer, token, rows), rows)
-
-    def _take_following(self, state: _StreamState, writer: str, last: int, rows: list[Row]) -> int:
-        """Move the single-row tokens queued right behind token `last` of `writer` that continue
-        its chain into `rows` (one apply, one advance and one wake-up for all: under load most
-        tokens are single rows and arrive back to back); returns the last token taken.
-
-        A queued line qualifies when it is the next numbered RDATA of the same writer on the same
-        connection, valid, with one row and `prev` equal to the token before it; anything else
-        (a POSITION, another writer, a `batch` row, a gap) ends the run and is processed as usual.
-        """
-        queue, generation = state.queue, self.generation
-        while queue and len(rows) < MAX_APPLY_ROWS:
-            nxt = queue[0]
-            if len(nxt) != 6:
-                break  # a POSITION
-            gen, instance, token, row, prev, count = nxt
-            if (
-                count != 1
-                or prev != last
-                or row is None
-                or instance != writer
-                or gen != generation
-                or token is None
-                or token <= last
-            ):
-                break
-            queue.popleft()
-            rows.append(row)
-            last = token
-        if last > state.announced.get(writer, 0):
-            state.announced[writer] = last
-        return last
-
-    def _disconnect(self, state: _StreamState, writer: str) -> None:
-        state.connected.discard(writer)
-        state.pending.pop(writer, None)
-
-    async def _process_position(self, state: _StreamState, cmd: Position, generation: int) -> None:
-        writer, stream = cmd.instance, state.stream
-        state.pending.pop(writer, None)
-        if cmd.new_token > state.announced.get(writer, 0):
-            state.announced[writer] = cmd.new_token
-        cur = stream.current_token(writer)
-        if cur < cmd.prev_token and not state.positions_only:
-            await self._catch_up(stream, writer, cur, cmd.new_token)
-        if cmd.new_token > stream.current_token(writer):
-            await self._apply(stream, writer, cmd.new_token, [])
-        if generation == self.generation:
-            state.connected.add(writer)
-
-    async def _catch_up(self, stream: Stream[Any], writer: str, cur: int, upto: int) -> None:
-        """Apply `writer`'s rows in (cur, upto] from the database, in pages of bounded size."""
-        limit = self.catch_up_batch_size
-        log.info("catching up: stream=%s instance=%s from=%d to=%d", stream.name, writer, cur, upto)
-        while cur < upto:
-            rows = await stream.fetch_updates(writer, cur, upto, limit)
-            self.metrics.catch_up_fetch(stream.name)
-            if not rows:
-                return
-            limited = len(rows) >= limit
-            if limited:
-                last = rows[-1][0]
-                complete = [r for r in rows if r[0] < last]
-                if not complete:
-                    limit *= 2  # one token holds a whole page: fetch it in one piece
-                    continue
-                rows = complete
-                limit = self.catch_up_batch_size
-            self.metrics.catch_up_fetched(stream.name, len(rows))
-            for token, group in groupby(rows, key=lambda r: r[0]):
-                await self._apply(stream, writer, token, [row for _t, row in group])
-            cur = rows[-1][0]
-            if not limited:
-                return
-
-    async def _apply(self, stream: Stream[Any], writer: str, token: int, rows: list[Any]) -> None:
-        if rows:
-            await self._apply_cb(stream, writer, token, rows)
-        stream.advance(writer, token)
-        for listener in self.position_listeners:
-            try:
-                result = listener(stream.name, writer, token)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("position listener failed: stream=%s instance=%s", stream.name, writer)
 
     def _gauge_values(self) -> list[tuple[str, str, int, int]]:
         """(stream, writer, applied position, announced minus applied), read when metrics are scraped."""
@@ -580,12 +369,3 @@ class ReplicationHandler:
 
     def is_connected(self, stream: str, writer: str) -> bool:
         return writer in self._states[stream].connected
-
-
-def _own_prefixes(instance: str, streams: Iterable[str]) -> tuple[bytes, ...]:
-    """The byte prefixes of `instance`'s RDATA and POSITION lines on `streams`."""
-    return tuple(
-        f"{command} {stream} {instance} ".encode()
-        for stream in sorted(streams)
-        for command in ("RDATA", "POSITION")
-    )

@@ -39,7 +39,7 @@ from pubsub.redis_transport import RedisTransport
 from pubsub.streams import Stream
 from pubsub.tasks import cancel_and_wait
 from pubsub.types import Row
-from pubsub.wire import Position, format_command, format_rdata
+from pubsub.wire import Position, format_command, format_numbered_rdata, format_rdata
 
 log = logging.getLogger(__name__)
 
@@ -170,19 +170,15 @@ class StreamPublisher:
             else:
                 ready = sorted(t for t in staged if t <= current)
                 taken = [staged.pop(token) for token in ready]
-            head = f"RDATA {name} {me} "
             last = prev
             for token, rows in zip(ready, taken, strict=True):
                 if isinstance(rows, list):
                     for row in rows[:-1]:
                         lines.append((channel, format_rdata(name, me, None, encode(row))))
                     lines.append((channel, format_rdata(name, me, token, encode(rows[-1], last, len(rows)))))
-                elif type(rows) is str and len(rows) > 2 and "\n" not in rows and "\r" not in rows:
-                    # format_rdata(name, me, token, encode(rows, last, 1)) for a row given as JSON
-                    # text, the writer's usual case, without the two calls
-                    lines.append((channel, f"{head}{token} [{last},1,{rows[1:]}"))
-                else:
-                    lines.append((channel, format_rdata(name, me, token, encode(rows, last, 1))))
+                else:  # one row, usually given as JSON text: one call builds its line
+                    line = format_numbered_rdata(name, me, token, last, rows) if type(rows) is str else None
+                    lines.append((channel, line or format_rdata(name, me, token, encode(rows, last, 1))))
                 last = token
             if ready:
                 prev = ready[-1]

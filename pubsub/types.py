@@ -1,12 +1,10 @@
-"""Aliases and Protocols shared by the `pubsub` modules (no behaviour here)."""
+"""Aliases and Protocols shared by the `pubsub` modules (no behaviour here; imports no other module
+of the package, so any of them can import it). Types that name a `Stream` live in `streams.py`."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from pubsub.streams import Stream
+from typing import Any, Protocol
 
 
 class IdGenerator(Protocol):
@@ -24,8 +22,6 @@ class IdGenerator(Protocol):
 
 #: A row of a stream: an instance of the stream's NamedTuple row type (see pubsub.streams).
 Row = tuple[Any, ...]
-#: (stream, instance, token, rows) -> None; runs before the generator is advanced to `token`.
-ApplyCallback = Callable[["Stream[Any]", str, int, Sequence[Row]], Awaitable[None]]
 #: (stream name, instance, token): runs after the generator was advanced.
 PositionListener = Callable[[str, str, int], Awaitable[None] | None]
 #: (instance, from_token exclusive, to_token inclusive, limit) -> [(token, row)] sorted by token.

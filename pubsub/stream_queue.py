@@ -1,0 +1,242 @@
+"""One stream's serial queue on the reader: what was received, processed in order, one at a time.
+
+`handler.py` checks and routes received lines; every RDATA and POSITION of a stream then goes
+through its `StreamQueue`, so a catch-up never races live rows and a stream never processes two
+commands at once. The queue is bounded: a full queue is emptied and the stream waits for the next
+POSITION, which catches up from the database. See `handler.py` for the rules this applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from itertools import groupby
+from typing import Any, Protocol
+
+from pubsub.metrics import ReplicationMetrics
+from pubsub.ratelog import RateLimitedLog
+from pubsub.streams import ApplyCallback, Stream
+from pubsub.types import PositionListener, Row
+from pubsub.wire import Position
+
+log = logging.getLogger(__name__)
+MAX_BATCH_ROWS = 10_000
+MAX_APPLY_ROWS = 1_000
+
+#: What a stream's queue holds, in arrival order (plain tuples: one is built and read per received
+#: row). An RDATA line: (generation, writer, token, row, prev, count); token None is a `batch` row,
+#: row None a row that failed validation (queued anyway: in order, it makes the writer wait for a
+#: POSITION). A POSITION line: (generation, command).
+Received = tuple[int, str, int | None, Row | None, int, int]
+Announced = tuple[int, Position]
+
+
+class QueueOwner(Protocol):
+    """What a queue reads from the handler that owns it (current values, never copies)."""
+
+    generation: int
+    metrics: ReplicationMetrics
+    queue_size: int
+    catch_up_batch_size: int
+    position_listeners: list[PositionListener]
+
+    def reject(self, reason: str, detail: str) -> None: ...
+
+
+class StreamQueue:
+    """The reader's state of one stream and the task that processes its queue."""
+
+    __slots__ = (
+        "_apply_cb", "_owner", "_ratelog", "announced", "connected", "last_heard", "pending",
+        "positions_only", "queue", "stream", "task", "wake",
+    )  # fmt: skip
+
+    def __init__(
+        self, stream: Stream[Any], owner: QueueOwner, apply: ApplyCallback, positions_only: bool = False
+    ) -> None:
+        self.stream = stream
+        self.positions_only = positions_only
+        self.queue: deque[Received | Announced] = deque()
+        self.wake = asyncio.Event()
+        self.connected: set[str] = set()
+        self.pending: dict[str, list[Row]] = {}
+        self.announced: dict[str, int] = {}
+        self.last_heard: dict[str, float] = {}
+        self.task: asyncio.Task[None] | None = None
+        self._owner = owner
+        self._apply_cb = apply
+        self._ratelog = RateLimitedLog(log)
+
+    def follow(self, writer: str, token: int) -> None:
+        """Queue `token` as `writer`'s position on a positions-only stream: merged into the last
+        queued entry when that is this writer's on this connection (only the latest counts)."""
+        queue, generation = self.queue, self._owner.generation
+        if queue:
+            last = queue[-1]
+            if len(last) == 2 and last[0] == generation and last[1].instance == writer:
+                if token > last[1].new_token:
+                    queue[-1] = (generation, Position(self.stream.name, writer, token, token))
+                return
+        if len(queue) >= self._owner.queue_size:
+            self.overflow()
+        queue.append((generation, Position(self.stream.name, writer, token, token)))
+
+    def overflow(self) -> None:
+        count = len(self.queue)
+        self.queue.clear()
+        self.connected.clear()
+        self.pending.clear()
+        self._owner.metrics.drop("backlog_overflow", count)
+        self._ratelog.warning(
+            f"overflow:{self.stream.name}",
+            "replication backlog full: stream=%s dropped=%d; catching up from the database at next POSITION",
+            self.stream.name,
+            count,
+        )
+
+    def disconnect(self, writer: str) -> None:
+        self.connected.discard(writer)
+        self.pending.pop(writer, None)
+
+    async def consume(self) -> None:
+        while True:
+            if not self.queue:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            entry = self.queue.popleft()
+            if entry[0] != self._owner.generation:
+                self._owner.metrics.drop("stale_connection")
+                continue
+            writer = entry[1] if len(entry) == 6 else entry[1].instance
+            try:
+                if len(entry) == 6:
+                    await self._process_rdata(entry)
+                else:
+                    await self._process_position(entry[1], entry[0])
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Not advanced: the writer's next POSITION finds us behind and retries from the database.
+                self.connected.discard(writer)
+                self.pending.pop(writer, None)
+                log.exception(
+                    "replication processing failed: stream=%s instance=%s", self.stream.name, writer
+                )
+
+    async def _process_rdata(self, entry: Received) -> None:
+        _, writer, token, row, prev, count = entry
+        if writer not in self.connected:
+            if row is not None:
+                self._owner.metrics.drop("not_connected")
+            return
+        stream = self.stream
+        if row is None:
+            self.disconnect(writer)
+            return
+        if token is None:
+            batch = self.pending.setdefault(writer, [])
+            if len(batch) >= MAX_BATCH_ROWS:
+                self._owner.reject("batch_too_long", f"stream={stream.name} instance={writer}")
+                self.disconnect(writer)
+                return
+            batch.append(row)
+            return
+        batch = self.pending.pop(writer, [])
+        rows = [*batch, row] if batch else [row]
+        if token > self.announced.get(writer, 0):
+            self.announced[writer] = token
+        cur = stream.current_token(writer)
+        if token <= cur:
+            self._owner.metrics.drop("duplicate")
+            return
+        if prev > cur or count != len(rows):
+            # A message of this writer was lost: wait for its next POSITION, which catches up.
+            self._owner.metrics.drop("gap")
+            self.disconnect(writer)
+            return
+        await self._apply(stream, writer, self._take_following(writer, token, rows), rows)
+
+    def _take_following(self, writer: str, last: int, rows: list[Row]) -> int:
+        """Move the single-row tokens queued right behind token `last` of `writer` that continue
+        its chain into `rows` (one apply, one advance and one wake-up for all: under load most
+        tokens are single rows and arrive back to back); returns the last token taken.
+
+        A queued line qualifies when it is the next numbered RDATA of the same writer on the same
+        connection, valid, with one row and `prev` equal to the token before it; anything else
+        (a POSITION, another writer, a `batch` row, a gap) ends the run and is processed as usual.
+        """
+        queue, generation = self.queue, self._owner.generation
+        while queue and len(rows) < MAX_APPLY_ROWS:
+            nxt = queue[0]
+            if len(nxt) != 6:
+                break  # a POSITION
+            gen, instance, token, row, prev, count = nxt
+            if (
+                count != 1
+                or prev != last
+                or row is None
+                or instance != writer
+                or gen != generation
+                or token is None
+                or token <= last
+            ):
+                break
+            queue.popleft()
+            rows.append(row)
+            last = token
+        if last > self.announced.get(writer, 0):
+            self.announced[writer] = last
+        return last
+
+    async def _process_position(self, cmd: Position, generation: int) -> None:
+        writer, stream = cmd.instance, self.stream
+        self.pending.pop(writer, None)
+        if cmd.new_token > self.announced.get(writer, 0):
+            self.announced[writer] = cmd.new_token
+        cur = stream.current_token(writer)
+        if cur < cmd.prev_token and not self.positions_only:
+            await self._catch_up(stream, writer, cur, cmd.new_token)
+        if cmd.new_token > stream.current_token(writer):
+            await self._apply(stream, writer, cmd.new_token, [])
+        if generation == self._owner.generation:
+            self.connected.add(writer)
+
+    async def _catch_up(self, stream: Stream[Any], writer: str, cur: int, upto: int) -> None:
+        """Apply `writer`'s rows in (cur, upto] from the database, in pages of bounded size."""
+        limit = self._owner.catch_up_batch_size
+        log.info("catching up: stream=%s instance=%s from=%d to=%d", stream.name, writer, cur, upto)
+        while cur < upto:
+            rows = await stream.fetch_updates(writer, cur, upto, limit)
+            self._owner.metrics.catch_up_fetch(stream.name)
+            if not rows:
+                return
+            limited = len(rows) >= limit
+            if limited:
+                last = rows[-1][0]
+                complete = [r for r in rows if r[0] < last]
+                if not complete:
+                    limit *= 2  # one token holds a whole page: fetch it in one piece
+                    continue
+                rows = complete
+                limit = self._owner.catch_up_batch_size
+            self._owner.metrics.catch_up_fetched(stream.name, len(rows))
+            for token, group in groupby(rows, key=lambda r: r[0]):
+                await self._apply(stream, writer, token, [row for _t, row in group])
+            cur = rows[-1][0]
+            if not limited:
+                return
+
+    async def _apply(self, stream: Stream[Any], writer: str, token: int, rows: list[Any]) -> None:
+        if rows:
+            await self._apply_cb(stream, writer, token, rows)
+        stream.advance(writer, token)
+        for listener in self._owner.position_listeners:
+            try:
+                result = listener(stream.name, writer, token)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("position listener failed: stream=%s instance=%s", stream.name, writer)
