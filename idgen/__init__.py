@@ -1,8 +1,16 @@
-"""Stream ID generators and vector-clock tokens (issue 3).
+"""Stream IDs from a shared Postgres sequence, every writer's position, and the tokens clients hold.
 
-`MultiWriterIdGenerator` hands out IDs from a shared Postgres sequence and tracks every writer's
-position; `StreamPositions` is its pure bookkeeping; `MultiWriterStreamToken` and `SyncToken` are the
-tokens clients hold; `InstanceMap` assigns the small integers tokens use instead of instance names.
+| module | holds |
+|---|---|
+| `positions.py` | `StreamPositions`: pure bookkeeping of in-flight IDs, positions, persisted-upto |
+| `multi_writer.py` | `MultiWriterIdGenerator`: the asyncpg edge (sequence, `stream_positions`, start-up) |
+| `_lane.py` | the few pool connections a generator keeps while busy |
+| `tokens.py` | `MultiWriterStreamToken` (a vector clock) and `SyncToken` (one per stream), and their texts |
+| `instance_map.py` | `InstanceMap`: the small integers tokens use instead of instance names |
+| `errors.py` | `IdGenError` and below, each saying what to do |
+
+`idgen` never imports `pubsub`, `workers` or `analytics`; only `multi_writer.py`, `_lane.py` and
+`instance_map.py` touch the database.
 """
 
 from __future__ import annotations

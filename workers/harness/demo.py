@@ -168,7 +168,7 @@ def main(argv: list[str]) -> int:
 
 
 def _run_audit(database_url: str, out: Path, subscribers: int) -> int:
-    """The Spark invalidation audit over the demo's own data (issue 6). Every worker subscribes to
+    """The Spark invalidation audit over the demo's own data. Every worker subscribes to
     the one channel, so each invalidation fans out to all of them; the applied record holds the
     workers that serve reads only (persisters write only)."""
     try:

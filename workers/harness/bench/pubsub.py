@@ -11,7 +11,7 @@ same subscriber processes run a bare redis-py raw-reply read loop while this pro
 Also measured: wire encode/decode speed. The generator is in memory: this measures pubsub, not
 Postgres (the catch-up path is covered by the tests). Prints JSON, then a table; progress on stderr.
 
-Targets (issue 4): >= 50% of the raw throughput; p99 <= raw p99 + 2 ms at 2,000 rows/s.
+Targets: >= 50% of the raw throughput; p99 <= raw p99 + 2 ms at 2,000 rows/s.
 """
 
 from __future__ import annotations
