@@ -10,10 +10,13 @@ import pydantic_core
 
 MEMBER_EVENT = "m.room.member"
 MEMBERSHIPS = frozenset({"join", "leave", "invite", "ban"})
-# Rows of the caches stream whose keys are [room_id, member, ...]: one row covers every cache that
-# depends on the room's current state and on those members' room lists.
+# Rows of the caches stream whose keys are room ids, each followed by the members whose membership
+# moved in it ([!room, @member, ..., !room2, ...]; the sigil tells them apart): one row covers
+# every cache that depends on those rooms' current state and on those members' room lists.
 CURRENT_STATE_CACHE = "cs_cache_fake"
 MEMBERS_PER_INVALIDATION = 50
+#: The most keys one such row carries (the caches stream's row type bounds it the same way).
+KEYS_PER_INVALIDATION = MEMBERS_PER_INVALIDATION + 1
 _new = tuple.__new__
 #: JSON string literals of the strings that repeat from event to event (room ids, types, senders,
 #: state keys, instance names): a dict hit costs a third of escaping again. Emptied when full.
@@ -159,12 +162,21 @@ class StateChanges:
             members.append(event.state_key)
 
     def invalidations(self, now_ms: int) -> list[CacheInvalidation]:
-        """One row per room (more only past MEMBERS_PER_INVALIDATION members, so lines stay bounded)."""
+        """The batch's changes in as few rows as fit: every room with its members, coalesced into
+        rows of at most KEYS_PER_INVALIDATION keys (a room with more members than fit continues in
+        the next row, its id first again), so one batch sends one row unless it changed a lot."""
         rows: list[CacheInvalidation] = []
+        keys: list[str] = []
         for room_id, members in self.rooms.items():
-            chunks = [
-                members[i : i + MEMBERS_PER_INVALIDATION]
-                for i in range(0, len(members), MEMBERS_PER_INVALIDATION)
-            ] or [[]]
-            rows += [CacheInvalidation(CURRENT_STATE_CACHE, (room_id, *chunk), now_ms) for chunk in chunks]
+            if keys and len(keys) + 1 + len(members) > KEYS_PER_INVALIDATION:
+                rows.append(CacheInvalidation(CURRENT_STATE_CACHE, tuple(keys), now_ms))
+                keys = []
+            keys.append(room_id)
+            for member in members:
+                if len(keys) == KEYS_PER_INVALIDATION:
+                    rows.append(CacheInvalidation(CURRENT_STATE_CACHE, tuple(keys), now_ms))
+                    keys = [room_id]
+                keys.append(member)
+        if keys:
+            rows.append(CacheInvalidation(CURRENT_STATE_CACHE, tuple(keys), now_ms))
         return rows

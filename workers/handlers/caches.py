@@ -137,12 +137,12 @@ class SyncCaches:
         by_name = {cache.name: cache for cache in self.all()}
         for row in rows:
             if row.cache_func == CURRENT_STATE_CACHE:
-                if not row.keys:
-                    continue
-                room_id, *members = row.keys
-                self.current_state.invalidate(room_id)
-                self.joined_members.invalidate(room_id)
-                self.rooms_for_user.invalidate_many(members)
+                for key in row.keys or ():
+                    if key.startswith("!"):  # a room id; the user ids after it start with "@"
+                        self.current_state.invalidate(key)
+                        self.joined_members.invalidate(key)
+                    else:
+                        self.rooms_for_user.invalidate(key)
             elif (cache := by_name.get(row.cache_func)) is not None:
                 if row.keys is None:
                     cache.invalidate_all()

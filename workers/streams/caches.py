@@ -14,7 +14,7 @@ from pydantic import Field
 
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator
-from workers.model import MEMBERS_PER_INVALIDATION, CacheInvalidation
+from workers.model import KEYS_PER_INVALIDATION, CacheInvalidation
 from workers.storage.events import invalidations_by_writer
 
 CACHES = "caches"
@@ -24,7 +24,7 @@ class CacheRow(NamedTuple):
     """One invalidation on the wire; keys None means the whole cache."""
 
     cache_func: Annotated[str, Field(min_length=1, max_length=128)]
-    keys: Annotated[tuple[str, ...] | None, Field(max_length=MEMBERS_PER_INVALIDATION + 1)]
+    keys: Annotated[tuple[str, ...] | None, Field(max_length=KEYS_PER_INVALIDATION)]
     invalidation_ts: Annotated[int, Field(ge=0)]
 
     @classmethod

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from workers.handlers.caches import LruCache
+from workers.handlers.caches import LruCache, SyncCaches
+from workers.model import CURRENT_STATE_CACHE, CacheInvalidation
 
 
 async def test_lru_evicts_and_a_load_overlapping_an_invalidation_is_not_stored() -> None:
@@ -29,3 +31,20 @@ async def test_lru_evicts_and_a_load_overlapping_an_invalidation_is_not_stored()
     release.set()
     await pending
     assert "slow" not in cache  # loaded before the invalidation finished: never cached
+
+
+async def test_a_coalesced_row_invalidates_each_room_and_each_member() -> None:
+    async def load(key: str) -> Any:
+        return frozenset() if key.startswith("!") else {}
+
+    caches = SyncCaches(load, load, load)  # type: ignore[arg-type]
+    for key in ("!r1", "!r2", "!untouched"):
+        await caches.current_state.get(key)
+        await caches.joined_members.get(key)
+    for key in ("@a", "@b", "@c"):
+        await caches.rooms_for_user.get(key)
+    caches.on_invalidations([CacheInvalidation(CURRENT_STATE_CACHE, ("!r1", "@a", "!r2", "@b"), 1)])
+    assert "!r1" not in caches.current_state and "!r2" not in caches.current_state
+    assert "!r1" not in caches.joined_members and "!r2" not in caches.joined_members
+    assert "@a" not in caches.rooms_for_user and "@b" not in caches.rooms_for_user
+    assert "!untouched" in caches.current_state and "@c" in caches.rooms_for_user
