@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 from pyspark.sql import SparkSession
 
-from analytics import audit
+import analytics
 from tests.conftest import Servers
 
 T0 = 1_700_000_040_000  # a whole minute (and a whole two minutes)
@@ -111,9 +111,9 @@ async def _fill_known(url: str) -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session, owned = audit.spark_session(
+    session, owned = analytics.spark_session(
         "local[2]",
-        audit.resolve_jdbc_jar(None),
+        analytics.resolve_jdbc_jar(None),
         [("spark.sql.shuffle.partitions", "4"), ("spark.ui.enabled", "false")],
     )
     assert owned, "another Spark session was already active"
@@ -131,9 +131,9 @@ def known_log_url(servers: Servers) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def known_audit(spark: SparkSession, known_log_url: str) -> Iterator[audit.AuditResult]:
+def known_audit(spark: SparkSession, known_log_url: str) -> Iterator[analytics.AuditResult]:
     """The audit of the known log: 1-minute windows, p99 storms, top 3, subscribers from the record."""
-    source = audit.PostgresSource(known_log_url, num_partitions=3)
-    result = audit.run_audit(spark, source, audit.AuditOptions(top_n=3))
+    source = analytics.PostgresSource(known_log_url, num_partitions=3)
+    result = analytics.run_audit(spark, source, analytics.AuditOptions(top_n=3))
     yield result
-    audit.release(result)
+    analytics.release(result)

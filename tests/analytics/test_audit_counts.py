@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from analytics import audit
+import analytics
 from tests.analytics.conftest import KNOWN_ROWS, T0, w
 
 
@@ -16,7 +16,7 @@ def rows_of(frame: DataFrame, *order: str) -> list[dict[str, Any]]:
     return [r.asDict(recursive=True) for r in (frame.orderBy(*order) if order else frame).collect()]
 
 
-def test_totals(known_audit: audit.AuditResult) -> None:
+def test_totals(known_audit: analytics.AuditResult) -> None:
     t = known_audit.summary["totals"]
     assert t["rows"] == 40
     assert t["duplicate_copies"] == 2
@@ -33,19 +33,19 @@ def test_totals(known_audit: audit.AuditResult) -> None:
     assert (t["windows"], t["first_window_start"], t["last_window_start"]) == (5, T0, w(4))
 
 
-def test_bytes_are_the_compact_json_payload(known_audit: audit.AuditResult) -> None:
+def test_bytes_are_the_compact_json_payload(known_audit: analytics.AuditResult) -> None:
     expected = sum(len(json.dumps([f, k, ts], separators=(",", ":"))) for _, _, f, k, ts in KNOWN_ROWS)
     assert known_audit.summary["totals"]["bytes"] == expected
 
 
-def test_window_totals_include_the_empty_window(known_audit: audit.AuditResult) -> None:
+def test_window_totals_include_the_empty_window(known_audit: analytics.AuditResult) -> None:
     series = [(s["window_start"], s["rows"], s["keys"], s["events"]) for s in known_audit.window_series]
     assert series == [(w(0), 4, 6, 3), (w(1), 3, 3, 1), (w(2), 3, 63, 4), (w(3), 0, 0, 0), (w(4), 30, 30, 10)]
     amplification = [s["amplification"] for s in known_audit.window_series]
     assert amplification == [pytest.approx(4 / 3), 3.0, 0.75, None, 3.0]
 
 
-def test_window_stats_per_cache_and_writer(known_audit: audit.AuditResult) -> None:
+def test_window_stats_per_cache_and_writer(known_audit: analytics.AuditResult) -> None:
     stats = known_audit.tables["window_stats"]
     assert stats.count() == 10
     by_key = {(r["window_start"], r["cache_func"], r["instance_name"]): r for r in rows_of(stats)}
@@ -72,7 +72,7 @@ def test_window_stats_per_cache_and_writer(known_audit: audit.AuditResult) -> No
     assert (no_events["keys"], no_events["events"], no_events["amplification"]) == (1, 0, None)
 
 
-def test_storms_above_p99(known_audit: audit.AuditResult) -> None:
+def test_storms_above_p99(known_audit: analytics.AuditResult) -> None:
     threshold = known_audit.summary["storm_threshold"]
     assert threshold["source"] == "p99"
     assert threshold["rows"] == pytest.approx(4 + 0.96 * 26)  # exact p99 of [0, 3, 3, 4, 30]
@@ -82,11 +82,11 @@ def test_storms_above_p99(known_audit: audit.AuditResult) -> None:
     ]
 
 
-def test_storms_above_a_configured_threshold(known_audit: audit.AuditResult) -> None:
+def test_storms_above_a_configured_threshold(known_audit: analytics.AuditResult) -> None:
     totals, stats = known_audit.tables["window_totals"], known_audit.tables["window_stats"]
-    threshold = audit.storm_threshold(totals, 3, 0.99)
-    assert threshold == audit.StormThreshold(3.0, "configured")
-    found = rows_of(audit.storms(totals, stats, threshold), "window_start")
+    threshold = analytics.storm_threshold(totals, 3, 0.99)
+    assert threshold == analytics.StormThreshold(3.0, "configured")
+    found = rows_of(analytics.storms(totals, stats, threshold), "window_start")
     # window 0 has one row each of four caches: the tie goes to the first name.
     assert [(s["window_start"], s["rows"], s["top_cache"]) for s in found] == [
         (w(0), 4, "cs_cache_fake"),
@@ -94,7 +94,7 @@ def test_storms_above_a_configured_threshold(known_audit: audit.AuditResult) -> 
     ]
 
 
-def test_savings_by_cache(known_audit: audit.AuditResult) -> None:
+def test_savings_by_cache(known_audit: analytics.AuditResult) -> None:
     savings = {s["cache_func"]: s for s in known_audit.summary["savings_by_cache"]}
     cs = savings["cs_cache_fake"]
     assert (cs["rows"], cs["keys"], cs["per_key_messages"], cs["saved_messages"]) == (4, 67, 67, 63)
@@ -105,7 +105,7 @@ def test_savings_by_cache(known_audit: audit.AuditResult) -> None:
     assert known_audit.summary["savings_by_cache"][0]["cache_func"] == "cs_cache_fake"
 
 
-def test_top_n_caches_and_keys(known_audit: audit.AuditResult) -> None:
+def test_top_n_caches_and_keys(known_audit: analytics.AuditResult) -> None:
     caches = [(c["cache_func"], c["rows"]) for c in known_audit.summary["top_caches"]]
     assert caches == [("get_user_by_id", 31), ("cs_cache_fake", 4), ("get_users_in_room", 3)]
     # @u0 was seen twice (same stream id 11): counted once it ties at 3 and sorts after cs_cache_fake.
@@ -113,8 +113,8 @@ def test_top_n_caches_and_keys(known_audit: audit.AuditResult) -> None:
     assert keys == [("cs_cache_fake", "!r1", 3), ("get_user_by_id", "@u0", 3), ("get_user_by_id", "@u1", 3)]
 
 
-def test_tuple_keys_and_invalidate_all_in_top_keys(known_audit: audit.AuditResult) -> None:
-    everything = rows_of(audit.top_keys(known_audit.tables["_annotated"], 1000), "cache_func", "key")
+def test_tuple_keys_and_invalidate_all_in_top_keys(known_audit: analytics.AuditResult) -> None:
+    everything = rows_of(analytics.top_keys(known_audit.tables["_annotated"], 1000), "cache_func", "key")
     by_cache: dict[str, list[tuple[str, int]]] = {}
     for k in everything:
         by_cache.setdefault(k["cache_func"], []).append((k["key"], k["invalidations"]))
@@ -124,13 +124,14 @@ def test_tuple_keys_and_invalidate_all_in_top_keys(known_audit: audit.AuditResul
     assert sum(n for _, n in by_cache["cs_cache_fake"]) == 67
 
 
-def test_two_minute_windows(spark: SparkSession, known_audit: audit.AuditResult) -> None:
-    annotated = audit.annotate(
-        known_audit.tables["_annotated"].select(*audit.INVALIDATIONS_SCHEMA.fieldNames(), "copies"), 120_000
+def test_two_minute_windows(spark: SparkSession, known_audit: analytics.AuditResult) -> None:
+    annotated = analytics.annotate(
+        known_audit.tables["_annotated"].select(*analytics.INVALIDATIONS_SCHEMA.fieldNames(), "copies"),
+        120_000,
     )
-    stats = audit.window_stats(annotated, 1)
-    events = spark.createDataFrame([], audit.EVENTS_SCHEMA)
-    totals = audit.window_totals(stats, audit.events_per_window(events, 120_000), 120_000)
+    stats = analytics.window_stats(annotated, 1)
+    events = spark.createDataFrame([], analytics.EVENTS_SCHEMA)
+    totals = analytics.window_totals(stats, analytics.events_per_window(events, 120_000), 120_000)
     assert [(r["window_start"], r["rows"]) for r in rows_of(totals, "window_start")] == [
         (T0, 7),
         (T0 + 120_000, 3),
@@ -141,8 +142,8 @@ def test_two_minute_windows(spark: SparkSession, known_audit: audit.AuditResult)
 def test_dedupe_counts_each_stream_id_once(spark: SparkSession) -> None:
     raw = spark.createDataFrame(
         [*[(1, "p1", "c", ["k"], 5)] * 3, (2, "p2", "c", None, 6)],
-        audit.INVALIDATIONS_SCHEMA,
+        analytics.INVALIDATIONS_SCHEMA,
     )
-    deduped = rows_of(audit.dedupe(raw), "stream_id")
+    deduped = rows_of(analytics.dedupe(raw), "stream_id")
     assert [(r["stream_id"], r["copies"]) for r in deduped] == [(1, 3), (2, 1)]
     assert deduped[1]["keys"] is None

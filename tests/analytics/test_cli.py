@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from analytics import audit
+import analytics
 
 
 def test_run_writes_every_output_and_exits_zero(
     spark: SparkSession, known_log_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = audit.main(["--database-url", known_log_url, "--out", str(tmp_path), "--top-n", "3"])
+    rc = analytics.main(["--database-url", known_log_url, "--out", str(tmp_path), "--top-n", "3"])
     assert rc == 0
     assert f"report: {tmp_path / 'report.md'}" in capsys.readouterr().out
     for table in ("window_stats", "window_totals", "storms", "savings_by_cache", "top_caches", "top_keys"):
@@ -29,14 +29,14 @@ def test_run_writes_every_output_and_exits_zero(
 
 
 def test_export_then_parquet_run_gives_the_same_summary(
-    spark: SparkSession, known_log_url: str, known_audit: audit.AuditResult, tmp_path: Path
+    spark: SparkSession, known_log_url: str, known_audit: analytics.AuditResult, tmp_path: Path
 ) -> None:
     exported = tmp_path / "export"
-    assert audit.main(["export", "--database-url", known_log_url, "--out", str(exported)]) == 0
+    assert analytics.main(["export", "--database-url", known_log_url, "--out", str(exported)]) == 0
     counts = {name: spark.read.parquet(str(exported / name)).count() for name in ("invalidations", "events")}
     assert counts == {"invalidations": 42, "events": 18}  # the export keeps the duplicates
     report = tmp_path / "report"
-    assert audit.main(["run", "--parquet", str(exported), "--out", str(report), "--top-n", "3"]) == 0
+    assert analytics.main(["run", "--parquet", str(exported), "--out", str(report), "--top-n", "3"]) == 0
     from_parquet = json.loads((report / "summary.json").read_text())
     expected = json.loads(json.dumps(known_audit.summary, default=str))
     for summary in (from_parquet, expected):
@@ -63,7 +63,7 @@ def test_bad_usage_exits_2_with_one_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("FANOUT_DATABASE_URL", raising=False)
-    assert audit.main(argv) == 2
+    assert analytics.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
@@ -74,23 +74,23 @@ def test_unreachable_database_exits_2(
     from workers.services import free_port
 
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
-    assert audit.main(["--database-url", url, "--out", str(tmp_path)]) == 2
+    assert analytics.main(["--database-url", url, "--out", str(tmp_path)]) == 2
     assert f"cannot query {url}" in capsys.readouterr().err
 
 
 def test_jdbc_url() -> None:
-    assert audit.jdbc_url("postgresql://postgres@127.0.0.1:5433/db") == (
+    assert analytics.jdbc_url("postgresql://postgres@127.0.0.1:5433/db") == (
         "jdbc:postgresql://127.0.0.1:5433/db",
         {"driver": "org.postgresql.Driver", "user": "postgres"},
     )
-    assert audit.jdbc_url("postgres://a%40b:p%2Fw@db.example/x?sslmode=require") == (
+    assert analytics.jdbc_url("postgres://a%40b:p%2Fw@db.example/x?sslmode=require") == (
         "jdbc:postgresql://db.example:5432/x?sslmode=require",
         {"driver": "org.postgresql.Driver", "user": "a@b", "password": "p/w"},
     )
 
 
 def test_parse_window() -> None:
-    assert [audit.parse_window(t) for t in ("60s", "1m", "5m", "1h", "250ms", "1000")] == [
+    assert [analytics.parse_window(t) for t in ("60s", "1m", "5m", "1h", "250ms", "1000")] == [
         60_000,
         60_000,
         300_000,

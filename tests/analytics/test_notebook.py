@@ -12,12 +12,12 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from analytics import audit
+import analytics
 from analytics.generate import generate_log
 from tests.analytics.conftest import insert_ranges, scratch_database
 from tests.conftest import Servers
 
-NOTEBOOK = Path(audit.__file__).with_name("audit.ipynb")
+NOTEBOOK = Path(analytics.__file__).with_name("audit.ipynb")
 
 
 async def _small_log(url: str) -> None:

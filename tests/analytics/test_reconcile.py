@@ -10,13 +10,13 @@ import asyncpg
 import pytest
 from pyspark.sql import SparkSession
 
-from analytics import audit
+import analytics
 from analytics.generate import generate_log
 from tests.analytics.conftest import insert_ranges, scratch_database
 from tests.conftest import Servers
 
 
-def test_known_log_has_no_gap(known_audit: audit.AuditResult) -> None:
+def test_known_log_has_no_gap(known_audit: analytics.AuditResult) -> None:
     recon = known_audit.summary["reconciliation"]
     assert recon["ok"] and recon["gaps"] == [] and recon["missed_rows"] == 0
     got = {
@@ -47,7 +47,7 @@ def test_applied_holes_merge_overlapping_ranges(spark: SparkSession) -> None:
         [("w", "r", "p", 0, 10), ("w", "r", "p", 5, 8), ("w", "r", "p", 12, 20), ("w", "r2", "p", 30, 40)],
         "worker_name string, run_id string, instance_name string, from_id long, to_id long",
     )
-    holes = [tuple(r) for r in audit.applied_holes(ranges).collect()]
+    holes = [tuple(r) for r in analytics.applied_holes(ranges).collect()]
     assert holes == [("w", "r", "p", 10, 12)]
 
 
@@ -55,8 +55,8 @@ def test_a_worker_that_never_recorded_a_writer_lags_it(spark: SparkSession) -> N
     published = spark.createDataFrame(
         [(1, "p1"), (2, "p2"), (3, "p2"), (4, "p1")], "stream_id long, instance_name string"
     )
-    applied = spark.createDataFrame([("w", "r", "caches", "p1", 1, 4)], audit.APPLIED_SCHEMA)
-    per_worker, gaps = audit.reconcile(published, applied)
+    applied = spark.createDataFrame([("w", "r", "caches", "p1", 1, 4)], analytics.APPLIED_SCHEMA)
+    per_worker, gaps = analytics.reconcile(published, applied)
     assert gaps.count() == 0
     rows = {r["instance_name"]: (r["published_in_span"], r["lag_rows"]) for r in per_worker.collect()}
     assert rows == {"p1": (1, 0), "p2": (0, 2)}
@@ -87,7 +87,7 @@ def test_planted_gap_is_reported_and_exits_nonzero(
 ) -> None:
     with scratch_database(servers) as url:
         asyncio.run(_planted(url))
-        rc = audit.main(["run", "--database-url", url, "--out", str(tmp_path), "--num-partitions", "3"])
+        rc = analytics.main(["run", "--database-url", url, "--out", str(tmp_path), "--num-partitions", "3"])
     assert rc == 1
     expected_gap = {
         "worker_name": "sync1",

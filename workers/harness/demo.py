@@ -172,7 +172,7 @@ def _run_audit(database_url: str, out: Path, subscribers: int) -> int:
     the one channel, so each invalidation fans out to all of them; the applied record holds the
     workers that serve reads only (persisters write only)."""
     try:
-        from analytics.audit import main as audit_main
+        from analytics.cli import main as audit_main
     except ImportError as e:
         say(f"audit skipped: {e} (install the 'audit' extra)")
         return 0

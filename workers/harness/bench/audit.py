@@ -97,14 +97,16 @@ def _spark_aggregate(
 ) -> tuple[float, dict[str, int]]:
     from pyspark.sql import functions as F
 
-    from analytics import audit
+    import analytics
 
     out = Path(tempfile.mkdtemp(prefix="fanout-bench-audit-"))
     try:
-        source = audit.PostgresSource(url, jdbc_jar=jar, num_partitions=partitions)
+        source = analytics.PostgresSource(url, jdbc_jar=jar, num_partitions=partitions)
         started = time.perf_counter()
-        annotated = audit.annotate(audit.dedupe(audit.load_invalidations(spark, source)), window_ms)
-        audit.window_stats(annotated, 1).write.mode("overwrite").parquet(str(out / "window_stats"))
+        annotated = analytics.annotate(
+            analytics.dedupe(analytics.load_invalidations(spark, source)), window_ms
+        )
+        analytics.window_stats(annotated, 1).write.mode("overwrite").parquet(str(out / "window_stats"))
         elapsed = time.perf_counter() - started
         written = spark.read.parquet(str(out / "window_stats"))
         row = written.agg(
@@ -116,11 +118,11 @@ def _spark_aggregate(
 
 
 def _run(admin_url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from analytics import audit
+    import analytics
 
-    jar = audit.resolve_jdbc_jar(args.jdbc_jar)
+    jar = analytics.resolve_jdbc_jar(args.jdbc_jar)
     started = time.perf_counter()
-    spark, owned = audit.spark_session(
+    spark, owned = analytics.spark_session(
         args.master,
         jar,
         [
@@ -192,12 +194,12 @@ def figures(report: dict[str, Any]) -> list[Figure]:
 
 def main(argv: list[str]) -> int:
     """Exit 0 when Spark and Postgres agree for every size, 1 when they do not, 2 on bad usage."""
-    from analytics import audit
+    import analytics
 
     parser = argparse.ArgumentParser(prog="fanout bench audit", description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", help="admin URL (database postgres); default: embedded servers")
     parser.add_argument("--rows", type=_rows_arg, default=[1_000_000, 10_000_000], help="e.g. 1e6,1e7")
-    parser.add_argument("--window", type=audit.parse_window, default=60_000)
+    parser.add_argument("--window", type=analytics.parse_window, default=60_000)
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--num-partitions", type=int, help="JDBC partitions (default 2x parallelism)")
     parser.add_argument("--driver-memory", default="4g")
@@ -216,7 +218,7 @@ def main(argv: list[str]) -> int:
 
             with EmbeddedServices(with_redis=False) as services:
                 report = _run(services.database_url, args)
-    except audit.AuditError as e:
+    except analytics.AuditError as e:
         print(f"fanout bench audit: {e}", file=sys.stderr)
         return 2
     print(json.dumps(report))

@@ -1,0 +1,173 @@
+"""`fanout audit [run|export] ...` (also `python -m analytics` and the spark-submit entry `audit.py`).
+
+Exit 0: no gap; 1: a worker missed invalidations; 2: bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+from analytics.errors import AuditError
+from analytics.job import AuditOptions, release, run_audit
+from analytics.report import write_outputs
+from analytics.session import DEFAULT_JDBC_JAR, JDBC_JAR_ENV, resolve_jdbc_jar, spark_session
+from analytics.sources import ParquetSource, PostgresSource, Source, export, jdbc_url
+
+EXIT_OK, EXIT_GAP, EXIT_USAGE = 0, 1, 2
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h)?$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def parse_window(text: str) -> int:
+    """'60s', '1m', '5m', '1h', '250ms' or bare milliseconds -> milliseconds (> 0)."""
+    match = _DURATION.match(text.strip())
+    if not match or int(match.group(1)) == 0:
+        raise argparse.ArgumentTypeError(f"bad window {text!r}: want e.g. 60s, 1m, 5m, 1h")
+    return int(match.group(1)) * _UNIT_MS[match.group(2) or "ms"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"want a positive integer, got {text!r}")
+    return value
+
+
+def _quantile(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"want a quantile in (0, 1), got {text!r}")
+    return value
+
+
+def conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"want KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fanout audit",
+        description="Invalidation audit on Spark. "
+        "Exit 0: no gap; 1: a worker missed invalidations; 2: bad usage.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--database-url", default=os.environ.get("FANOUT_DATABASE_URL"),
+                       help="postgresql://user@host:port/db (default $FANOUT_DATABASE_URL)")  # fmt: skip
+        p.add_argument(
+            "--jdbc-jar", help=f"Postgres JDBC jar (default ${JDBC_JAR_ENV} or {DEFAULT_JDBC_JAR})"
+        )
+        p.add_argument("--master", default="local[*]", help="any Spark master (default local[*])")
+        p.add_argument("--num-partitions", type=_positive_int, help="JDBC read partitions on stream_id")
+        p.add_argument("--lower-bound", type=int, help="JDBC partition lower bound (default: table min)")
+        p.add_argument("--upper-bound", type=int, help="JDBC partition upper bound (default: table max)")
+        p.add_argument("--spark-conf", type=conf_pair, action="append", default=[], metavar="KEY=VALUE")
+
+    run = sub.add_parser("run", help="compute the audit (default)")
+    common(run)
+    run.add_argument("--parquet", type=Path, help="read a directory written by `fanout audit export` instead")
+    run.add_argument(
+        "--out", type=Path, default=Path("audit-report"), help="output directory (default ./audit-report)"
+    )
+    run.add_argument("--window", type=parse_window, default=60_000, help="window length (default 1m)")
+    run.add_argument("--storm-threshold", type=float, help="rows per window above which it is a storm")
+    run.add_argument("--storm-quantile", type=_quantile, default=0.99, help="used without --storm-threshold")
+    run.add_argument("--top-n", type=_positive_int, default=10)
+    run.add_argument(
+        "--subscribers", type=int, help="workers subscribed to caches (default: from the record)"
+    )
+
+    exp = sub.add_parser("export", help="write the tables as Parquet for later runs")
+    common(exp)
+    exp.add_argument("--out", type=Path, required=True, help="output directory")
+    return parser
+
+
+def _postgres_source(args: argparse.Namespace) -> PostgresSource:
+    if not args.database_url:
+        raise AuditError("no source: pass --database-url (or set FANOUT_DATABASE_URL) or --parquet DIR")
+    jdbc_url(args.database_url)
+    return PostgresSource(
+        database_url=args.database_url,
+        jdbc_jar=resolve_jdbc_jar(args.jdbc_jar),
+        num_partitions=args.num_partitions,
+        lower_bound=args.lower_bound,
+        upper_bound=args.upper_bound,
+    )
+
+
+def main(argv: list[str]) -> int:
+    """`fanout audit [run|export] ...`; see `build_parser`. Exit 0 ok, 1 reconciliation gap, 2 bad usage."""
+    argv = list(argv)
+    if not argv or argv[0] not in ("run", "export", "-h", "--help"):
+        argv = ["run", *argv]
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed one usage message; return its status instead of exiting
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="audit: %(message)s")
+    try:
+        source: Source
+        if args.command == "run" and args.parquet is not None:
+            if not (args.parquet / "invalidations").is_dir():
+                raise AuditError(
+                    f"{args.parquet} has no invalidations/ (write it with `fanout audit export`)"
+                )
+            source = ParquetSource(args.parquet)
+            jar = None
+        else:
+            source = _postgres_source(args)
+            jar = source.jdbc_jar
+        spark, owned = spark_session(args.master, jar, args.spark_conf)
+        try:
+            if args.command == "export":
+                assert isinstance(source, PostgresSource)
+                written = export(spark, source, args.out)
+                print(json.dumps({"out": str(args.out), "rows": written}))
+                return EXIT_OK
+            options = AuditOptions(
+                window_ms=args.window,
+                storm_threshold=args.storm_threshold,
+                storm_quantile=args.storm_quantile,
+                top_n=args.top_n,
+                subscribers=args.subscribers,
+            )
+            result = run_audit(spark, source, options)
+            paths = write_outputs(result, args.out)
+            release(result)
+        finally:
+            if owned:
+                spark.stop()
+    except AuditError as e:
+        print(f"fanout audit: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    recon = result.summary["reconciliation"]
+    print(f"report: {paths.report}")
+    print(f"summary: {paths.summary}")
+    if not recon["ok"]:
+        for gap in recon["gaps"]:
+            print(
+                f"GAP worker={gap['worker_name']} run={gap['run_id']} writer={gap['instance_name']} "
+                f"stream_ids=({gap['hole_from']},{gap['hole_to']}] missed_rows={gap['missed_rows']}",
+                file=sys.stderr,
+            )
+        return EXIT_GAP
+    return EXIT_OK
