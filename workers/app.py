@@ -29,6 +29,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
+import asyncpg
+import redis.asyncio
+import redis.exceptions
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -37,7 +40,7 @@ from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from pubsub.types import Row
 from workers import event_loop
-from workers.config import WorkerConfig
+from workers.config import ConfigError, WorkerConfig
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import SyncCaches
@@ -48,6 +51,7 @@ from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.model import CacheInvalidation, Event, UserRooms
+from workers.startup_retry import connect_with_retry
 from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
@@ -57,6 +61,18 @@ from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, 
 log = logging.getLogger(__name__)
 CATCH_UP_INTERVALS = 10
 SHUTDOWN_STEP_S = 10.0
+#: What "not reachable yet" looks like at start-up (retried for `startup_retry_s`).
+_POSTGRES_DOWN = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
+_REDIS_DOWN = (OSError, TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+async def _ping_redis(url: str) -> None:
+    """One PING on a short-lived connection: is the server there (and do our credentials work)?"""
+    client = redis.asyncio.from_url(url, socket_connect_timeout=5)
+    try:
+        await client.ping()
+    finally:
+        await client.aclose()
 
 
 class Worker:
@@ -111,9 +127,24 @@ class Worker:
         return self.config.writers_of(stream)
 
     async def start(self) -> None:
+        """Start every part in order; on failure, whatever started is stopped by `stop()`.
+
+        Postgres and Redis are retried for `startup_retry_s` (then `Unreachable`); a configuration
+        that names no writer of the events stream raises `ConfigError` before anything starts."""
         config = self.config
+        if not self.writers(EVENTS):
+            raise ConfigError("stream_writers names no writer of the 'events' stream")
         with self._phase("connect_database"):
-            self.pool = await create_pool(config.database_url, config.db_pool_size)
+            self.pool = await connect_with_retry(
+                "PostgreSQL", config.database_url,
+                lambda: create_pool(config.database_url, config.db_pool_size),
+                config.startup_retry_s, _POSTGRES_DOWN,
+            )  # fmt: skip
+        with self._phase("connect_redis"):
+            await connect_with_retry(
+                "Redis", config.redis_url, lambda: _ping_redis(config.redis_url),
+                config.startup_retry_s, _REDIS_DOWN,
+            )  # fmt: skip
         with self._phase("migrate"):
             async with self.pool.acquire() as conn:
                 await apply_migrations(conn)
@@ -351,7 +382,8 @@ class Worker:
             return
         self._accepting = False
         log.info("shutting down instance=%s", self.name)
-        self.sync.closing = True
+        if hasattr(self, "sync"):  # start-up may have failed before the handler existed
+            self.sync.closing = True
         self.notifier.notify_all()
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         for persister in (self.persister, self.backfill_persister):

@@ -11,10 +11,11 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from workers.errors import WorkerError
 
@@ -69,6 +70,10 @@ class WorkerConfig(BaseSettings):
         default_factory=list, description="Background tasks this instance runs"
     )
     cache_max_entries: int = Field(10_000, ge=1, description="Entries per in-process cache (LRU)")
+    startup_retry_s: float = Field(
+        30.0, ge=0, le=3600, description="Seconds to retry Postgres and Redis at start-up before exiting 1"
+    )
+    log_format: Literal["text", "json"] = Field("text", description="Log lines as text or one JSON object")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Logging threshold")
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="uvloop (asyncio's own loop when uvloop is not installed) or asyncio"
@@ -86,6 +91,10 @@ class WorkerConfig(BaseSettings):
     def _postgres_url(cls, value: str) -> str:
         if not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("must start with postgresql:// or postgres://")
+        try:
+            urlsplit(value).port  # noqa: B018 - parsing is the check (bad IPv6 brackets, port)
+        except ValueError as e:
+            raise ValueError(f"malformed URL: {e}") from None
         return value
 
     @field_validator("redis_url")
@@ -126,6 +135,22 @@ class WorkerConfig(BaseSettings):
         return (env_settings, init_settings)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_ENV_FIELD = re.compile(r'field "([^"]+)" from source "EnvSettingsSource"')
+
+
 def _format_validation_error(source: str, error: ValidationError) -> str:
     lines = [f"invalid configuration in {source}:"]
     for item in error.errors():
@@ -147,7 +172,9 @@ def load_config(path: str | Path | None, **overrides: Any) -> WorkerConfig:
         except OSError as e:
             raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        except ConfigError as e:
+            raise ConfigError(f"configuration file {path}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"configuration file {path} is not valid YAML: {e}") from None
         if loaded is None:
@@ -160,6 +187,12 @@ def load_config(path: str | Path | None, **overrides: Any) -> WorkerConfig:
         return WorkerConfig(**data)
     except ValidationError as e:
         raise ConfigError(_format_validation_error(source, e)) from None
+    except SettingsError as e:
+        found = _ENV_FIELD.search(str(e))
+        variable = ENV_PREFIX + found.group(1).upper() if found else "a FANOUT_* variable"
+        raise ConfigError(
+            f"environment variable {variable} is malformed (a list or mapping is JSON)"
+        ) from None
 
 
 def env_overrides() -> dict[str, str]:

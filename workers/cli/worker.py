@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 
 from workers import event_loop
 from workers.app import Worker
-from workers.config import ConfigError, WorkerConfig, load_config
+from workers.config import WorkerConfig, load_config
+from workers.log_format import configure_logging
+from workers.startup_errors import describe
 
 
 async def run(config: WorkerConfig) -> int:
+    """Start, serve until a signal, stop; a failed start stops what started and re-raises."""
     worker = Worker(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -34,11 +36,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-    except ConfigError as e:
-        print(f"fanout: {e}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=config.log_level,
-        format=f"%(asctime)s %(levelname)s [{config.instance_name}] %(name)s %(message)s",
-    )
-    return event_loop.run(run(config), use_uvloop=config.event_loop == "uvloop")
+        configure_logging(config)
+        return event_loop.run(run(config), use_uvloop=config.event_loop == "uvloop")
+    except Exception as e:
+        failure = describe(e)
+        if failure is None:
+            raise
+        line, code = failure
+        print(line, file=sys.stderr)
+        return code

@@ -1,0 +1,133 @@
+"""Every row of the start-up failure table: `fanout worker` as a real process, one line, one code.
+
+Each case writes a configuration (and environment) with one thing wrong and runs the installed
+command; stderr must hold the expected line and no traceback, and the exit status must match
+workers/startup_errors.py (2: change the configuration; 1: a runtime condition).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from workers.services import free_port
+
+FANOUT = str(Path(sys.executable).parent / "fanout")
+
+
+def _config(database_url: str, redis_url: str, prefix: str) -> dict[str, Any]:
+    return {
+        "instance_name": "w1",
+        "database_url": database_url,
+        "redis_url": redis_url,
+        "channel_prefix": prefix,
+        "stream_writers": {"events": ["w1"]},
+        "http_port": 0,
+        "startup_retry_s": 1,
+        "event_loop": "asyncio",
+    }
+
+
+def _yaml(config: dict[str, Any]) -> str:
+    return yaml.safe_dump(config)
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port something else listens on for the test's duration."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+# case -> (edit of the good config as YAML text or None, extra env, expected text, exit code)
+Case = Callable[[dict[str, Any], int], tuple[str | None, dict[str, str]]]
+
+
+def _set(**fields: Any) -> Case:
+    return lambda config, _port: (_yaml({**config, **fields}), {})
+
+
+def _drop(field: str) -> Case:
+    return lambda config, _port: (_yaml({k: v for k, v in config.items() if k != field}), {})
+
+
+CASES: dict[str, tuple[Case, str, int]] = {
+    "unreadable file": (lambda c, p: (None, {}), "cannot read configuration file", 2),
+    "bad YAML": (lambda c, p: ("instance_name: [unclosed\n", {}), "is not valid YAML", 2),
+    "duplicate key": (
+        lambda c, p: (
+            "http_port: 0\nhttp_port: 9\n" + _yaml({k: v for k, v in c.items() if k != "http_port"}),
+            {},
+        ),
+        "duplicate key 'http_port' at line 2",
+        2,
+    ),
+    "unknown field": (_set(http_prot=1), "field 'http_prot': unknown field", 2),
+    "missing field": (_drop("redis_url"), "field 'redis_url': Field required", 2),
+    "bad value": (_set(db_pool_size=0), "field 'db_pool_size'", 2),
+    "port out of range": (_set(http_port=70000), "field 'http_port'", 2),
+    "malformed env value": (
+        lambda c, p: (_yaml(c), {"FANOUT_STREAM_WRITERS": "notjson"}),
+        "environment variable FANOUT_STREAM_WRITERS is malformed",
+        2,
+    ),
+    "malformed IPv6 database URL": (
+        _set(database_url="postgresql://u@[::1:5432/db"),
+        "malformed URL: Invalid IPv6 URL",
+        2,
+    ),
+    "no writer for events": (_set(stream_writers={}), "names no writer of the 'events' stream", 2),
+    "postgres unreachable": (
+        lambda c, p: (_yaml({**c, "database_url": f"postgresql://u@127.0.0.1:{p}/db"}), {}),
+        "PostgreSQL at 127.0.0.1:{port} unreachable after 1s",
+        1,
+    ),
+    "redis unreachable": (
+        lambda c, p: (_yaml({**c, "redis_url": f"redis://127.0.0.1:{p}"}), {}),
+        "Redis at 127.0.0.1:{port} unreachable after 1s",
+        1,
+    ),
+    "busy HTTP port": (lambda c, p: (_yaml({**c, "http_port": p}), {}), "HTTP port busy", 1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_startup_failure_is_one_line_and_a_code(
+    case: str,
+    database_url: str,
+    redis_url: str,
+    channel_prefix: str,
+    busy_port: int,
+    tmp_path: Path,
+) -> None:
+    make, expected, code = CASES[case]
+    port = busy_port if case == "busy HTTP port" else free_port()
+    text, env = make(_config(database_url, redis_url, channel_prefix), port)
+    path = tmp_path / "worker.yaml"
+    if text is not None:
+        path.write_text(text)
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")}
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [FANOUT, "worker", "--config", str(path)],
+        env={**clean_env, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    failure_lines = [line for line in result.stderr.splitlines() if line.startswith("fanout: ")]
+    assert len(failure_lines) == 1, result.stderr
+    assert expected.format(port=port) in result.stderr, result.stderr
