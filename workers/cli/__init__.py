@@ -9,6 +9,7 @@ Exit status 2 means bad usage or bad configuration (one clear message, no traceb
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 
 # subcommand -> (module, one-line help). `bench` takes a second word.
@@ -40,7 +41,8 @@ BENCHES: dict[str, str] = {
 
 
 def _usage() -> str:
-    lines = ["usage: fanout COMMAND [options]   (fanout COMMAND --help for details)", "", "commands:"]
+    lines = ["usage: fanout [--version] COMMAND [options]   (fanout COMMAND --help for details)", "",
+             "commands:"]  # fmt: skip
     lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
     benches = ", ".join(BENCHES)
     lines.append(f"  {'bench':<10} benchmarks beside a ceiling measured in the same run: {benches}")
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] == "--version":
+        print(f"fanout {importlib.metadata.version('fanout')}")
+        return 0
     command, rest = args[0], args[1:]
     if command == "bench":
         if not rest or rest[0] not in BENCHES:

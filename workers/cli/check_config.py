@@ -1,11 +1,14 @@
-"""`fanout check-config FILE`: validate a worker configuration and print it resolved (env applied)."""
+"""`fanout check-config FILE`: validate a worker configuration and print it resolved (env applied),
+with the password of every URL replaced by '***'."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from workers.config import ConfigError, load_config
+from workers.redact import redact
 
 
 def main(argv: list[str]) -> int:
@@ -17,5 +20,5 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"fanout: {e}", file=sys.stderr)
         return 2
-    print(config.model_dump_json(indent=2))
+    print(json.dumps(redact(config.model_dump(mode="json")), indent=2))
     return 0

@@ -1,0 +1,50 @@
+"""`fanout check-config` prints the resolved configuration without any URL's password;
+`fanout --version` prints the installed package's version."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from workers.redact import redact_url
+
+FANOUT = str(Path(sys.executable).parent / "fanout")
+
+
+def test_redact_url_hides_only_the_password() -> None:
+    assert redact_url("postgresql://app:s3cr@t@db:5432/x") == "postgresql://app:***@db:5432/x"
+    assert redact_url("redis://default:pw@[::1]:6379/0") == "redis://default:***@[::1]:6379/0"
+    assert redact_url("redis://127.0.0.1:6379") == "redis://127.0.0.1:6379"
+    assert redact_url("postgresql://app@db/x") == "postgresql://app@db/x"
+    assert redact_url("not a url: a:b@c") == "not a url: a:b@c"
+
+
+def test_check_config_prints_no_password(tmp_path: Path) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "instance_name": "w1",
+                "database_url": "postgresql://app:db-secret@127.0.0.1:5432/fanout",
+                "redis_url": "redis://fanout:redis-secret@127.0.0.1:6379",
+                "stream_writers": {"events": ["w1"]},
+            }
+        )
+    )
+    result = subprocess.run(
+        [FANOUT, "check-config", str(path)], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "secret" not in result.stdout
+    printed = json.loads(result.stdout)
+    assert printed["database_url"] == "postgresql://app:***@127.0.0.1:5432/fanout"
+    assert printed["redis_url"] == "redis://fanout:***@127.0.0.1:6379"
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    result = subprocess.run([FANOUT, "--version"], capture_output=True, text=True, check=True, timeout=60)
+    assert result.stdout.strip() == f"fanout {importlib.metadata.version('fanout')}"
