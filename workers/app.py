@@ -50,6 +50,7 @@ from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler
 from workers.http.client_api import ApiDeps, ClientApi
+from workers.instance_lease import InstanceLease
 from workers.model import CacheInvalidation, Event, UserRooms
 from workers.startup_retry import connect_with_retry
 from workers.storage import create_pool
@@ -86,6 +87,7 @@ class Worker:
         self._drop_filter = drop_filter
         self._ready = False
         self._accepting = True
+        self._stopping = False
         self._woken: dict[str, tuple[set[str], set[str]]] = {}
         self._runner: web.AppRunner | None = None
         self.http_port = config.http_port
@@ -94,6 +96,9 @@ class Worker:
         self.room_stats: RoomStatsTask | None = None
         self.applied: AppliedRangesRecorder | None = None
         self.generators: dict[str, MultiWriterIdGenerator] = {}
+        self.lease: InstanceLease | None = None
+        #: Set when this process lost its instance name: it must stop (and exit 1).
+        self.lease_lost = asyncio.Event()
         self._events_applied = Counter(
             "fanout_events_applied_total", "Events rows applied from replication", registry=self.registry
         )
@@ -148,6 +153,11 @@ class Worker:
         with self._phase("migrate"):
             async with self.pool.acquire() as conn:
                 await apply_migrations(conn)
+        with self._phase("hold_instance_name"):
+            self.lease = await InstanceLease.acquire(
+                config.database_url, config.channel_prefix, self.name, config.instance_lease_s,
+                self._lost_instance_name,
+            )  # fmt: skip
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)
             await self.instance_map.get_id(self.name)
@@ -374,12 +384,19 @@ class Worker:
                 "position": self.room_stats.position,
                 "processed": self.room_stats.processed,
             }
-        return self._ready and self._accepting and replication["subscribed"], detail
+        ready = self._ready and self._accepting and not self.lease_lost.is_set()
+        return ready and replication["subscribed"], detail
+
+    def _lost_instance_name(self) -> None:
+        """Another process may now take our name: refuse requests at once, then let the owner stop us."""
+        self._accepting = False
+        self.lease_lost.set()
 
     async def stop(self) -> None:
         """Graceful: refuse new requests, drain writes, announce, close. Safe to call twice."""
-        if not self._accepting:
+        if self._stopping:
             return
+        self._stopping = True
         self._accepting = False
         log.info("shutting down instance=%s", self.name)
         if hasattr(self, "sync"):  # start-up may have failed before the handler existed
@@ -400,6 +417,8 @@ class Worker:
         steps += [("close_generators", self._close_generators)]
         if hasattr(self, "pool"):
             steps.append(("close_database", self.pool.close))
+        if self.lease is not None:
+            steps.append(("release_instance_name", self.lease.release))
         for name, step in steps:
             with self._phase(f"shutdown:{name}"):
                 try:

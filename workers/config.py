@@ -73,6 +73,12 @@ class WorkerConfig(BaseSettings):
     startup_retry_s: float = Field(
         30.0, ge=0, le=3600, description="Seconds to retry Postgres and Redis at start-up before exiting 1"
     )
+    instance_lease_s: float = Field(
+        10.0,
+        ge=1,
+        le=600,
+        description="Seconds a frozen or cut-off process keeps its instance name before Postgres frees it",
+    )
     log_format: Literal["text", "json"] = Field("text", description="Log lines as text or one JSON object")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Logging threshold")
     event_loop: Literal["uvloop", "asyncio"] = Field(

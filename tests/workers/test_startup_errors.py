@@ -8,10 +8,10 @@ workers/startup_errors.py (2: change the configuration; 1: a runtime condition).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.workers.worker_process import FANOUT, start_worker
 from workers.services import free_port
-
-FANOUT = str(Path(sys.executable).parent / "fanout")
 
 
 def _config(database_url: str, redis_url: str, prefix: str) -> dict[str, Any]:
@@ -99,7 +98,22 @@ CASES: dict[str, tuple[Case, str, int]] = {
         1,
     ),
     "busy HTTP port": (lambda c, p: (_yaml({**c, "http_port": p}), {}), "HTTP port busy", 1),
+    # A real worker holds the name first (see _holder).
+    "instance name held": (lambda c, p: (_yaml(c), {}), "instance name 'w1' (prefix ", 1),
 }
+
+
+@contextlib.contextmanager
+def _holder(case: str, config: dict[str, Any], tmp_path: Path) -> Iterator[None]:
+    if case != "instance name held":
+        yield
+        return
+    process = start_worker(config, tmp_path / "holder.yaml")
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -113,19 +127,21 @@ async def test_startup_failure_is_one_line_and_a_code(
 ) -> None:
     make, expected, code = CASES[case]
     port = busy_port if case == "busy HTTP port" else free_port()
-    text, env = make(_config(database_url, redis_url, channel_prefix), port)
+    config = _config(database_url, redis_url, channel_prefix)
+    text, env = make(config, port)
     path = tmp_path / "worker.yaml"
     if text is not None:
         path.write_text(text)
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")}
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [FANOUT, "worker", "--config", str(path)],
-        env={**clean_env, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with _holder(case, config, tmp_path):
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [FANOUT, "worker", "--config", str(path)],
+            env={**clean_env, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == code, result.stderr
     assert "Traceback" not in result.stderr
     failure_lines = [line for line in result.stderr.splitlines() if line.startswith("fanout: ")]

@@ -24,9 +24,17 @@ async def run(config: WorkerConfig) -> int:
     try:
         await worker.start()
         print(f"ready http://{config.http_host}:{worker.http_port}", flush=True)
-        await stop.wait()
+        stopped = asyncio.create_task(stop.wait())
+        lost = asyncio.create_task(worker.lease_lost.wait())
+        await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        lost.cancel()
     finally:
         await worker.stop()
+    if worker.lease_lost.is_set():
+        print(f"fanout: lost instance name {config.instance_name!r} (frozen or cut off from PostgreSQL"
+              f" for over {config.instance_lease_s:g}s); exiting", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

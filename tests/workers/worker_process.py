@@ -1,0 +1,36 @@
+"""A real `fanout worker` process for tests: started from a config dict, ready when it says so."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FANOUT = str(Path(sys.executable).parent / "fanout")
+
+
+def start_worker(config: dict[str, Any], path: Path, timeout_s: float = 60.0) -> subprocess.Popen[str]:
+    """Write `config` to `path`, run the worker, return once it printed its ready line."""
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")}
+    process = subprocess.Popen(
+        [FANOUT, "worker", "--config", str(path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if line.startswith("ready "):
+            return process
+        if not line and process.poll() is not None:
+            raise AssertionError(
+                f"worker exited {process.returncode}: {process.stderr.read() if process.stderr else ''}"
+            )
+    process.kill()
+    raise AssertionError("worker not ready in time")

@@ -1,0 +1,91 @@
+"""One process per instance name: a PostgreSQL session advisory lock held on a dedicated connection.
+
+`InstanceLease.acquire()` takes the lock on a hash of (channel_prefix, instance_name) or raises
+`NameHeld` naming the holder (pid and host, from `instance_leases`). The lock lives as long as its
+connection. That connection runs with `idle_session_timeout = lease_s` and is touched every
+lease_s / 3: a process frozen (SIGSTOP) or cut off for longer than `lease_s` loses its session, so
+Postgres releases the name and another process may take it. The holder learns of the loss at its
+next touch and calls `on_lost` at once; the worker then refuses requests and exits 1, so a process
+that lost its name never keeps writing once it runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+
+from workers.startup_errors import NameHeld
+
+log = logging.getLogger(__name__)
+
+
+class InstanceLease:
+    """The held name; `release()` gives it back (also safe after a loss)."""
+
+    def __init__(self, conn: asyncpg.Connection[Any], key: str, lease_s: float, on_lost: Callable[[], None]):
+        self._conn = conn
+        self.key = key
+        self._lease_s = lease_s
+        self._on_lost = on_lost
+        self.lost = False
+        self._task = asyncio.create_task(self._keep(), name=f"lease:{key}")
+
+    @classmethod
+    async def acquire(
+        cls, database_url: str, prefix: str, name: str, lease_s: float, on_lost: Callable[[], None]
+    ) -> InstanceLease:
+        """Hold the name, or raise `NameHeld` saying who holds it."""
+        key = f"{prefix}/{name}"
+        timeout_ms = str(int(lease_s * 1000))
+        conn = await asyncpg.connect(database_url, server_settings={"idle_session_timeout": timeout_ms})
+        try:
+            got = await conn.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key)
+            if not got:
+                row = await conn.fetchrow(
+                    "SELECT pid, host, since FROM instance_leases WHERE lease_key = $1", key
+                )
+                holder = (
+                    f"pid {row['pid']} on {row['host']} since {row['since']:%Y-%m-%d %H:%M:%S}"
+                    if row
+                    else "another process"
+                )
+                raise NameHeld(f"instance name {name!r} (prefix {prefix!r}) is held by {holder}")
+            await conn.execute(
+                "INSERT INTO instance_leases (lease_key, pid, host) VALUES ($1, $2, $3)"
+                " ON CONFLICT (lease_key) DO UPDATE SET pid = $2, host = $3, since = now()",
+                key, os.getpid(), socket.gethostname(),
+            )  # fmt: skip
+        except BaseException:
+            await conn.close()  # the lock (if taken) goes with the session
+            raise
+        return cls(conn, key, lease_s, on_lost)
+
+    async def _keep(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self._lease_s / 3)
+                await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self._lease_s / 3)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # any failure means the session, and with it the name, may be gone
+            self.lost = True
+            log.error("instance lease %s lost (%s); stopping", self.key, e or type(e).__name__)
+            self._on_lost()
+
+    async def release(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        if not self.lost:
+            with contextlib.suppress(Exception):
+                await self._conn.execute(
+                    "DELETE FROM instance_leases WHERE lease_key = $1 AND pid = $2", self.key, os.getpid()
+                )
+        self._conn.terminate() if self.lost else await self._conn.close()
