@@ -50,6 +50,7 @@ from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler
 from workers.http.client_api import ApiDeps, ClientApi
+from workers.http.limits import runner_limits
 from workers.instance_lease import InstanceLease
 from workers.model import CacheInvalidation, Event, UserRooms
 from workers.startup_retry import connect_with_retry
@@ -255,7 +256,10 @@ class Worker:
                 accepting=lambda: self._accepting,
             )
         )
-        self._runner = web.AppRunner(api.application(), access_log=None, shutdown_timeout=5.0)
+        limits = runner_limits(
+            self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes
+        )
+        self._runner = web.AppRunner(api.application(), access_log=None, shutdown_timeout=5.0, **limits)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, backlog=1024)
         await site.start()

@@ -43,6 +43,12 @@ class WorkerConfig(BaseSettings):
     sharded_pubsub: bool = Field(False, description="Use SPUBLISH/SSUBSCRIBE (Redis >= 7, Redis Cluster)")
     http_host: str = Field("127.0.0.1", description="Address the HTTP API listens on")
     http_port: int = Field(8080, ge=0, le=65535, description="0 picks a free port")
+    http_max_line_bytes: int = Field(
+        8190, ge=1024, le=1 << 20, description="Longest HTTP request line (400 above)"
+    )
+    http_max_header_bytes: int = Field(
+        8190, ge=1024, le=1 << 20, description="Longest HTTP header (400 above)"
+    )
     position_announce_interval_s: float = Field(
         1.0, gt=0, le=60, description="Seconds between a writer's POSITION announcements (also when idle)"
     )
