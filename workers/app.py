@@ -50,9 +50,11 @@ from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler
 from workers.http.client_api import ApiDeps, ClientApi
+from workers.http.health import ReadinessCollector
 from workers.http.limits import runner_limits
 from workers.instance_lease import InstanceLease
 from workers.model import CacheInvalidation, Event, UserRooms
+from workers.reachability import PostgresProbe
 from workers.startup_retry import connect_with_retry
 from workers.storage import create_pool
 from workers.storage import events as event_store
@@ -98,6 +100,7 @@ class Worker:
         self.applied: AppliedRangesRecorder | None = None
         self.generators: dict[str, MultiWriterIdGenerator] = {}
         self.lease: InstanceLease | None = None
+        self._postgres_probe: PostgresProbe | None = None
         #: Set when this process lost its instance name: it must stop (and exit 1).
         self.lease_lost = asyncio.Event()
         self._events_applied = Counter(
@@ -116,6 +119,7 @@ class Worker:
             "fanout_cache_entries", "Entries per cache", ["cache"], registry=self.registry
         )
         self._waiting = Gauge("fanout_sync_waiting", "Long-polls waiting", registry=self.registry)
+        self.registry.register(ReadinessCollector(self.readiness))
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -232,6 +236,8 @@ class Worker:
                 self.room_stats = RoomStatsTask(self.pool, self.generators[EVENTS], self.notifier)
                 await self.room_stats.load()
                 self.room_stats.start()
+        self._postgres_probe = PostgresProbe(self.pool, config.position_announce_interval_s)
+        self._postgres_probe.start()
         with self._phase("serve_http"):
             await self._serve()
         tune_gc()
@@ -388,8 +394,47 @@ class Worker:
                 "position": self.room_stats.position,
                 "processed": self.room_stats.processed,
             }
-        ready = self._ready and self._accepting and not self.lease_lost.is_set()
-        return ready and replication["subscribed"], detail
+        ready, degraded, reasons, degraded_reasons = self.readiness()
+        detail.update(reasons=reasons, degraded=degraded, degraded_reasons=degraded_reasons)
+        return ready, detail
+
+    def readiness(self) -> tuple[bool, bool, list[str], list[str]]:
+        """(ready, degraded, why not ready, why degraded), from in-memory state only (no metrics,
+        no query): what /health/ready and the scrape-time gauges both report."""
+        client = self.replication
+        now = asyncio.get_running_loop().time()
+        silent = client.handler.silent_writers(now, client.silent_after_s)
+        replication: dict[str, Any] = {
+            "subscribed": client.transport.subscribed.is_set(),
+            "silent_writers": [{"stream": s, "instance": w, "quiet_s": round(q, 3)} for s, w, q in silent],
+            "streams": client.handler.stream_status(now),
+        }
+        reasons = self._unready_reasons(replication)
+        degraded_reasons = [
+            f"writer {w['instance']} of {w['stream']} silent for {w['quiet_s']}s"
+            for w in replication["silent_writers"]
+        ]
+        return not reasons, bool(silent), reasons, degraded_reasons
+
+    def _unready_reasons(self, replication: dict[str, Any]) -> list[str]:
+        """Why this worker is not ready (empty: ready). Silent writers are never a reason."""
+        reasons = []
+        if not self._ready:
+            reasons.append("starting")
+        if not self._accepting:
+            reasons.append("stopping" if not self.lease_lost.is_set() else "lost its instance name")
+        if not replication["subscribed"]:
+            reasons.append("Redis: not subscribed")
+        if self._postgres_probe is not None and self._postgres_probe.error is not None:
+            reasons.append(f"PostgreSQL: {self._postgres_probe.error}")
+        silent = {(w["stream"], w["instance"]) for w in replication["silent_writers"]}
+        for stream, writers in replication["streams"].items():
+            for writer, state in writers.items():
+                announced = state["announced"]
+                if (stream, writer) in silent or announced is None or state["position"] >= announced:
+                    continue
+                reasons.append(f"catching up: {stream} from {writer} at {state['position']} of {announced}")
+        return reasons
 
     def _lost_instance_name(self) -> None:
         """Another process may now take our name: refuse requests at once, then let the owner stop us."""
@@ -418,6 +463,8 @@ class Worker:
             steps.append(("record_applied", self.applied.stop))
         if self._runner is not None:
             steps.append(("close_http", self._runner.cleanup))
+        if self._postgres_probe is not None:
+            steps.append(("stop_probe", self._postgres_probe.stop))
         steps += [("close_generators", self._close_generators)]
         if hasattr(self, "pool"):
             steps.append(("close_database", self.pool.close))

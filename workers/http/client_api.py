@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from idgen import InvalidTokenError
 from workers.handlers import rooms
@@ -32,6 +32,7 @@ from workers.handlers.persist import EventPersister, PersisterOverloaded, Persis
 from workers.handlers.sync import SyncHandler
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError
+from workers.http.health import health_routes
 from workers.model import MEMBER_EVENT, NewEvent
 from workers.routing import writer_for_room
 from workers.storage import users
@@ -79,8 +80,7 @@ class ClientApi:
                 web.post("/rooms/{room_id}/backfill", self.backfill),
                 web.get("/rooms/{room_id}/state", self.room_state),
                 web.get("/sync", self.sync),
-                web.get("/health", self.health),
-                web.get("/metrics", self.metrics),
+                *health_routes(self.deps.health, self.deps.metrics),
             ]
         )
         return app
@@ -89,7 +89,7 @@ class ClientApi:
     async def _errors(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if not self.deps.accepting() and request.path not in ("/health", "/metrics"):
+        if not self.deps.accepting() and not request.path.startswith(("/health", "/metrics")):
             return ApiError(503, "SHUTTING_DOWN", "this worker is shutting down").response()
         try:
             return await handler(request)
@@ -256,12 +256,3 @@ class ClientApi:
         except InvalidTokenError as e:
             raise ApiError(400, "BAD_TOKEN", str(e)) from None
         return web.json_response(result)
-
-    async def health(self, request: web.Request) -> web.Response:
-        ready, detail = self.deps.health()
-        return web.json_response({"ready": ready, **detail}, status=200 if ready else 503)
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.deps.metrics), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )

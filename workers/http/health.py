@@ -1,0 +1,73 @@
+"""Health and metrics over HTTP, built from a worker's callbacks.
+
+- `GET /health/live`: 200 while the process runs its event loop (nothing else is checked).
+- `GET /health/ready` (and `/health`, its alias): 200 when the worker is ready, else 503 with
+  `Retry-After`. The body is the worker's report: `ready`, `degraded` with its `reasons`, detail.
+  Ready means Postgres and Redis reachable and every live writer's announced position applied;
+  a writer silent past the configured time makes the worker `degraded`, never unready, so one
+  dead persister does not take every reader out of service.
+- `GET /metrics`: the registry in Prometheus text format. Gauges about readiness are computed by
+  `ReadinessCollector` at scrape time, so a scrape never depends on someone calling /health.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+#: (ready, report) where the report holds at least "degraded" (bool) and "reasons" (list of str).
+HealthCallback = Callable[[], tuple[bool, dict[str, Any]]]
+#: (ready, degraded, ...): cheap, no metrics read (a collector must not collect the registry).
+ReadinessCallback = Callable[[], tuple[Any, ...]]
+RETRY_AFTER_S = 5
+
+
+def health_routes(health: HealthCallback, registry: CollectorRegistry) -> list[web.RouteDef]:
+    """The route table: live, ready (and its /health alias), metrics."""
+
+    async def live(request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def ready(request: web.Request) -> web.Response:
+        is_ready, report = health()
+        headers = {} if is_ready else {"Retry-After": str(RETRY_AFTER_S)}
+        return web.json_response(
+            {"ready": is_ready, **report}, status=200 if is_ready else 503, headers=headers
+        )
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return [
+        web.get("/health/live", live),
+        web.get("/health/ready", ready),
+        web.get("/health", ready),
+        web.get("/metrics", metrics),
+    ]
+
+
+class ReadinessCollector(Collector):
+    """`fanout_worker_ready` and `fanout_worker_degraded` (0/1), evaluated on each scrape."""
+
+    def __init__(self, readiness: ReadinessCallback) -> None:
+        self._readiness = readiness
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The names only, so registering does not call `readiness` before the worker has started."""
+        yield GaugeMetricFamily("fanout_worker_ready", "1 when /health/ready answers 200")
+        yield GaugeMetricFamily("fanout_worker_degraded", "1 when a writer is silent (readiness unaffected)")
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        is_ready, degraded = self._readiness()[:2]
+        yield GaugeMetricFamily(
+            "fanout_worker_ready", "1 when /health/ready answers 200", value=int(is_ready)
+        )
+        yield GaugeMetricFamily(
+            "fanout_worker_degraded", "1 when a writer is silent (readiness unaffected)",
+            value=int(degraded),
+        )  # fmt: skip

@@ -1,0 +1,43 @@
+"""Is Postgres reachable right now? A background probe, so /health answers without a query.
+
+`PostgresProbe` runs `SELECT 1` on the pool every `interval_s` (bounded by the same time) and keeps
+the last outcome: `error` is None while the last probe succeeded, else why it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import asyncpg
+
+
+class PostgresProbe:
+    """The last known reachability of the pool's server; `start()` then `stop()`."""
+
+    def __init__(self, pool: asyncpg.Pool[Any], interval_s: float) -> None:
+        self._pool = pool
+        self._interval_s = interval_s
+        self.error: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="postgres-probe")
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._pool.fetchval("SELECT 1"), self._interval_s)
+                self.error = None
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # any failure is "unreachable"; the reason is reported
+                self.error = str(e) or type(e).__name__
+            await asyncio.sleep(self._interval_s)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
