@@ -177,8 +177,14 @@ def _wait(server: RunningServer, ready: Callable[[], bool]) -> None:
         time.sleep(0.05)
 
 
-def start_postgres(data_dir: Path, source: Source = "embedded") -> RunningServer:
-    """initdb (trust auth, user `postgres`) and start a postmaster on a free loopback port."""
+#: Fast and unsafe: a crash may corrupt the cluster. Only for directories deleted on stop.
+UNSAFE_FAST = ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+
+
+def start_postgres(data_dir: Path, source: Source = "embedded", *, durable: bool = False) -> RunningServer:
+    """Start a postmaster on a free loopback port, after initdb (trust auth, user `postgres`) unless
+    `data_dir` already holds a cluster. `durable=False` turns off fsync, synchronous_commit and
+    full_page_writes (fast, unsafe on a crash); `durable=True` keeps PostgreSQL's defaults."""
     bin_dir = postgres_bin_dir(source)
     data_dir.mkdir(parents=True, exist_ok=True)
     uid = gid = None
@@ -189,23 +195,16 @@ def start_postgres(data_dir: Path, source: Source = "embedded") -> RunningServer
         _grant_traverse(data_dir.parent)
     if uid is not None and gid is not None:
         os.chown(data_dir, uid, gid)
-    init_log = data_dir.parent / "initdb.log"
-    with open(init_log, "wb") as out:
-        rc = subprocess.call(
-            [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-             "--no-sync", "--no-instructions"],
-            stdout=out, stderr=subprocess.STDOUT, preexec_fn=child_setup(uid, gid, signal.SIGKILL),
-        )  # fmt: skip
-    if rc != 0:
-        raise ServiceError(f"initdb failed ({rc}):\n{init_log.read_text(errors='replace')[-2000:]}")
+    if not (data_dir / "PG_VERSION").exists():
+        _initdb(bin_dir, data_dir, uid, gid, durable)
     for attempt in range(3):
         port = free_port()
         log_path = data_dir.parent / "postgres.log"
         out = open(log_path, "ab")
         process = subprocess.Popen(
             [str(bin_dir / "postgres"), "-D", str(data_dir), "-h", "127.0.0.1", "-p", str(port),
-             "-k", str(data_dir), "-c", "fsync=off", "-c", "synchronous_commit=off",
-             "-c", "full_page_writes=off", "-c", "max_connections=400", "-c", "shared_buffers=128MB"],
+             "-k", str(data_dir), *([] if durable else UNSAFE_FAST),
+             "-c", "max_connections=400", "-c", "shared_buffers=128MB"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=child_setup(uid, gid, signal.SIGINT),
         )  # fmt: skip
@@ -220,6 +219,18 @@ def start_postgres(data_dir: Path, source: Source = "embedded") -> RunningServer
             if attempt == 2 or "already in use" not in server.log_tail():
                 raise
     raise AssertionError("unreachable")
+
+
+def _initdb(bin_dir: Path, data_dir: Path, uid: int | None, gid: int | None, durable: bool) -> None:
+    init_log = data_dir.parent / "initdb.log"
+    with open(init_log, "wb") as out:
+        rc = subprocess.call(
+            [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+             *([] if durable else ["--no-sync"]), "--no-instructions"],
+            stdout=out, stderr=subprocess.STDOUT, preexec_fn=child_setup(uid, gid, signal.SIGKILL),
+        )  # fmt: skip
+    if rc != 0:
+        raise ServiceError(f"initdb failed ({rc}):\n{init_log.read_text(errors='replace')[-2000:]}")
 
 
 def start_redis(data_dir: Path, source: Source = "embedded") -> RunningServer:
@@ -263,7 +274,9 @@ def given_or_embedded(database_url: str | None, redis_url: str | None) -> Iterat
 class EmbeddedServices:
     """A PostgreSQL and a Redis-protocol server in one data directory, started and stopped together.
 
-    With `data_dir=None` a temporary directory is used and deleted on stop.
+    With `data_dir=None` a temporary directory is used and deleted on stop, and PostgreSQL runs
+    without fsync (`durable` is False); a given directory is kept, reused on the next start, and
+    PostgreSQL keeps its durability settings.
     """
 
     def __init__(
@@ -276,6 +289,7 @@ class EmbeddedServices:
         with_redis: bool = True,
     ) -> None:
         self._owns_dir = data_dir is None
+        self.durable = not self._owns_dir
         self.data_dir = Path(tempfile.mkdtemp(prefix="fanout-services-")) if data_dir is None else data_dir
         self.postgres_source: Source = postgres_source
         self.redis_source: Source = redis_source
@@ -302,7 +316,9 @@ class EmbeddedServices:
             if self.with_redis:
                 self.redis = start_redis(self.data_dir / "redis", self.redis_source)
             if self.with_postgres:
-                self.postgres = start_postgres(self.data_dir / "pg" / "data", self.postgres_source)
+                self.postgres = start_postgres(
+                    self.data_dir / "pg" / "data", self.postgres_source, durable=self.durable
+                )
         except BaseException:
             self.stop()  # never leave the half we did start running
             raise

