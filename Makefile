@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench venv jdbc redis-server wrk clean
+.PHONY: demo test lint bench venv jdbc redis-server wrk clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# requirements.lock: the runtime dependencies of a non-dev install, pinned, from a clean venv.
+lock:
+	rm -rf $(VENV)-lock && $(PYTHON) -m venv $(VENV)-lock
+	$(VENV)-lock/bin/pip install -q .
+	{ echo "# The non-dev install, pinned (make lock): what the image and CI install."; \
+	  $(VENV)-lock/bin/pip freeze --exclude fanout; } > requirements.lock
+	rm -rf $(VENV)-lock
 
 # The Spark audit reads Postgres over JDBC; Debian's libpostgresql-jdbc-java provides the driver.
 jdbc:
