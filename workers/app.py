@@ -50,8 +50,9 @@ from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler
 from workers.http.client_api import ApiDeps, ClientApi
-from workers.http.health import ReadinessCollector
+from workers.http.health import ReadinessCollector, health_routes
 from workers.http.limits import runner_limits
+from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
 from workers.model import CacheInvalidation, Event, UserRooms
 from workers.reachability import PostgresProbe
@@ -93,6 +94,7 @@ class Worker:
         self._stopping = False
         self._woken: dict[str, tuple[set[str], set[str]]] = {}
         self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self.http_port = config.http_port
         self.persister: EventPersister | None = None
         self.backfill_persister: EventPersister | None = None
@@ -262,13 +264,21 @@ class Worker:
                 accepting=lambda: self._accepting,
             )
         )
+        app = api.application()
+        app.middlewares.insert(0, request_timing(self.registry))
         limits = runner_limits(
             self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes
         )
-        self._runner = web.AppRunner(api.application(), access_log=None, shutdown_timeout=5.0, **limits)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, **limits)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, backlog=1024)
         await site.start()
+        if self.config.metrics_port is not None:
+            metrics_app = web.Application()
+            metrics_app.add_routes(health_routes(self.health, self.registry))
+            self._metrics_runner = web.AppRunner(metrics_app, access_log=None)
+            await self._metrics_runner.setup()
+            await web.TCPSite(self._metrics_runner, self.config.http_host, self.config.metrics_port).start()
         if self.config.http_port == 0 and site._server is not None:
             sockets = getattr(site._server, "sockets", None) or []
             if sockets:
@@ -463,6 +473,8 @@ class Worker:
             steps.append(("record_applied", self.applied.stop))
         if self._runner is not None:
             steps.append(("close_http", self._runner.cleanup))
+        if self._metrics_runner is not None:
+            steps.append(("close_metrics_http", self._metrics_runner.cleanup))
         if self._postgres_probe is not None:
             steps.append(("stop_probe", self._postgres_probe.stop))
         steps += [("close_generators", self._close_generators)]

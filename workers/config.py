@@ -43,6 +43,12 @@ class WorkerConfig(BaseSettings):
     sharded_pubsub: bool = Field(False, description="Use SPUBLISH/SSUBSCRIBE (Redis >= 7, Redis Cluster)")
     http_host: str = Field("127.0.0.1", description="Address the HTTP API listens on")
     http_port: int = Field(8080, ge=0, le=65535, description="0 picks a free port")
+    metrics_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="A separate listener for /metrics and /health/* (none: the API port only)",
+    )
     http_max_line_bytes: int = Field(
         8190, ge=1024, le=1 << 20, description="Longest HTTP request line (400 above)"
     )

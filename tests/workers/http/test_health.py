@@ -9,6 +9,7 @@ import time
 import aiohttp
 
 from tests.workers.conftest import MakeWorker
+from workers.services import free_port
 
 
 async def _get(session: aiohttp.ClientSession, port: int, path: str) -> tuple[int, dict[str, str], str]:
@@ -63,3 +64,15 @@ async def test_a_stopping_worker_is_unready_with_retry_after(
     assert headers["Retry-After"] == "5"
     assert "stopping" in body
     assert (await _get(http, worker.http_port, "/health/live"))[0] == 200
+
+
+async def test_a_separate_metrics_listener_and_request_timing_by_route(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    port = free_port()
+    worker = await make_worker("p1", ["p1"], metrics_port=port)
+    assert (await _get(http, worker.http_port, "/health/ready"))[0] == 200
+    status, _, text = await _get(http, port, "/metrics")
+    assert status == 200
+    assert 'fanout_http_request_seconds_count{method="GET",route="/health/ready"} 1.0' in text
+    assert (await _get(http, port, "/health/live"))[0] == 200
