@@ -44,6 +44,7 @@ from workers.config import ConfigError, WorkerConfig
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import SyncCaches
+from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.room_stats import RoomStatsTask
@@ -99,6 +100,7 @@ class Worker:
         self.persister: EventPersister | None = None
         self.backfill_persister: EventPersister | None = None
         self.room_stats: RoomStatsTask | None = None
+        self.retention: InvalidationRetentionTask | None = None
         self.applied: AppliedRangesRecorder | None = None
         self.generators: dict[str, MultiWriterIdGenerator] = {}
         self.lease: InstanceLease | None = None
@@ -238,6 +240,9 @@ class Worker:
                 self.room_stats = RoomStatsTask(self.pool, self.generators[EVENTS], self.notifier)
                 await self.room_stats.load()
                 self.room_stats.start()
+        if "prune_invalidations" in config.background_tasks:
+            self.retention = InvalidationRetentionTask(self.pool, config.invalidation_retention_days)
+            self.retention.start()
         self._postgres_probe = PostgresProbe(self.pool, config.position_announce_interval_s)
         self._postgres_probe.start()
         with self._phase("serve_http"):
@@ -467,6 +472,8 @@ class Worker:
                 steps.append(("drain_writes", persister.stop))
         if self.room_stats is not None:
             steps.append(("stop_background", self.room_stats.stop))
+        if self.retention is not None:
+            steps.append(("stop_retention", self.retention.stop))
         if hasattr(self, "replication"):
             steps.append(("announce_and_unsubscribe", self.replication.stop))
         if self.applied is not None:

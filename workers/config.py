@@ -78,8 +78,11 @@ class WorkerConfig(BaseSettings):
         description="Serve /sync and room state, applying every writer's rows; false for a"
         " persister that only writes (it then follows the other writers' positions only)",
     )
-    background_tasks: list[Literal["room_stats"]] = Field(
+    background_tasks: list[Literal["room_stats", "prune_invalidations"]] = Field(
         default_factory=list, description="Background tasks this instance runs"
+    )
+    invalidation_retention_days: int = Field(
+        30, ge=1, description="Days of the invalidation log kept by the prune_invalidations background task"
     )
     cache_max_entries: int = Field(10_000, ge=1, description="Entries per in-process cache (LRU)")
     startup_retry_s: float = Field(
