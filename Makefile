@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench venv jdbc redis-server wrk clean lock
+.PHONY: demo test lint bench venv jdbc redis-server docker-compose wrk clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,10 +50,21 @@ redis-server:
 	    echo "missing redis-server: run 'sudo apt-get install redis-server' or set REDIS_SERVER_BIN"; exit 1; \
 	  fi; }
 
+# The compose test validates compose/docker-compose.yml with the real Compose tooling: Debian's
+# docker-compose package, installed only when missing and only as root.
+docker-compose:
+	@command -v docker-compose >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing docker-compose (to validate compose/docker-compose.yml)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null); \
+	  else \
+	    echo "missing docker-compose: run 'sudo apt-get install docker-compose'"; exit 1; \
+	  fi; }
+
 demo: $(STAMP) jdbc
 	$(BIN)/fanout demo
 
-test: $(STAMP) jdbc redis-server
+test: $(STAMP) jdbc redis-server docker-compose
 	$(BIN)/pytest -q
 
 lint: $(STAMP)

@@ -3,6 +3,7 @@ Dockerfile's inputs, and every worker's configuration running a real worker agai
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,23 @@ async def test_each_worker_configuration_runs(
         assert (worker.room_stats is not None) == (name == "background1")
     finally:
         await worker.stop()
+
+
+def test_compose_tooling_accepts_the_file() -> None:
+    """The real Compose implementation parses and validates the file (`make docker-compose`)."""
+    result = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE / "docker-compose.yml"), "config", "-q"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def test_redis_confines_the_workers_to_the_prefix() -> None:
+    redis = _services()["redis"]
+    user = next(arg for arg in redis["command"] if arg.startswith("fanout on "))
+    assert {"resetkeys", "~fanout:*", "resetchannels", "&fanout:*"} <= set(user.split())
+    assert "default off" in redis["command"]
+    limit = redis["command"][redis["command"].index("--client-output-buffer-limit") + 1]
+    assert limit.startswith("pubsub ")
+    for name in WORKERS:
+        assert _services()[name]["environment"]["FANOUT_REDIS_URL"].startswith("redis://fanout:")
