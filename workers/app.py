@@ -119,11 +119,15 @@ class Worker:
         self._persisted = Counter(
             "fanout_events_persisted_total", "Events persisted here", registry=self.registry
         )
+        # Registered before the cache gauge: a scrape collects in registration order, so the sizes
+        # are refreshed before they are read.
+        self.registry.register(ReadinessCollector(self.readiness, self._refresh_cache_sizes))
         self._cache_size = Gauge(
             "fanout_cache_entries", "Entries per cache", ["cache"], registry=self.registry
         )
         self._waiting = Gauge("fanout_sync_waiting", "Long-polls waiting", registry=self.registry)
-        self.registry.register(ReadinessCollector(self.readiness))
+        # Read at scrape time (Gauge.set_function / per-scrape refresh), never by /health.
+        self._waiting.set_function(lambda: self.notifier.waiting)
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -387,12 +391,16 @@ class Worker:
 
     # -- health and shutdown -------------------------------------------------------------------
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
+    def _refresh_cache_sizes(self) -> None:
+        """Called by the scrape: the entries per cache, once start-up has built them."""
+        if not hasattr(self, "caches"):
+            return
         sizes = [(c.name, len(c)) for c in self.caches.all()]
         sizes += [(c.name, len(c)) for c in (self.room_views.rooms, self.room_views.memberships)]
         for name, size in sizes:
             self._cache_size.labels(name).set(size)
-        self._waiting.set(self.notifier.waiting)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
         replication = self.replication.health()
         detail: dict[str, Any] = {
             "instance": self.name,

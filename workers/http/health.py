@@ -52,10 +52,14 @@ def health_routes(health: HealthCallback, registry: CollectorRegistry) -> list[w
 
 
 class ReadinessCollector(Collector):
-    """`fanout_worker_ready` and `fanout_worker_degraded` (0/1), evaluated on each scrape."""
+    """`fanout_worker_ready` and `fanout_worker_degraded` (0/1), evaluated on each scrape;
+    `before_scrape` runs first, for gauges the worker refreshes only when scraped."""
 
-    def __init__(self, readiness: ReadinessCallback) -> None:
+    def __init__(
+        self, readiness: ReadinessCallback, before_scrape: Callable[[], None] = lambda: None
+    ) -> None:
         self._readiness = readiness
+        self._before_scrape = before_scrape
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         """The names only, so registering does not call `readiness` before the worker has started."""
@@ -63,6 +67,7 @@ class ReadinessCollector(Collector):
         yield GaugeMetricFamily("fanout_worker_degraded", "1 when a writer is silent (readiness unaffected)")
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        self._before_scrape()  # refresh other scrape-time gauges (cache sizes)
         is_ready, degraded = self._readiness()[:2]
         yield GaugeMetricFamily(
             "fanout_worker_ready", "1 when /health/ready answers 200", value=int(is_ready)

@@ -76,3 +76,12 @@ async def test_a_separate_metrics_listener_and_request_timing_by_route(
     assert status == 200
     assert 'fanout_http_request_seconds_count{method="GET",route="/health/ready"} 1.0' in text
     assert (await _get(http, port, "/health/live"))[0] == 200
+
+
+async def test_cache_sizes_are_current_on_the_first_scrape(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker("p1", ["p1"])
+    _, _, text = await _get(http, worker.http_port, "/metrics")
+    assert "fanout_cache_entries{" in text
+    assert "fanout_sync_waiting 0.0" in text
