@@ -86,9 +86,13 @@ async def test_presence_set_and_get_are_forwarded_to_the_writer(make_ephemeral: 
     await eventually(lambda: w["a"].ephemeral.presence.view.get("@u:x") is not None)
     with pytest.raises(ForwardRefused) as refused:
         await w["a"].ephemeral.requests.request(
-            "p1", "presence_set", "PUT", "/_fanout/internal/presence/@u:x",
-            body={"presence": "asleep"}, idempotent=True,
-        )  # fmt: skip
+            "p1",
+            "presence_set",
+            "PUT",
+            "/_fanout/internal/presence/@u:x",
+            body={"presence": "asleep"},
+            idempotent=True,
+        )
     assert refused.value.status == 400
 
 
@@ -137,9 +141,12 @@ async def test_a_different_secret_on_the_owner_is_a_refusal_not_an_outage(
 ) -> None:
     w = await make_ephemeral(["p1"], typing="p1", presence="p1")
     other = await make_ephemeral(
-        ["a"], typing="p1", presence="p1", worker_secret="another-secret-value",
+        ["a"],
+        typing="p1",
+        presence="p1",
+        worker_secret="another-secret-value",
         instance_map={"p1": f"http://127.0.0.1:{w['p1'].http_port}"},
-    )  # fmt: skip
+    )
     with pytest.raises(ForwardRefused) as refused:
         await other["a"].ephemeral.presence.set_presence("@u:x", "online", None)
     assert refused.value.status == 403
