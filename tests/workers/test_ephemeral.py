@@ -150,3 +150,49 @@ async def test_a_different_secret_on_the_owner_is_a_refusal_not_an_outage(
     with pytest.raises(ForwardRefused) as refused:
         await other["a"].ephemeral.presence.set_presence("@u:x", "online", None)
     assert refused.value.status == 403
+
+
+async def test_ids_the_stream_would_refuse_are_refused_at_the_edge(make_ephemeral: MakeCluster) -> None:
+    w = await make_ephemeral(["p1", "a"], typing="p1", presence="p1")
+    with pytest.raises(ValueError):
+        await w["a"].ephemeral.typing.set_typing("not a room", "@u:x", True, 1000)
+    url = f"http://127.0.0.1:{w['p1'].http_port}/_fanout/internal/typing/bad%20room/@u:x"
+    async with aiohttp.ClientSession() as session:
+        headers = {"Authorization": f"Bearer {SECRET}"}
+        async with session.put(url, json={"typing": True, "timeout": 5}, headers=headers) as resp:
+            assert resp.status == 400
+        headers["X-Fanout-Positions"] = "events=oops"
+        async with session.put(
+            url.replace("bad%20room", "!r:x"), json={"typing": True}, headers=headers
+        ) as resp:
+            assert resp.status == 400
+    assert w["p1"].ephemeral.typing.typing_section(["!r:x"]) == {}
+
+
+async def test_the_owner_waits_for_the_callers_positions_within_a_bound(make_ephemeral: MakeCluster) -> None:
+    w = await make_ephemeral(["p1", "a"], typing="p1", presence="p1")
+    seen = w["a"].ephemeral.positions()
+    assert seen[("events", "p1")] == w["p1"].ephemeral.positions()[("events", "p1")]
+    assert await w["p1"].ephemeral.wait_for_positions(seen, 0.5)
+    ahead = {("events", "p1"): seen[("events", "p1")] + 1000, ("no_such_stream", "x"): 5}
+    started = time.monotonic()
+    assert not await w["p1"].ephemeral.wait_for_positions(ahead, 0.3)
+    assert 0.3 <= time.monotonic() - started < 1.0
+
+
+async def test_a_restarted_presence_writer_hears_the_current_syncers_again(
+    make_ephemeral: MakeCluster,
+) -> None:
+    w = await make_ephemeral(["p1", "a"], typing="p1", presence="p1")
+    async with w["a"].ephemeral.sync_tracker.sync_request("@s:x", "D"):
+        await eventually(lambda: w["p1"].ephemeral.presence.tracker.syncing("@s:x"))
+        config = w["p1"].config
+        await w["p1"].stop()  # its in-memory presence is gone with it
+        again = Worker(config)
+        try:
+            await again.start()
+            # Its REPLICATE makes "a" re-send the start (the keep-alive is a minute away).
+            await eventually(lambda: again.ephemeral.presence.tracker.syncing("@s:x"))
+            assert again.ephemeral.presence.tracker.get("@s:x").presence == "online"
+        finally:
+            await again.stop()

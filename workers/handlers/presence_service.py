@@ -18,7 +18,7 @@ from pubsub.wire import ClearUserSync, UserSync
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.presence import PresenceChange, PresenceTracker, PresenceView, presence_event
 from workers.streams.memory import MemoryPositions, StreamHistory
-from workers.streams.presence import PRESENCE, PRESENCE_STATES, PresenceRow
+from workers.streams.presence import PRESENCE, PresenceRow, presence_row
 
 log = logging.getLogger(__name__)
 Publish = Callable[[Sequence[tuple[int, PresenceRow]]], None]
@@ -59,8 +59,10 @@ class PresenceService:
 
     async def set_presence(self, user_id: str, presence: str, status_msg: str | None) -> None:
         """Set a user's presence ("online", "unavailable", "offline") and status message.
-        Raises `OwnerUnavailable` or `ForwardRefused` (see `workers.handlers.forwarding`)."""
+        Raises ValueError for values the stream would refuse (400), `OwnerUnavailable` (503) or
+        `ForwardRefused` (the writer's 4xx; see `workers.handlers.forwarding`)."""
         writer = self._writer()
+        presence_row((user_id, presence, 0, status_msg, False))  # refuse what readers would (ValueError)
         if not self.is_writer:
             await self.forwarder.request(
                 writer,
@@ -138,7 +140,7 @@ class PresenceService:
             return
         for change in changes:
             token = self.positions.get_current_token_for_writer(self.instance_name) + 1
-            row = _row(list(change))
+            row = presence_row(change)
             self.history.append(token, row)
             self.view.apply(token, change)
             if self.publish is not None:
@@ -169,7 +171,7 @@ class PresenceService:
         self.fetches += 1
         if answer.get("reset"):
             self.resets += 1
-            rows = [_row(values) for values in answer.get("snapshot", [])]
+            rows = [presence_row(values) for values in answer.get("snapshot", [])]
             known = {row.user_id for row in rows}
             # Users we hold that the writer no longer knows (it restarted): offline.
             rows += [
@@ -178,7 +180,7 @@ class PresenceService:
                 if row[0] not in known and row[1] != "offline"
             ]
             return [(to_token, row) for row in rows][:limit]
-        return [(int(values[0]), _row(values[1:])) for values in answer["rows"]]
+        return [(int(values[0]), presence_row(values[1:])) for values in answer["rows"]]
 
     def apply(self, token: int, rows: Iterable[PresenceRow]) -> list[str]:
         users = []
@@ -186,13 +188,6 @@ class PresenceService:
             self.view.apply(token, tuple(row))  # type: ignore[arg-type]
             users.append(row.user_id)
         return users
-
-
-def _row(values: list[Any]) -> PresenceRow:
-    user_id, presence, last_active_ts, status_msg, currently_active = values
-    if presence not in PRESENCE_STATES or not (status_msg is None or isinstance(status_msg, str)):
-        raise ValueError(f"bad presence row {values!r}")
-    return PresenceRow(str(user_id), presence, int(last_active_ts), status_msg, bool(currently_active))
 
 
 def _now_ms() -> float:

@@ -18,7 +18,7 @@ from typing import Any
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.typing import MAX_TIMEOUT_MS, TypingChange, TypingRooms, TypingView
 from workers.streams.memory import MemoryPositions, StreamHistory
-from workers.streams.typing import TYPING, TypingRow
+from workers.streams.typing import TYPING, TypingRow, typing_row
 
 log = logging.getLogger(__name__)
 #: Stage rows for RDATA: [(token, row)], then flush soon.
@@ -62,9 +62,11 @@ class TypingService:
         """Record that `user_id` types in `room_id` for `timeout_ms` (capped), or stopped.
 
         Does not check the user's membership: the endpoint must (it has the room's members).
-        Raises `OwnerUnavailable` (no writer configured, or it is down) or `ForwardRefused`."""
+        Raises ValueError for IDs the stream would refuse (400), `OwnerUnavailable` (no writer
+        configured, or it is down: 503) or `ForwardRefused` (the writer's 4xx)."""
         if self.writer is None:
             raise OwnerUnavailable("typing writer", "stream_writers.typing is not configured", 30)
+        typing_row(room_id, [user_id])  # refuse here what readers would refuse (ValueError)
         if not self.is_writer:
             await self.forwarder.request(
                 self.writer,
@@ -148,13 +150,12 @@ class TypingService:
         self.fetches += 1
         if answer.get("reset"):
             self.resets += 1
-            snapshot = {str(room): tuple(str(u) for u in users) for room, users in answer.get("snapshot", [])}
+            checked = [typing_row(room, users) for room, users in answer.get("snapshot", [])]
+            snapshot = {row.room_id: row.user_ids for row in checked}
             log.info("typing: resync from %s's snapshot (%d rooms) at %d", instance, len(snapshot), to_token)
             changes = self.view.reset_rows(snapshot)
             return [(to_token, TypingRow(room, users)) for room, users in changes][:limit]
-        return [
-            (int(t), TypingRow(str(room), tuple(str(u) for u in users))) for t, room, users in answer["rows"]
-        ]
+        return [(int(t), typing_row(room, users)) for t, room, users in answer["rows"]]
 
     def apply(self, token: int, rows: Iterable[TypingRow]) -> list[str]:
         """Replicated rows (reader side), before the position advances; returns the rooms to wake

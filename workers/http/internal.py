@@ -43,7 +43,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass(frozen=True)
 class InternalOps:
-    """What the routes call; each raises `InternalError` for an answer other than 200."""
+    """What the routes call; each raises `InternalError` for an answer other than 200, or
+    ValueError for invalid input (400)."""
 
     instance_name: str
     instance_id: str
@@ -116,6 +117,8 @@ class InternalApi:
                 response = await handler(request)
             except InternalError as e:
                 response = e.response()
+            except ValueError as e:  # the ops' contract: invalid IDs or values
+                response = InternalError(400, "M_INVALID_PARAM", str(e).splitlines()[0]).response()
             self.served.labels(endpoint, str(response.status)).inc()
             self.latency.labels(endpoint).observe(time.monotonic() - started)
             return response

@@ -9,9 +9,9 @@ and the same HTTP catch-up then serves both ephemeral streams. The cost: a statu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator, UpdateFunction
@@ -35,3 +35,11 @@ def presence_stream(
     generator: IdGenerator, writers: Sequence[str], update: UpdateFunction
 ) -> Stream[PresenceRow]:
     return Stream(PRESENCE, PresenceRow, update, generator, writers)
+
+
+_ROW = TypeAdapter(PresenceRow)
+
+
+def presence_row(values: Sequence[Any]) -> PresenceRow:
+    """A checked row (the limits readers hold RDATA to); raises ValueError (pydantic's)."""
+    return _ROW.validate_python(tuple(values), strict=True)

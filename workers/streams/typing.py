@@ -7,10 +7,10 @@ readers fetch missed rows from the writer with the update function they are give
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Annotated, NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, NamedTuple
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter
 
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator, UpdateFunction
@@ -30,3 +30,11 @@ def typing_stream(
     generator: IdGenerator, writers: Sequence[str], update: UpdateFunction
 ) -> Stream[TypingRow]:
     return Stream(TYPING, TypingRow, update, generator, writers)
+
+
+_ROW = TypeAdapter(TypingRow)
+
+
+def typing_row(room_id: Any, user_ids: Iterable[Any]) -> TypingRow:
+    """A checked row (the limits readers hold RDATA to); raises ValueError (pydantic's)."""
+    return _ROW.validate_python((room_id, tuple(user_ids)), strict=True)
