@@ -144,10 +144,6 @@ class Ephemeral:
         )
         self.client.add_position_listener(self._position_moved)
         self.client.add_user_sync_listener(self._user_sync_heard)
-        self._announce = self.client.handler.on_replicate
-        # pubsub has no public "after each (re)subscribe" hook; REPLICATE is what we hear then:
-        # our own (sent after every subscribe, echoed back) and a restarted writer's.
-        self.client.handler.on_replicate = self._replicate_heard
         self.typing.publish = self._publisher(TYPING)
         self.presence.publish = self._publisher(PRESENCE)
         self.internal = InternalApi(
@@ -215,11 +211,21 @@ class Ephemeral:
         await self.requests.close()
 
     async def _sync_timers(self) -> None:
+        """Due USER_SYNC ends; starts re-sent after each (re)subscription and as the keep-alive.
+
+        pubsub/client.py has no public "after each (re)subscribe" hook (`_subscribed` is private);
+        the transport's public `connects` counter, bumped on every confirmed subscription, is
+        polled here instead (a re-send at most one interval late). Re-sending on every REPLICATE
+        would make each worker start trigger every sync worker's re-send: a storm in a rolling
+        restart. A restarted presence writer is noticed by its stream's reset (`_counted`)."""
         keepalive_at = time.monotonic() + self.config.presence_keepalive_s
+        connects = self.client.transport.connects
         while True:
             await asyncio.sleep(min(SYNC_ENDS_INTERVAL_S, self.config.presence_keepalive_s))
             await self.sync_tracker.send_due_ends()
-            if time.monotonic() >= keepalive_at:
+            reconnected = self.client.transport.connects != connects
+            connects = self.client.transport.connects
+            if reconnected or time.monotonic() >= keepalive_at:
                 keepalive_at = time.monotonic() + self.config.presence_keepalive_s
                 await self.sync_tracker.resend_starts()
 
@@ -240,7 +246,11 @@ class Ephemeral:
         ) -> Sequence[tuple[int, Any]]:
             resets = service.resets
             rows = await service.fetch_updates(instance, from_token, to_token, limit)
-            self.fetches.labels(stream, "reset" if service.resets > resets else "rows").inc()
+            reset = service.resets > resets
+            self.fetches.labels(stream, "reset" if reset else "rows").inc()
+            if reset and stream == PRESENCE:
+                # The presence writer restarted (or we were far behind): tell it who syncs here.
+                self._schedule_resend()
             return rows
 
         return update
@@ -269,10 +279,8 @@ class Ephemeral:
     def _user_sync_heard(self, command: UserSync | ClearUserSync) -> None:
         self.presence.on_user_sync(command)
 
-    def _replicate_heard(self) -> None:
-        if self._announce is not None:
-            self._announce()
-        if self._resend is None:  # coalesce a burst of REPLICATEs (a cluster restarting) into one re-send
+    def _schedule_resend(self) -> None:
+        if self._resend is None:  # coalesced: one re-send for a burst of triggers
             self._resend = asyncio.get_running_loop().call_later(RESEND_DEBOUNCE_S, self._resend_starts)
 
     def _resend_starts(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
 from workers.app import Worker
 from workers.config import WorkerConfig
@@ -191,8 +192,41 @@ async def test_a_restarted_presence_writer_hears_the_current_syncers_again(
         again = Worker(config)
         try:
             await again.start()
-            # Its REPLICATE makes "a" re-send the start (the keep-alive is a minute away).
+            # Its stream resets on "a", which re-sends the start (the keep-alive is a minute away).
             await eventually(lambda: again.ephemeral.presence.tracker.syncing("@s:x"))
             assert again.ephemeral.presence.tracker.get("@s:x").presence == "online"
         finally:
             await again.stop()
+
+
+async def test_current_syncers_are_sent_again_after_a_reconnection(
+    make_ephemeral: MakeCluster, redis_url: str, channel_prefix: str
+) -> None:
+    w = await make_ephemeral(["p1", "a"], typing="p1", presence="p1")
+    admin = aioredis.Redis.from_url(redis_url)
+    listener = aioredis.Redis.from_url(redis_url)
+    pubsub = listener.pubsub()
+    try:
+        workers_subscribers = [c["id"] for c in await admin.client_list(_type="pubsub")]
+        await pubsub.subscribe(channel_prefix)
+        async with w["a"].ephemeral.sync_tracker.sync_request("@s:x", "D"):
+            wanted = f"USER_SYNC {w['a'].ephemeral.instance_id} @s:x D start ".encode()
+            assert await _next_with(pubsub, wanted, 5.0)  # the first sync
+            await _next_with(pubsub, b"never", 1.5)  # past the re-send of the start-up's presence reset
+            for client_id in workers_subscribers:  # cut the workers' subscriptions (not ours)
+                await admin.client_kill_filter(_id=client_id)
+            # Sent again once the subscription is back, long before the one-minute keep-alive.
+            assert await _next_with(pubsub, wanted, 5.0)
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await listener.aclose()
+        await admin.aclose()
+
+
+async def _next_with(pubsub: Any, wanted: bytes, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+        if message is not None and message["data"].startswith(wanted):
+            return True
+    return False

@@ -8,7 +8,8 @@ The hook for the /sync endpoint: wrap each request in `async with tracker.syncin
   reconnect between long-polls; without this every poll would flap start/end), else
   `USER_SYNC ... end <when it stopped>` goes out (`send_due_ends`, run periodically);
 * `starts()` lists a start for every pair currently syncing (or in its end delay): re-sent after
-  each (re)connection and REPLICATE, and periodically as the process's keep-alive;
+  each (re)subscription, when the presence writer restarted, and periodically as the process's
+  keep-alive;
 * `clear()` is the `CLEAR_USER_SYNC <instance_id>` of a graceful shutdown.
 
 `instance_id` must be new for every process start (`new_instance_id`).

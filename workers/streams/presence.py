@@ -1,7 +1,7 @@
 """The `presence` stream: one row per change of a user's presence, kept in memory by its writer.
 
 In memory like typing (`workers.streams.memory`), not in a table: presence is rebuilt from the
-sync workers' USER_SYNC re-sends, which every REPLICATE (a restarted writer sends one) triggers,
+sync workers' USER_SYNC re-sends, which a restarted writer's stream reset triggers on each of them,
 and the same HTTP catch-up then serves both ephemeral streams. The cost: a status message set with
 `set_presence` is lost when the presence writer restarts.
 """
