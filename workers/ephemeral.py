@@ -26,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
@@ -81,6 +83,22 @@ class _NoPositions:
 
 async def _no_rows(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, Any]]:
     return []
+
+
+class _Renamed(Collector):
+    """Another registry's metrics under a new name prefix (the ephemeral client's `fanout_repl_*`
+    would clash with the main client's in the worker's registry)."""
+
+    def __init__(self, source: CollectorRegistry, old: str, new: str) -> None:
+        self._source, self._old, self._new = source, old, new
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            family.name = family.name.replace(self._old, self._new, 1)
+            family.samples = [
+                s._replace(name=s.name.replace(self._old, self._new, 1)) for s in family.samples
+            ]
+            yield family
 
 
 def _one_writer(config: WorkerConfig, stream: str) -> str | None:
@@ -141,6 +159,9 @@ class Ephemeral:
             streams,
             apply=self._apply,
             read=[TYPING, PRESENCE],
+        )
+        worker.registry.register(
+            _Renamed(self.client.metrics.registry, "fanout_repl_", "fanout_ephemeral_repl_")
         )
         self.client.add_position_listener(self._position_moved)
         self.client.add_user_sync_listener(self._user_sync_heard)

@@ -76,7 +76,9 @@ async def test_typing_across_workers_and_one_resync_after_the_writer_is_killed(
 
     await eventually(lambda: _users_are(typing_on("sync2"), ["@u:x"]))
     fetches = "fanout_ephemeral_catch_up_fetches_total"
+    pubsub_fetches = "fanout_ephemeral_repl_catch_up_fetches_total"  # pubsub's own count
     before = await metric(cluster, "sync2", fetches, stream="typing")
+    pubsub_before = await metric(cluster, "sync2", pubsub_fetches, stream="typing")
 
     cluster.kill(WRITER)  # SIGKILL: its typing state is gone
     await cluster.start([WRITER])
@@ -84,6 +86,7 @@ async def test_typing_across_workers_and_one_resync_after_the_writer_is_killed(
     await eventually(lambda: _users_are(typing_on("sync2"), []))
     await asyncio.sleep(2.0)  # ten announce intervals: later POSITIONs must not fetch again
     assert await metric(cluster, "sync2", fetches, stream="typing") - before == 1
+    assert await metric(cluster, "sync2", pubsub_fetches, stream="typing") - pubsub_before == 1
     assert await metric(cluster, "sync2", fetches, stream="typing", answer="reset") >= 1
     reader_token = (await typing_on("sync2"))["token"]
     assert reader_token <= (await typing_on(WRITER))["token"]  # a token the writer can serve
