@@ -186,6 +186,13 @@ class Ephemeral:
         self._resend: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
 
+    def mount(self, application: web.Application) -> None:
+        """Add the internal routes to `application` and tie start and stop to its life (call
+        before the application starts)."""
+        application.add_routes(self.internal.routes())
+        application.on_startup.append(self.on_startup)
+        application.on_shutdown.append(self.on_shutdown)
+
     # -- hooks for /sync ------------------------------------------------------------------------
 
     async def presence_section(
@@ -370,9 +377,8 @@ class Ephemeral:
 
 
 def install_ephemeral(application: web.Application, worker: WorkerParts) -> Ephemeral:
-    """Mount the internal routes on `application` and tie typing/presence to its life."""
+    """`Ephemeral(worker)` mounted on `application` (build it first and `mount` it later when the
+    client API needs it before its application exists)."""
     ephemeral = Ephemeral(worker)
-    application.add_routes(ephemeral.internal.routes())
-    application.on_startup.append(ephemeral.on_startup)
-    application.on_shutdown.append(ephemeral.on_shutdown)
+    ephemeral.mount(application)
     return ephemeral
