@@ -38,6 +38,7 @@ from pubsub.streams import Stream
 from pubsub.types import Row
 from workers import event_loop
 from workers.config import WorkerConfig
+from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import SyncCaches
@@ -214,7 +215,9 @@ class Worker:
                 accepting=lambda: self._accepting,
             )
         )
-        self._runner = web.AppRunner(api.application(), access_log=None, shutdown_timeout=5.0)
+        application = api.application()
+        self.ephemeral = install_ephemeral(application, self)  # typing, presence, worker requests
+        self._runner = web.AppRunner(application, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, backlog=1024)
         await site.start()
