@@ -154,17 +154,21 @@ class Ephemeral:
         main = worker.replication
         others = {s.name for s in [*main.read_streams, *main.written_streams]}
         streams += [Stream(n, _NoRow, _no_rows, _NoPositions(), ()) for n in sorted(others)]
-        self.client = ReplicationClient(
-            ReplicationSettings.from_config(config, per_stream_channels=True),
-            streams,
-            apply=self._apply,
-            read=[TYPING, PRESENCE],
-        )
-        worker.registry.register(
-            _Renamed(self.client.metrics.registry, "fanout_repl_", "fanout_ephemeral_repl_")
-        )
-        self.client.add_position_listener(self._position_moved)
-        self.client.add_user_sync_listener(self._user_sync_heard)
+        # Without a typing or presence writer there is nothing to replicate: no second client, so a
+        # worker does not pay for hearing the base channel twice.
+        self.client: ReplicationClient | None = None
+        if config.writers_of(TYPING) or config.writers_of(PRESENCE):
+            self.client = ReplicationClient(
+                ReplicationSettings.from_config(config, per_stream_channels=True),
+                streams,
+                apply=self._apply,
+                read=[TYPING, PRESENCE],
+            )
+            worker.registry.register(
+                _Renamed(self.client.metrics.registry, "fanout_repl_", "fanout_ephemeral_repl_")
+            )
+            self.client.add_position_listener(self._position_moved)
+            self.client.add_user_sync_listener(self._user_sync_heard)
         self.typing.publish = self._publisher(TYPING)
         self.presence.publish = self._publisher(PRESENCE)
         self.internal = InternalApi(
@@ -214,6 +218,9 @@ class Ephemeral:
 
     async def on_startup(self, _app: web.Application) -> None:
         self.requests.start()
+        if self.client is None:
+            log.info("ephemeral: no typing or presence writer configured; worker requests only")
+            return
         await self.client.start()
         loop = asyncio.get_running_loop()
         if self.typing.is_writer:
@@ -231,11 +238,13 @@ class Ephemeral:
 
     async def on_shutdown(self, _app: web.Application) -> None:
         """CLEAR_USER_SYNC first (the presence writer then times our users out normally), then stop."""
-        await self.sync_tracker.send_clear()
+        if self.client is not None:
+            await self.sync_tracker.send_clear()
         if self._resend is not None:
             self._resend.cancel()
         await cancel_and_wait(*self._tasks, *self._background)
-        await self.client.stop()
+        if self.client is not None:
+            await self.client.stop()
         await self.requests.close()
 
     async def _sync_timers(self) -> None:
@@ -246,6 +255,7 @@ class Ephemeral:
         polled here instead (a re-send at most one interval late). Re-sending on every REPLICATE
         would make each worker start trigger every sync worker's re-send: a storm in a rolling
         restart. A restarted presence writer is noticed by its stream's reset (`_counted`)."""
+        assert self.client is not None
         keepalive_at = time.monotonic() + self.config.presence_keepalive_s
         connects = self.client.transport.connects
         while True:
@@ -261,6 +271,7 @@ class Ephemeral:
 
     def _publisher(self, stream: str) -> Callable[[Sequence[tuple[int, Any]]], None]:
         def publish(rows: Sequence[tuple[int, Any]]) -> None:
+            assert self.client is not None, "a typing or presence writer always has its client"
             self.client.stage_rows(stream, rows)
             self.client.notify(stream)
 
@@ -302,7 +313,8 @@ class Ephemeral:
         self.worker.notifier.notify((), users)
 
     async def _send(self, command: UserSync | ClearUserSync) -> None:
-        await self.client.send_user_sync(command)
+        if self.client is not None:  # no presence writer configured: nobody to tell
+            await self.client.send_user_sync(command)
 
     def _user_sync_heard(self, command: UserSync | ClearUserSync) -> None:
         self.presence.on_user_sync(command)
@@ -322,6 +334,8 @@ class Ephemeral:
     def _streams(self) -> dict[str, Stream[Any]]:
         out: dict[str, Stream[Any]] = {}
         for client in (self.worker.replication, self.client):
+            if client is None:
+                continue
             for stream in [*client.read_streams, *client.written_streams]:
                 if stream.writers:
                     out[stream.name] = stream
