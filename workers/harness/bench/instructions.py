@@ -46,7 +46,7 @@ from workers import event_loop
 from workers.handlers import rooms
 from workers.handlers.persist import MAX_BATCH
 from workers.harness.bench._common import Figure, progress, scratch_database
-from workers.harness.bench.cluster import bench_rooms, drive_persister, insert_raw_batch
+from workers.harness.bench.write_path import bench_rooms, drive_persister, insert_raw_batch
 from workers.model import Event
 from workers.services import given_or_embedded
 from workers.storage import connect
