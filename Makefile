@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench venv jdbc redis-server docker-compose wrk clean lock
+.PHONY: demo test lint bench venv jdbc redis-server docker-compose wrk audit-zip clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -86,5 +86,12 @@ wrk:
 bench: $(STAMP) jdbc wrk
 	$(BIN)/fanout bench all
 
+# The audit package for spark-submit --py-files (docs/audit.md): every module of analytics/, no caches.
+audit-zip: dist/analytics.zip
+dist/analytics.zip: $(wildcard analytics/*.py) analytics/log4j2.properties
+	@mkdir -p dist
+	$(PYTHON) -c "import pathlib, zipfile; z = zipfile.ZipFile('$@', 'w', zipfile.ZIP_DEFLATED); \
+	[z.write(p) for p in sorted(pathlib.Path('analytics').glob('*')) if p.suffix in ('.py', '.properties')]; z.close()"
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist

@@ -1,25 +1,26 @@
 """`fanout audit [run|export] ...` (also `python -m analytics` and the spark-submit entry `audit.py`).
 
-Exit 0: no gap; 1: a worker missed invalidations; 2: bad usage or configuration.
+Exit 0: no gap; 1: a worker missed invalidations; 2: bad usage or configuration; 3: the database
+could not be reached (analytics/errors.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
 import re
 import sys
-from pathlib import Path
 
-from analytics.errors import AuditError
+from analytics.errors import EXIT_GAP, EXIT_OK, EXIT_USAGE, AuditError
 from analytics.job import AuditOptions, release, run_audit
+from analytics.locations import local_path
 from analytics.report import write_outputs
 from analytics.session import DEFAULT_JDBC_JAR, JDBC_JAR_ENV, resolve_jdbc_jar, spark_session
 from analytics.sources import ParquetSource, PostgresSource, Source, export, jdbc_url
 
-EXIT_OK, EXIT_GAP, EXIT_USAGE = 0, 1, 2
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h)?$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
@@ -59,11 +60,19 @@ def conf_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _day(text: str) -> str:
+    try:
+        return datetime.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want a day as YYYY-MM-DD, got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fanout audit",
         description="Invalidation audit on Spark. "
-        "Exit 0: no gap; 1: a worker missed invalidations; 2: bad usage.",
+        "Exit 0: no gap; 1: a worker missed invalidations; 2: bad usage or configuration;"
+        " 3: the database could not be reached.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -73,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--jdbc-jar", help=f"Postgres JDBC jar (default ${JDBC_JAR_ENV} or {DEFAULT_JDBC_JAR})"
         )
-        p.add_argument("--master", default="local[*]", help="any Spark master (default local[*])")
+        p.add_argument("--master", help="any Spark master (default: spark-submit's --master, else local[*])")
         p.add_argument("--num-partitions", type=_positive_int, help="JDBC read partitions on stream_id")
         p.add_argument("--lower-bound", type=int, help="JDBC partition lower bound (default: table min)")
         p.add_argument("--upper-bound", type=int, help="JDBC partition upper bound (default: table max)")
@@ -81,9 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="compute the audit (default)")
     common(run)
-    run.add_argument("--parquet", type=Path, help="read a directory written by `fanout audit export` instead")
+    run.add_argument("--parquet", help="read what `fanout audit export` wrote there (a path or a URI)")
     run.add_argument(
-        "--out", type=Path, default=Path("audit-report"), help="output directory (default ./audit-report)"
+        "--out",
+        default="audit-report",
+        help="output path or URI (file://, hdfs://, s3a://; default ./audit-report)",
     )
     run.add_argument("--window", type=parse_window, default=60_000, help="window length (default 1m)")
     run.add_argument("--storm-threshold", type=float, help="rows per window above which it is a storm")
@@ -95,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser("export", help="write the tables as Parquet for later runs")
     common(exp)
-    exp.add_argument("--out", type=Path, required=True, help="output directory")
+    exp.add_argument("--out", required=True, help="output path or URI (file://, hdfs://, s3a://)")
+    exp.add_argument("--since", type=_day, help="export only the UTC days from YYYY-MM-DD on (incremental)")
     return parser
 
 
@@ -113,7 +125,7 @@ def _postgres_source(args: argparse.Namespace) -> PostgresSource:
 
 
 def main(argv: list[str]) -> int:
-    """`fanout audit [run|export] ...`; see `build_parser`. Exit 0 ok, 1 reconciliation gap, 2 bad usage."""
+    """`fanout audit [run|export] ...`; see `build_parser`. Exit codes: analytics/errors.py."""
     argv = list(argv)
     if not argv or argv[0] not in ("run", "export", "-h", "--help"):
         argv = ["run", *argv]
@@ -122,12 +134,27 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse printed one usage message; return its status instead of exiting
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="audit: %(message)s")
+    progress = logging.getLogger("analytics")
+    handler: logging.Handler | None = None
+    if not progress.handlers:  # the job's steps on stderr, whoever configured the root logger
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("audit: %(message)s"))
+        progress.addHandler(handler)
+        progress.setLevel(logging.INFO)
+        progress.propagate = False
+    try:
+        return _run(args)
+    finally:
+        if handler is not None:
+            progress.removeHandler(handler)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         source: Source
         if args.command == "run" and args.parquet is not None:
-            if not (args.parquet / "invalidations").is_dir():
+            local = local_path(args.parquet)
+            if local is not None and not (local / "invalidations").is_dir():
                 raise AuditError(
                     f"{args.parquet} has no invalidations/ (write it with `fanout audit export`)"
                 )
@@ -137,11 +164,12 @@ def main(argv: list[str]) -> int:
             source = _postgres_source(args)
             jar = source.jdbc_jar
         spark, owned = spark_session(args.master, jar, args.spark_conf)
+        logging.getLogger("analytics.audit").info("step=session master=%s", spark.sparkContext.master)
         try:
             if args.command == "export":
                 assert isinstance(source, PostgresSource)
-                written = export(spark, source, args.out)
-                print(json.dumps({"out": str(args.out), "rows": written}))
+                written = export(spark, source, args.out, args.since)
+                print(json.dumps({"out": args.out, "rows": written}))
                 return EXIT_OK
             options = AuditOptions(
                 window_ms=args.window,
@@ -158,7 +186,7 @@ def main(argv: list[str]) -> int:
                 spark.stop()
     except AuditError as e:
         print(f"fanout audit: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_code
     recon = result.summary["reconciliation"]
     print(f"report: {paths.report}")
     print(f"summary: {paths.summary}")

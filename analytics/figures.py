@@ -43,7 +43,7 @@ def annotate(deduped: DataFrame, window_ms: int) -> DataFrame:
     batched_cache = F.col("cache_func").endswith(BATCHED_CACHE_SUFFIX)
     keys = (
         F.when(F.col("keys").isNull(), F.lit(0))
-        .when(batched_cache, F.size("keys"))
+        .when(batched_cache, F.size(F.array_distinct("keys")))
         .otherwise(F.lit(1))
         .cast("long")
     )
@@ -172,10 +172,11 @@ def top_caches(stats: DataFrame, n: int) -> DataFrame:
 
 
 def top_keys(annotated: DataFrame, n: int) -> DataFrame:
-    """The `n` (cache, key) pairs invalidated by the most rows (ties by cache, then key)."""
+    """The `n` (cache, key) pairs invalidated by the most rows (ties by cache, then key). A key
+    counts once per row that invalidates it, however often the row lists it."""
     batched = F.col("cache_func").endswith(BATCHED_CACHE_SUFFIX)
     tuple_key = F.when(F.size("keys") == 1, F.col("keys")[0]).otherwise(F.to_json(F.col("keys")))
-    keys = F.when(batched, F.col("keys")).otherwise(F.array(tuple_key))
+    keys = F.when(batched, F.array_distinct(F.col("keys"))).otherwise(F.array(tuple_key))
     return (
         annotated.where(F.col("keys").isNotNull())
         .select("cache_func", F.explode(keys).alias("key"))

@@ -135,7 +135,11 @@ def _summarize(
         )
         .first()
     )
-    totals = {k: (0 if v is None else v) for k, v in (totals_row.asDict() if totals_row else {}).items()}
+    # A sum over no window is 0; the first and last window of an empty log do not exist (None).
+    totals = {
+        k: (0 if v is None and not k.endswith("_window_start") else v)
+        for k, v in (totals_row.asDict() if totals_row else {}).items()
+    }
     per_key = totals.get("per_key_messages", 0)
     totals["saving_ratio"] = (totals.get("saved_messages", 0) / per_key) if per_key else None
     events = totals.get("events", 0)

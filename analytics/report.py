@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,37 +12,47 @@ from pathlib import Path
 from typing import Any
 
 from analytics.job import AuditResult
+from analytics.locations import copy_files, join, local_path
 
 log = logging.getLogger("analytics.audit")
 
 
 @dataclass(frozen=True)
 class OutputPaths:
-    """Where `write_outputs` put things."""
+    """Where `write_outputs` put things (paths or URIs, as the output location was given)."""
 
-    out_dir: Path
-    tables: dict[str, Path]
-    summary: Path
-    charts: list[Path]
-    report: Path
+    out: str
+    tables: dict[str, str]
+    summary: str
+    charts: list[str]
+    report: str
 
 
-def write_outputs(result: AuditResult, out_dir: Path) -> OutputPaths:
-    """Parquet per table, `summary.json`, PNG charts and `report.md` under `out_dir` (overwritten)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tables: dict[str, Path] = {}
+def write_outputs(result: AuditResult, out: str) -> OutputPaths:
+    """Parquet per table, `summary.json`, PNG charts and `report.md` at `out` (a path or any URI
+    Spark writes to; overwritten)."""
+    spark = next(iter(result.tables.values())).sparkSession
+    tables: dict[str, str] = {}
     for name, frame in result.tables.items():
         if name.startswith("_"):
             continue
-        path = out_dir / name
+        tables[name] = join(out, name)
         log.info("step=write table=%s", name)
-        frame.write.mode("overwrite").parquet(str(path))
-        tables[name] = path
-    summary_path = out_dir / "summary.json"
-    summary_path.write_text(json.dumps(result.summary, indent=2, sort_keys=True, default=str) + "\n")
-    charts = render_charts(result, out_dir)
-    report = render_report(result, charts, out_dir)
-    return OutputPaths(out_dir, tables, summary_path, charts, report)
+        frame.write.mode("overwrite").parquet(tables[name])
+    local = local_path(out)
+    with tempfile.TemporaryDirectory(prefix="fanout-audit-") as scratch:
+        folder = local if local is not None else Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        summary = folder / "summary.json"
+        summary.write_text(json.dumps(result.summary, indent=2, sort_keys=True, default=str) + "\n")
+        charts = render_charts(result, folder)
+        report = render_report(result, charts, folder)
+        files = [summary, *charts, report]
+        placed = [str(f) for f in files] if local is not None else copy_files(spark, files, out)
+    if local is None:
+        return OutputPaths(out, tables, placed[0], placed[1:-1], placed[-1])
+    return OutputPaths(out, tables, join(out, "summary.json"), [join(out, c.name) for c in charts],
+                       join(out, "report.md"))  # fmt: skip
 
 
 def _utc(ms: int) -> str:
@@ -49,16 +60,17 @@ def _utc(ms: int) -> str:
 
 
 def render_charts(result: AuditResult, out_dir: Path) -> list[Path]:
-    """Rows per window (with the storm threshold), top caches, and batching savings per cache."""
-    import matplotlib
+    """Rows per window (with the storm threshold), top caches, and batching savings per cache.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Figures are made with matplotlib's object API, never pyplot: no backend is chosen or changed,
+    so a notebook that calls this keeps its own inline plots."""
+    from matplotlib.figure import Figure
 
     summary, series = result.summary, result.window_series
     paths: list[Path] = []
 
-    fig, ax = plt.subplots(figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax = fig.subplots()
     xs = [(w["window_start"] - series[0]["window_start"]) / 60_000 for w in series] if series else []
     ax.plot(xs, [w["rows"] for w in series], label="rows sent")
     ax.plot(xs, [w["per_key_messages"] for w in series], label="per-key messages", alpha=0.6)
@@ -74,13 +86,15 @@ def render_charts(result: AuditResult, out_dir: Path) -> list[Path]:
     ax.legend()
     paths.append(_save(fig, out_dir / "rows_per_window.png"))
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig = Figure(figsize=(8, 4))
+    ax = fig.subplots()
     caches = list(reversed(summary["top_caches"]))
     ax.barh([c["cache_func"] for c in caches], [c["rows"] for c in caches])
     ax.set(xlabel="rows", title="Hottest caches")
     paths.append(_save(fig, out_dir / "top_caches.png"))
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig = Figure(figsize=(8, 4))
+    ax = fig.subplots()
     savings = summary["savings_by_cache"][: max(1, len(summary["top_caches"]))]
     names = [s["cache_func"] for s in savings]
     positions = list(range(len(names)))
@@ -90,7 +104,6 @@ def render_charts(result: AuditResult, out_dir: Path) -> list[Path]:
     ax.set(ylabel="messages", title="Saving from batching")
     ax.legend()
     paths.append(_save(fig, out_dir / "savings.png"))
-    plt.close("all")
     return paths
 
 
@@ -98,6 +111,16 @@ def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return path
+
+
+def cell(value: object) -> str:
+    """`value` as the text of one Markdown table cell that shows it as it is: JSON string escapes for
+    quotes, backslashes and line breaks (a key may hold any of them), `|` escaped so it cannot end
+    the cell, `<` and `*`, `_`, backquotes escaped so nothing renders as markup."""
+    text = json.dumps(value, ensure_ascii=False)[1:-1] if isinstance(value, str) else str(value)
+    for char in "\\`*_<[]|":
+        text = text.replace(char, "\\" + char)
+    return text
 
 
 def render_report(result: AuditResult, charts: Sequence[Path], out_dir: Path) -> Path:
@@ -112,9 +135,11 @@ def render_report(result: AuditResult, charts: Sequence[Path], out_dir: Path) ->
     lines = [
         "# Invalidation audit",
         "",
-        f"Windows: {t['windows']} of {s['window_ms'] / 1000:g} s"
-        + (
-            f", {_utc(t['first_window_start'])} to {_utc(t['last_window_start'])} UTC" if t["windows"] else ""
+        (
+            f"Windows: {t['windows']} of {s['window_ms'] / 1000:g} s, {_utc(t['first_window_start'])} to"
+            f" {_utc(t['last_window_start'])} UTC"
+            if t["windows"]
+            else "The log is empty: no invalidation rows, so no window, storm or hot spot."
         ),
         "",
         "| measure | value |",
@@ -139,15 +164,15 @@ def render_report(result: AuditResult, charts: Sequence[Path], out_dir: Path) ->
         lines += ["| window (UTC) | rows | keys | top cache |", "|---|---|---|---|"]
         lines += [
             f"| {_utc(w['window_start'])} | {w['rows']} | {w['keys']} | "
-            f"{w['top_cache']} ({w['top_cache_rows']}) |"
+            f"{cell(w['top_cache'])} ({w['top_cache_rows']}) |"
             for w in s["storms"]
         ]
     else:
         lines.append("None.")
     lines += ["", "## Hottest caches", "", "| cache | rows | keys |", "|---|---|---|"]
-    lines += [f"| {c['cache_func']} | {c['rows']} | {c['keys']} |" for c in s["top_caches"]]
+    lines += [f"| {cell(c['cache_func'])} | {c['rows']} | {c['keys']} |" for c in s["top_caches"]]
     lines += ["", "## Hottest keys", "", "| cache | key | invalidations |", "|---|---|---|"]
-    lines += [f"| {k['cache_func']} | `{k['key']}` | {k['invalidations']} |" for k in s["top_keys"]]
+    lines += [f"| {cell(k['cache_func'])} | {cell(k['key'])} | {k['invalidations']} |" for k in s["top_keys"]]
     lines += ["", "## Reconciliation", ""]
     if not recon["workers"]:
         lines.append("No applied-range record: nothing to reconcile.")
@@ -157,8 +182,8 @@ def render_report(result: AuditResult, charts: Sequence[Path], out_dir: Path) ->
             "|---|---|---|---|---|",
         ]
         lines += [
-            f"| {w['worker_name']} | {w['instance_name']} | {w['applied_rows']} / {w['published_in_span']} | "
-            f"{w['missed_rows']} | {w['lag_rows']} |"
+            f"| {cell(w['worker_name'])} | {cell(w['instance_name'])} | {w['applied_rows']} /"
+            f" {w['published_in_span']} | {w['missed_rows']} | {w['lag_rows']} |"
             for w in recon["workers"]
         ]
     lines.append("")
@@ -166,7 +191,7 @@ def render_report(result: AuditResult, charts: Sequence[Path], out_dir: Path) ->
         lines += [f"**GAPS: {recon['missed_rows']} published rows never applied.**", ""]
         lines += ["| worker | run | writer | stream ids | missed rows |", "|---|---|---|---|---|"]
         lines += [
-            f"| {g['worker_name']} | {g['run_id']} | {g['instance_name']} | "
+            f"| {cell(g['worker_name'])} | {cell(g['run_id'])} | {cell(g['instance_name'])} | "
             f"({g['hole_from']}, {g['hole_to']}] "
             f"| {g['missed_rows']} ({g['first_missed_id']}..{g['last_missed_id']}) |"
             for g in recon["gaps"]
@@ -174,6 +199,16 @@ def render_report(result: AuditResult, charts: Sequence[Path], out_dir: Path) ->
     else:
         lines.append("No gaps.")
     lines += ["", "## Charts", ""] + [f"![{p.stem}]({p.name})" for p in charts]
+    lines += [
+        "",
+        "---",
+        "Definitions (docs/audit.md): a row is one stream id (extra copies are dropped); a batched",
+        "(`_cache_fake`) row invalidates each distinct key it lists, any other row one key tuple, and",
+        "keys NULL no single key; per-key messages are max(keys, 1) per row; windows are UTC,",
+        "[start, start + window) in epoch ms; a storm is a window above the threshold; a key's count",
+        "is the number of rows that invalidate it; a gap is a published row inside a worker's run",
+        "but outside every range it recorded as applied.",
+    ]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

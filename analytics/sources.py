@@ -10,13 +10,15 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
-from analytics.errors import AuditError
+from analytics.errors import AuditError, SourceUnreachable
+from analytics.locations import exists, join
 from analytics.schema import (
     APPLIED_SCHEMA,
     APPLIED_TABLE,
@@ -30,6 +32,74 @@ from analytics.session import DEFAULT_JDBC_JAR
 log = logging.getLogger("analytics.audit")
 
 _JAVA_EXCEPTION = re.compile(r"(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error): [^\n]*")
+#: The driver's own message, under Spark's redacted wrapper (FAILED_JDBC.CONNECTION) and py4j's.
+_PSQL_EXCEPTION = re.compile(r"org\.postgresql\.util\.PSQLException: ([^\n]*)")
+#: What the driver says -> (what the user reads, whether it is unreachable rather than misconfigured).
+_CAUSES: tuple[tuple[re.Pattern[str], str, bool], ...] = (
+    (
+        re.compile(r"Connection to (\S+) refused"),
+        "connection refused at {0} (is PostgreSQL running there?)",
+        True,
+    ),
+    (re.compile(r'database "([^"]*)" does not exist'), 'database "{0}" does not exist', False),
+    (re.compile(r'authentication failed for user "([^"]*)"'), 'authentication failed for user "{0}"', False),
+    (re.compile(r'role "([^"]*)" does not exist'), 'role "{0}" does not exist', False),
+    (
+        re.compile(r"The connection attempt failed|UnknownHost|timed out", re.I),
+        "the database did not answer",
+        True,
+    ),
+)
+
+
+def redact(database_url: str) -> str:
+    """`database_url` with its password, if any, replaced by `***`."""
+    parts = urlsplit(database_url)
+    if parts.password is None:
+        return database_url
+    user, _, host = parts.netloc.rpartition("@")
+    name = user.partition(":")[0]
+    return parts._replace(netloc=f"{name}:***@{host}").geturl()
+
+
+def _java_causes(error: BaseException) -> str:
+    """`error`'s text and, for an exception captured from the JVM, every message down its cause
+    chain as `Class: message` lines (Spark's own message is redacted; the driver's says why)."""
+    lines = [str(error)]
+    cause = getattr(error, "_origin", None) or getattr(error, "java_exception", None)
+    for _ in range(10):  # a chain is short; a cycle must not hang the report of an error
+        if cause is None:
+            break
+        try:
+            lines.append(f"{cause.getClass().getName()}: {cause.getMessage()}")
+            cause = cause.getCause()
+        except Exception:  # the gateway is gone: what we have must do
+            break
+    return "\n".join(lines)
+
+
+def _jdbc_failure(source: PostgresSource, error: Exception) -> AuditError:
+    """One line naming why a JDBC query failed, with the password hidden."""
+    text = _java_causes(error)
+    found = _PSQL_EXCEPTION.search(text) or _JAVA_EXCEPTION.search(text)
+    detail = (
+        found.group(found.lastindex or 0)
+        if found
+        else (text.strip().splitlines() or [type(error).__name__])[0]
+    )
+    where = redact(source.database_url)
+    for pattern, wording, unreachable in _CAUSES:
+        match = pattern.search(detail) or pattern.search(text)
+        if match:
+            cause = wording.format(*match.groups())
+            kind = SourceUnreachable if unreachable else AuditError
+            return kind(f"cannot read {where}: {cause}")
+    if "org.postgresql.Driver" in text:
+        detail += (
+            " (the JDBC jar is not on the driver's classpath: under spark-submit pass"
+            f" --jars {source.jdbc_jar} or --packages org.postgresql:postgresql:<version>)"
+        )
+    return AuditError(f"cannot read {where}: {detail}")
 
 
 @dataclass(frozen=True)
@@ -46,9 +116,10 @@ class PostgresSource:
 
 @dataclass(frozen=True)
 class ParquetSource:
-    """A directory written by `export`: `invalidations/`, `events/`, `applied_ranges/`."""
+    """A location written by `export` (a path or a URI): `invalidations/`, `events/`,
+    `applied_ranges/`, the first two partitioned by `day`."""
 
-    path: Path
+    location: str
 
 
 Source = PostgresSource | ParquetSource
@@ -83,16 +154,8 @@ def _jdbc_query_row(spark: SparkSession, source: PostgresSource, sql: str) -> An
     """One small row from Postgres, through Spark's own JDBC path (so a bad URL fails here, clearly)."""
     try:
         return _jdbc_reader(spark, source).option("query", sql).load().first()
-    except Exception as e:  # py4j wraps the JVM's exception: keep the line that names it
-        text = str(e)
-        found = _JAVA_EXCEPTION.search(text)
-        reason = found.group(0) if found else (text.strip().splitlines() or [type(e).__name__])[0]
-        if "org.postgresql.Driver" in text:
-            reason += (
-                f" (the JDBC jar is not on the driver's classpath: under spark-submit pass "
-                f"--jars {source.jdbc_jar})"
-            )
-        raise AuditError(f"cannot query {source.database_url}: {reason}") from e
+    except Exception as e:  # py4j wraps the JVM's exception: name its cause in one line
+        raise _jdbc_failure(source, e) from e
 
 
 def _jdbc_table(
@@ -124,7 +187,7 @@ def _table_exists(spark: SparkSession, source: PostgresSource, table: str) -> bo
 def load_invalidations(spark: SparkSession, source: Source) -> DataFrame:
     """The raw invalidation log (duplicates included), columns as in `INVALIDATIONS_SCHEMA`."""
     if isinstance(source, ParquetSource):
-        return spark.read.schema(INVALIDATIONS_SCHEMA).parquet(str(source.path / "invalidations"))
+        return _read_parquet(spark, join(source.location, "invalidations"), INVALIDATIONS_SCHEMA)
     columns = INVALIDATIONS_SCHEMA.fieldNames()
     return _jdbc_table(spark, source, INVALIDATIONS_TABLE, columns, "stream_id")
 
@@ -132,35 +195,57 @@ def load_invalidations(spark: SparkSession, source: Source) -> DataFrame:
 def load_events(spark: SparkSession, source: Source) -> DataFrame:
     """(instance_name, received_ts) of every persisted event; empty if the source has none."""
     if isinstance(source, ParquetSource):
-        path = source.path / "events"
-        if not path.exists():
-            return spark.createDataFrame([], EVENTS_SCHEMA)
-        return spark.read.schema(EVENTS_SCHEMA).parquet(str(path))
+        return _read_parquet(spark, join(source.location, "events"), EVENTS_SCHEMA)
     return _jdbc_table(spark, source, EVENTS_TABLE, EVENTS_SCHEMA.fieldNames(), "stream_ordering")
 
 
 def load_applied_ranges(spark: SparkSession, source: Source) -> DataFrame:
     """The workers' applied-range record (see module docstring); empty if the source has none."""
     if isinstance(source, ParquetSource):
-        path = source.path / "applied_ranges"
-        if not path.exists():
-            return spark.createDataFrame([], APPLIED_SCHEMA)
-        return spark.read.schema(APPLIED_SCHEMA).parquet(str(path))
+        return _read_parquet(spark, join(source.location, "applied_ranges"), APPLIED_SCHEMA)
     if not _table_exists(spark, source, APPLIED_TABLE):
         log.warning("table=%s missing: no reconciliation (apply migration 0002)", APPLIED_TABLE)
         return spark.createDataFrame([], APPLIED_SCHEMA)
     return _jdbc_reader(spark, source).option("dbtable", APPLIED_TABLE).load().select(*APPLIED_SCHEMA.names)
 
 
-def export(spark: SparkSession, source: PostgresSource, out: Path) -> dict[str, int]:
-    """Write the three tables as Parquet under `out` (overwriting); returns the rows written per table."""
+def _read_parquet(spark: SparkSession, location: str, schema: StructType) -> DataFrame:
+    """The schema's columns of the Parquet data at `location` (an empty frame when there is none)."""
+    if not exists(spark, location):
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(location).select(*schema.fieldNames())
+
+
+def _day(ms_column: str) -> Column:
+    """The UTC day (`YYYY-MM-DD`) of an epoch-milliseconds column: the export's partition."""
+    return F.date_format(F.timestamp_millis(F.col(ms_column)), "yyyy-MM-dd")
+
+
+def export(
+    spark: SparkSession, source: PostgresSource, out: str, since_day: str | None = None
+) -> dict[str, int]:
+    """Write the tables as Parquet under `out` (a path or URI); returns the rows written per table.
+
+    `invalidations` and `events` are partitioned by UTC `day`: each day present in this export
+    replaces that day's partition (a re-run of a day never duplicates it), and days not in it are
+    kept (a new day appends). `since_day` exports only the days from it on (an incremental run).
+    `applied_ranges` is small and updated in place by workers: it is replaced whole."""
     written: dict[str, int] = {}
-    for name, frame in (
-        ("invalidations", load_invalidations(spark, source)),
-        ("events", load_events(spark, source)),
-        ("applied_ranges", load_applied_ranges(spark, source)),
-    ):
+    dated = (("invalidations", load_invalidations(spark, source), "invalidation_ts"),
+             ("events", load_events(spark, source), "received_ts"))  # fmt: skip
+    for name, frame, ts_column in dated:
         log.info("step=export table=%s", name)
-        frame.write.mode("overwrite").parquet(str(out / name))
-        written[name] = spark.read.parquet(str(out / name)).count()
+        frame = frame.withColumn("day", _day(ts_column))
+        if since_day is not None:
+            frame = frame.where(F.col("day") >= F.lit(since_day))
+        frame = frame.persist()
+        written[name] = frame.count()
+        frame.write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy("day").parquet(
+            join(out, name)
+        )
+        frame.unpersist()
+    log.info("step=export table=applied_ranges")
+    ranges = load_applied_ranges(spark, source)
+    ranges.write.mode("overwrite").parquet(join(out, "applied_ranges"))
+    written["applied_ranges"] = spark.read.parquet(join(out, "applied_ranges")).count()
     return written

@@ -30,6 +30,9 @@ Start-up load, and where we differ from Synapse:
 
 Assumptions: instance names are unique among running processes, and a restarted instance's previous
 process is dead. Remove a writer from `writers` only after stopping it.
+
+One module, over 400 lines with this contract: allocation, completion and the start-up load share
+the positions' invariants and the lane, and reading them apart would hide how they meet.
 """
 
 from __future__ import annotations

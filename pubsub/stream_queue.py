@@ -24,6 +24,9 @@ from pubsub.wire import Position
 log = logging.getLogger(__name__)
 MAX_BATCH_ROWS = 10_000
 MAX_APPLY_ROWS = 1_000
+#: At most one read of a stream's sequence per this many seconds, to bound tokens (see `_within_bound`).
+BOUND_REFRESH_S = 0.01
+UNBOUNDED = 1 << 63
 
 #: What a stream's queue holds, in arrival order (plain tuples: one is built and read per received
 #: row). An RDATA line: (generation, writer, token, row, prev, count); token None is a `batch` row,
@@ -49,8 +52,8 @@ class StreamQueue:
     """The reader's state of one stream and the task that processes its queue."""
 
     __slots__ = (
-        "_apply_cb", "_owner", "_ratelog", "announced", "connected", "last_heard", "pending",
-        "positions_only", "queue", "stream", "task", "wake",
+        "_apply_cb", "_bound", "_bound_read_at", "_owner", "_ratelog", "announced", "connected",
+        "last_heard", "pending", "positions_only", "queue", "stream", "task", "wake",
     )  # fmt: skip
 
     def __init__(
@@ -68,6 +71,8 @@ class StreamQueue:
         self._owner = owner
         self._apply_cb = apply
         self._ratelog = RateLimitedLog(log)
+        self._bound = 0  # a token at or below it is one the database can show
+        self._bound_read_at = float("-inf")
 
     def follow(self, writer: str, token: int) -> None:
         """Queue `token` as `writer`'s position on a positions-only stream: merged into the last
@@ -146,8 +151,6 @@ class StreamQueue:
             return
         batch = self.pending.pop(writer, [])
         rows = [*batch, row] if batch else [row]
-        if token > self.announced.get(writer, 0):
-            self.announced[writer] = token
         cur = stream.current_token(writer)
         if token <= cur:
             self._owner.metrics.drop("duplicate")
@@ -157,7 +160,13 @@ class StreamQueue:
             self._owner.metrics.drop("gap")
             self.disconnect(writer)
             return
-        await self._apply(stream, writer, self._take_following(writer, token, rows), rows)
+        last = self._take_following(writer, token, rows)
+        if last > self._bound and not await self._within_bound(writer, last):
+            self.disconnect(writer)  # its next POSITION (if real) catches up from the database
+            return
+        if last > self.announced.get(writer, 0):
+            self.announced[writer] = last
+        await self._apply(stream, writer, last, rows)
 
     def _take_following(self, writer: str, last: int, rows: list[Row]) -> int:
         """Move the single-row tokens queued right behind token `last` of `writer` that continue
@@ -187,13 +196,13 @@ class StreamQueue:
             queue.popleft()
             rows.append(row)
             last = token
-        if last > self.announced.get(writer, 0):
-            self.announced[writer] = last
         return last
 
     async def _process_position(self, cmd: Position, generation: int) -> None:
         writer, stream = cmd.instance, self.stream
         self.pending.pop(writer, None)
+        if cmd.new_token > self._bound and not await self._within_bound(writer, cmd.new_token):
+            return
         if cmd.new_token > self.announced.get(writer, 0):
             self.announced[writer] = cmd.new_token
         cur = stream.current_token(writer)
@@ -240,3 +249,40 @@ class StreamQueue:
                     await result
             except Exception:
                 log.exception("position listener failed: stream=%s instance=%s", stream.name, writer)
+
+    async def _within_bound(self, writer: str, token: int) -> bool:
+        """Whether `token`, above the cached bound, is one the database can show: at most the
+        stream's sequence value (callers test `token > self._bound` first, without a call).
+
+        No writer can have persisted past it, so a line claiming more is forged or corrupt, and
+        following it would stall this reader (it would wait for rows that never come) or, on a
+        writer, poison the position it announces. The bound is cached: a token at or below it
+        costs nothing; one above re-reads the sequence, at most once per BOUND_REFRESH_S (a line
+        arriving sooner waits for that read). A token still above is refused and counted, and the
+        writer's next real line is taken as usual."""
+        loop = asyncio.get_running_loop()
+        wait = self._bound_read_at + BOUND_REFRESH_S - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        self._bound_read_at = loop.time()
+        try:
+            top = await self.stream.max_token()
+        except Exception as e:  # the database is unreachable: nothing can show the token yet
+            self._owner.metrics.drop("bound_unknown")
+            self._ratelog.warning(
+                f"bound:{self.stream.name}",
+                "cannot read the sequence of stream=%s (%s): token %d of %s waits for its next line",
+                self.stream.name, e, token, writer,
+            )  # fmt: skip
+            return False
+        if top is None:  # nothing bounds this stream's tokens: never ask again
+            self._bound = UNBOUNDED
+            return True
+        self._bound = max(self._bound, top)
+        if token <= self._bound:
+            return True
+        self._owner.reject(
+            "beyond_sequence",
+            f"stream={self.stream.name} instance={writer} token={token} sequence={self._bound}",
+        )
+        return False

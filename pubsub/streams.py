@@ -92,6 +92,16 @@ class Stream(Generic[RowT]):
         """Tell the generator `instance` reached wire `token` (monotone: never moves back)."""
         self.generator.advance(instance, token if self.positive else -token)
 
+    async def max_token(self) -> int | None:
+        """The highest wire token any writer of this stream can have reached: the sequence's last
+        value (every ID ever handed out, in flight included). None when the generator cannot say
+        (one held in memory): then nothing bounds a token."""
+        read = getattr(self.generator, "get_max_allocated_token", None)
+        if read is None:
+            return None
+        value = int(await read())
+        return value if self.positive else -value
+
     def positions(self) -> dict[str, int]:
         """Every writer's known position as wire tokens (the stream's vector clock here)."""
         factor = 1 if self.positive else -1

@@ -15,9 +15,15 @@ from typing import cast
 
 import asyncpg
 import pytest
+from hypothesis import HealthCheck, settings
 
 from workers.services import EmbeddedServices, Source
 from workers.storage.migrate import migrate_url
+
+# Tests assert behaviour, never speed (benchmarks measure it): no per-example deadline, which a
+# shared 2-core machine under load would turn into flakes.
+settings.register_profile("fanout", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fanout")
 
 TEMPLATE_DB = "fanout_template"
 

@@ -41,6 +41,7 @@ from pubsub.streams import Stream
 from pubsub.types import Row
 from workers import event_loop
 from workers.config import ConfigError, WorkerConfig
+from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import SyncCaches
@@ -275,6 +276,7 @@ class Worker:
         )
         app = api.application()
         app.middlewares.insert(0, request_timing(self.registry))
+        self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         limits = runner_limits(
             self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes
         )

@@ -95,6 +95,36 @@ class WorkerConfig(BaseSettings):
         description="Seconds a frozen or cut-off process keeps its instance name before Postgres frees it",
     )
     log_format: Literal["text", "json"] = Field("text", description="Log lines as text or one JSON object")
+    instance_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="instance name -> base URL of its HTTP listener (http://host:port): where worker"
+        " requests to the owner of a stream or duty go",
+    )
+    worker_secret: str | None = Field(
+        None,
+        min_length=16,
+        repr=False,
+        description="Shared secret of worker-to-worker requests (/_fanout/internal/...); unset: this"
+        " worker refuses them all and cannot forward any",
+    )
+    worker_request_timeout_s: float = Field(
+        5.0, gt=0, le=120, description="Seconds one worker request may take, retries included"
+    )
+    presence_process_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds after which the presence writer forgets the syncing users of a process"
+        " it has not heard from (one killed without CLEAR_USER_SYNC)",
+    )
+    presence_keepalive_s: float = Field(
+        60.0, gt=0, description="Seconds between a sync worker's re-sends of USER_SYNC start (its keep-alive)"
+    )
+    presence_offline_grace_s: float = Field(
+        30.0, ge=0, description="Seconds a user stays online after their last sync ended"
+    )
+    user_sync_end_delay_s: float = Field(
+        10.0, ge=0, description="Seconds without a new sync before USER_SYNC end is sent (debounce)"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Logging threshold")
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="uvloop (asyncio's own loop when uvloop is not installed) or asyncio"
@@ -135,6 +165,16 @@ class WorkerConfig(BaseSettings):
             if len(set(writers)) != len(writers):
                 raise ValueError(f"stream {stream!r} lists a writer twice")
         return value
+
+    @field_validator("instance_map")
+    @classmethod
+    def _instance_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if not _NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid instance name")
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name}: {url!r} must start with http:// or https://")
+        return {name: url.rstrip("/") for name, url in value.items()}
 
     def writers_of(self, stream: str) -> list[str]:
         """The configured writers of `stream` (empty: nobody may write it)."""

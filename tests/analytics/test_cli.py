@@ -68,16 +68,6 @@ def test_bad_usage_exits_2_with_one_message(
     assert message in err and "Traceback" not in err
 
 
-def test_unreachable_database_exits_2(
-    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from workers.services import free_port
-
-    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"
-    assert analytics.main(["--database-url", url, "--out", str(tmp_path)]) == 2
-    assert f"cannot query {url}" in capsys.readouterr().err
-
-
 def test_jdbc_url() -> None:
     assert analytics.jdbc_url("postgresql://postgres@127.0.0.1:5433/db") == (
         "jdbc:postgresql://127.0.0.1:5433/db",

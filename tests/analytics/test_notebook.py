@@ -70,7 +70,7 @@ def test_notebook_executes(servers: Servers, tmp_path: Path, monkeypatch: pytest
         for o in cell.outputs
         if "image/png" in o.get("data", {})
     ]
-    assert len(images) == 3
+    assert len(images) == 3  # volume over time, savings and hottest caches, applied vs missed
     summary = json.loads((out / "summary.json").read_text())
     # 2000 rows: i % 10 == 0 are batched (200 rows of 4 keys), i % 100 == 98 have keys NULL (20 rows).
     assert summary["totals"]["rows"] == 2000

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ class LocalCluster:
         announce_interval_s: float = 1.0,
         extra_config: dict[str, Any] | None = None,
         log_level: str = "INFO",
+        stream_writers: dict[str, list[str]] | None = None,
     ) -> None:
         self.database_url = database_url
         self.redis_url = redis_url
@@ -60,6 +62,9 @@ class LocalCluster:
         self.announce_interval_s = announce_interval_s
         self.extra_config = extra_config or {}
         self.log_level = log_level
+        #: Writers of the other streams (typing, presence, ...), beside the persisters' events.
+        self.stream_writers = stream_writers or {}
+        self.worker_secret = secrets.token_hex(16)
         self.workers: dict[str, WorkerSpec] = {}
         for i in range(1, persisters + 1):
             self.workers[f"persister{i}"] = WorkerSpec(f"persister{i}", writes_events=True)
@@ -91,14 +96,17 @@ class LocalCluster:
         return self.workdir / f"{name}.log"
 
     def _write_config(self, spec: WorkerSpec) -> None:
-        if spec.port == 0:
-            spec.port = free_port()
+        for other in self.workers.values():  # every URL is known before any worker starts
+            if other.port == 0:
+                other.port = free_port()
         config = {
             "instance_name": spec.name,
             "database_url": self.database_url,
             "redis_url": self.redis_url,
             "channel_prefix": self.channel_prefix,
-            "stream_writers": {"events": self.event_writers},
+            "stream_writers": {"events": self.event_writers, **self.stream_writers},
+            "instance_map": self.urls,
+            "worker_secret": self.worker_secret,
             "http_host": "127.0.0.1",
             "http_port": spec.port,
             "position_announce_interval_s": self.announce_interval_s,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -110,6 +111,8 @@ async def run_demo(
             position, top = await _room_stats_position(database_url)
         if position < top:
             report.problems.append(f"background worker stuck at {position}, events reach {top}")
+        if args.keep:
+            await _serve_until_stopped(cluster, redis_url, database_url)
     finally:
         codes = await cluster.stop()
     bad_exits = {name: code for name, code in codes.items() if code != 0}
@@ -119,6 +122,22 @@ async def run_demo(
     summary["workers"] = list(cluster.workers)
     summary["background_position"] = position
     return summary
+
+
+async def _serve_until_stopped(cluster: LocalCluster, redis_url: str, database_url: str) -> None:
+    """Keep the cluster up for the user (the README's quickstart) until Ctrl-C or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    say("the cluster stays up (Ctrl-C stops it):")
+    for name in cluster.workers:
+        say(f"  {name:<12} {cluster.url(name)}")
+    say(f"  database     {database_url}")
+    say(f"  redis        {redis_url}")
+    await stop.wait()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(signum)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -152,6 +171,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between POSITIONs")
     p.add_argument("--workdir", type=Path, help="where configs, logs and the report go (default: temporary)")
     p.add_argument("--no-audit", action="store_true", help="skip the Spark invalidation audit at the end")
+    p.add_argument("--keep", action="store_true", help="after the checks, keep the cluster up until Ctrl-C")
     args = p.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fanout-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ from workers import event_loop
 from workers.handlers import rooms
 from workers.handlers.persist import MAX_BATCH
 from workers.harness.bench._common import Figure, progress, scratch_database
-from workers.harness.bench.cluster import bench_rooms, drive_persister, insert_raw_batch
+from workers.harness.bench.write_path import bench_rooms, drive_persister, insert_raw_batch
 from workers.model import Event
 from workers.services import given_or_embedded
 from workers.storage import connect
@@ -107,6 +107,9 @@ async def _measure_receive(database_url: str, redis_url: str, events: int, serve
     room_ids = bench_rooms()
     start = stream.current_token("p1")
     warm_up = max(MAX_BATCH, events // 4)
+    # The lines stand for IDs p1 took from the sequence: take them, or readers refuse the tokens
+    # (no writer can be past the sequence).
+    await worker.pool.execute("SELECT setval('events_stream_seq', $1)", start + warm_up + events)
     lines = [(channel, f"POSITION events p1 {start} {start}")]
     for token in range(start + 1, start + warm_up + events + 1):
         event = Event(token, "p1", rooms.new_event_id(), room_ids[token % len(room_ids)], "m.room.message",

@@ -1,0 +1,62 @@
+"""Where the audit reads and writes: a local path or any URI Spark knows (`file://`, `hdfs://`, `s3a://`).
+
+A location stays a string from the command line to Spark: `pathlib.Path("s3a://b/x")` would make
+it `s3a:/b/x`. Spark writes and reads Parquet at any location; the few small files the audit
+writes itself (summary, report, charts) are made in a local directory and, for a remote location,
+copied there through Hadoop's FileSystem (the same credentials and settings Spark uses).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from pyspark.sql import SparkSession
+
+
+def join(base: str, name: str) -> str:
+    """`base/name`, for paths and URIs alike."""
+    return f"{base.rstrip('/')}/{name}"
+
+
+def local_path(location: str) -> Path | None:
+    """The local directory or file `location` names (a plain path or `file://`), else None."""
+    parts = urlsplit(location)
+    if parts.scheme == "":
+        return Path(location)
+    if parts.scheme == "file":
+        return Path(unquote(parts.path))
+    return None
+
+
+def exists(spark: SparkSession, location: str) -> bool:
+    """Whether `location` exists, asking Hadoop's FileSystem for a remote one."""
+    local = local_path(location)
+    if local is not None:
+        return local.exists()
+    path = _hadoop_path(spark, location)
+    return bool(path.getFileSystem(_hadoop_conf(spark)).exists(path))
+
+
+def copy_files(spark: SparkSession, files: list[Path], location: str) -> list[str]:
+    """Copy local `files` into the remote directory `location`; their new locations."""
+    target_dir = _hadoop_path(spark, location)
+    fs = target_dir.getFileSystem(_hadoop_conf(spark))
+    fs.mkdirs(target_dir)
+    copied = []
+    for file in files:
+        target = join(location, file.name)
+        fs.copyFromLocalFile(False, True, _hadoop_path(spark, str(file)), _hadoop_path(spark, target))
+        copied.append(target)
+    return copied
+
+
+def _hadoop_path(spark: SparkSession, location: str) -> Any:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None, "the Spark session has no JVM"
+    return jvm.org.apache.hadoop.fs.Path(location)
+
+
+def _hadoop_conf(spark: SparkSession) -> Any:
+    return spark.sparkContext._jsc.hadoopConfiguration()

@@ -1,0 +1,167 @@
+"""Typing, presence and worker requests between real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.cluster.conftest import MakeCluster
+from workers.harness.cluster import LocalCluster
+
+WRITER = "background1"
+FAST_PRESENCE = {
+    "presence_process_timeout_s": 2.0,
+    "presence_offline_grace_s": 0.5,
+    "presence_keepalive_s": 0.5,
+    "user_sync_end_delay_s": 0.5,
+}
+
+
+async def internal(cluster: LocalCluster, name: str, method: str, path: str, body: Any = None) -> Any:
+    headers = {"Authorization": f"Bearer {cluster.worker_secret}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(
+            method, f"{cluster.url(name)}/_fanout/internal{path}", json=body, headers=headers
+        ) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def metric(cluster: LocalCluster, name: str, family: str, **labels: str) -> float:
+    async with aiohttp.ClientSession() as session, session.get(f"{cluster.url(name)}/metrics") as resp:
+        text = await resp.text()
+    return sum(
+        sample.value
+        for fam in text_string_to_metric_families(text)
+        for sample in fam.samples
+        if sample.name == family and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+async def eventually(check: Callable[[], Any], within_s: float = 15.0) -> Any:
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+async def ephemeral_cluster(make_cluster: MakeCluster) -> LocalCluster:
+    return await make_cluster(
+        persisters=1, sync_workers=2, background_workers=1,
+        stream_writers={"typing": [WRITER], "presence": [WRITER]}, extra_config=FAST_PRESENCE,
+    )  # fmt: skip
+
+
+async def test_typing_across_workers_and_one_resync_after_the_writer_is_killed(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = await ephemeral_cluster(make_cluster)
+    await internal(cluster, WRITER, "PUT", "/typing/!r:x/@u:x", {"typing": True, "timeout": 30_000})
+
+    async def typing_on(name: str) -> Any:
+        return await internal(cluster, name, "GET", "/typing/!r:x")
+
+    await eventually(lambda: _users_are(typing_on("sync2"), ["@u:x"]))
+    fetches = "fanout_ephemeral_catch_up_fetches_total"
+    pubsub_fetches = "fanout_ephemeral_repl_catch_up_fetches_total"  # pubsub's own count
+    before = await metric(cluster, "sync2", fetches, stream="typing")
+    pubsub_before = await metric(cluster, "sync2", pubsub_fetches, stream="typing")
+
+    cluster.kill(WRITER)  # SIGKILL: its typing state is gone
+    await cluster.start([WRITER])
+    # The reader resyncs from the new writer's (empty) snapshot: the room's typing ends.
+    await eventually(lambda: _users_are(typing_on("sync2"), []))
+    await asyncio.sleep(2.0)  # ten announce intervals: later POSITIONs must not fetch again
+    assert await metric(cluster, "sync2", fetches, stream="typing") - before == 1
+    assert await metric(cluster, "sync2", pubsub_fetches, stream="typing") - pubsub_before == 1
+    assert await metric(cluster, "sync2", fetches, stream="typing", answer="reset") >= 1
+    reader_token = (await typing_on("sync2"))["token"]
+    assert reader_token <= (await typing_on(WRITER))["token"]  # a token the writer can serve
+
+    await internal(cluster, WRITER, "PUT", "/typing/!r:x/@v:x", {"typing": True, "timeout": 30_000})
+    await eventually(lambda: _users_are(typing_on("sync1"), ["@v:x"]))
+
+
+async def _users_are(view: Any, users: list[str]) -> bool:
+    return bool((await view)["user_ids"] == users)
+
+
+async def test_sigterm_sends_clear_user_sync_and_a_restart_has_a_new_instance_id(
+    make_cluster: MakeCluster, redis_url: str, channel_prefix: str
+) -> None:
+    cluster = await ephemeral_cluster(make_cluster)
+    first = (await internal(cluster, "sync1", "GET", "/instance"))["instance_id"]
+    assert first.startswith("sync1-")
+    subscriber = aioredis.Redis.from_url(redis_url)
+    pubsub = subscriber.pubsub()
+    await pubsub.subscribe(channel_prefix)
+    try:
+        process = cluster.workers["sync1"].process
+        assert process is not None
+        process.send_signal(signal.SIGTERM)
+        wanted = f"CLEAR_USER_SYNC {first}".encode()
+        deadline = time.monotonic() + 15
+        seen = False
+        while not seen and time.monotonic() < deadline:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            seen = message is not None and wanted in message["data"]
+        assert seen, "no CLEAR_USER_SYNC for the stopping worker"
+        assert await asyncio.to_thread(process.wait, 15) == 0
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await subscriber.aclose()
+    await cluster.start(["sync1"])
+    second = (await internal(cluster, "sync1", "GET", "/instance"))["instance_id"]
+    assert second.startswith("sync1-") and second != first
+
+
+async def test_the_users_of_a_killed_syncing_process_go_offline_after_the_expiry(
+    make_cluster: MakeCluster, redis_url: str, channel_prefix: str
+) -> None:
+    cluster = await ephemeral_cluster(make_cluster)
+    syncing = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.cluster.syncing_process",
+        redis_url,
+        channel_prefix,
+        "sync9",
+        "@k:x",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert syncing.stdout is not None
+        instance_id = (await asyncio.wait_for(syncing.stdout.readline(), 30)).decode().strip()
+        assert instance_id.startswith("sync9-")
+
+        async def presence() -> str:
+            return str((await internal(cluster, WRITER, "GET", "/presence/@k:x"))["presence"])
+
+        await eventually(lambda: _is(presence(), "online"))
+        await asyncio.sleep(2.5)  # beyond the process timeout: its keep-alives hold the user online
+        assert await presence() == "online"
+        syncing.kill()  # no CLEAR_USER_SYNC
+        killed = time.monotonic()
+        await eventually(lambda: _is(presence(), "offline"))
+        assert time.monotonic() - killed >= 1.0  # by the expiry (2 s after its last keep-alive)
+    finally:
+        if syncing.returncode is None:
+            syncing.kill()
+        await syncing.wait()
+
+
+async def _is(value: Any, expected: str) -> bool:
+    return bool(await value == expected)

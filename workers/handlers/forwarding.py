@@ -1,0 +1,61 @@
+"""What handlers need to hand an operation to the instance that owns it (a stream's writer).
+
+The transport is `workers.http.requests.WorkerRequests`; handlers see only the `Forwarder`
+protocol and these errors, so they never import the HTTP edge.
+
+Errors, and what the client API should answer:
+* `OwnerUnavailable`: the owner is down, unreachable or shutting down after the bounded retries,
+  or has no URL configured -> 503 with `Retry-After: <retry_after_s>` (errcode M_UNAVAILABLE
+  or similar); the client retries later.
+* `ForwardRefused`: the owner answered 4xx -> pass `status` and `body` on (its errcode stands).
+  A 401/403 here means the workers' `worker_secret` differ: a configuration error, logged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class WorkerRequestError(Exception):
+    """Base of the worker-request errors."""
+
+
+class OwnerUnavailable(WorkerRequestError):
+    """The owner could not answer now; try again after `retry_after_s` seconds."""
+
+    def __init__(self, owner: str, reason: str, retry_after_s: int = 2) -> None:
+        super().__init__(f"{owner} is unavailable ({reason}); retry in {retry_after_s}s")
+        self.owner = owner
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class ForwardRefused(WorkerRequestError):
+    """The owner refused the request (4xx); `body` is its JSON error."""
+
+    def __init__(self, owner: str, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"{owner} refused the request: {status} {body}")
+        self.owner = owner
+        self.status = status
+        self.body = body
+
+
+class Forwarder(Protocol):
+    """Sends one request to `owner` and returns its JSON answer (an object).
+
+    `endpoint` names the operation for metrics (bounded set of names, never an ID). Only
+    `idempotent` requests are retried once they may have reached the owner; a connection that
+    was never made is retried in any case. Raises `OwnerUnavailable` or `ForwardRefused`.
+    """
+
+    async def request(
+        self,
+        owner: str,
+        endpoint: str,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        idempotent: bool,
+    ) -> dict[str, Any]: ...
