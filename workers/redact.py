@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 # scheme://user:password@  (the password is anything up to the last '@' of the authority)
+_SECRET_KEY = re.compile(r"secret|password", re.IGNORECASE)
 _URL_PASSWORD = re.compile(r"^(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^:/@]*:)(?P<secret>[^/]*)@")
 
 
@@ -15,11 +16,15 @@ def redact_url(value: str) -> str:
 
 
 def redact(value: Any) -> Any:
-    """A copy of a JSON-shaped value with every URL password redacted (strings at any depth)."""
+    """A copy of a JSON-shaped value with every URL password redacted (strings at any depth), and
+    the value of every key that names a secret or password replaced by '***'."""
     if isinstance(value, str):
         return redact_url(value)
     if isinstance(value, dict):
-        return {key: redact(item) for key, item in value.items()}
+        return {
+            key: "***" if _SECRET_KEY.search(str(key)) and item is not None else redact(item)
+            for key, item in value.items()
+        }
     if isinstance(value, list):
         return [redact(item) for item in value]
     return value

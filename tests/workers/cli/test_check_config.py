@@ -33,14 +33,17 @@ def test_check_config_prints_no_password(tmp_path: Path) -> None:
                 "database_url": "postgresql://app:db-secret@127.0.0.1:5432/fanout",
                 "redis_url": "redis://fanout:redis-secret@127.0.0.1:6379",
                 "stream_writers": {"events": ["w1"]},
+                "worker_secret": "worker-secret-0123456789",
             }
         )
     )
     result = subprocess.run(
         [FANOUT, "check-config", str(path)], capture_output=True, text=True, check=True, timeout=60
     )
-    assert "secret" not in result.stdout
+    assert "db-secret" not in result.stdout and "redis-secret" not in result.stdout
+    assert "worker-secret-0123456789" not in result.stdout
     printed = json.loads(result.stdout)
+    assert printed["worker_secret"] == "***"
     assert printed["database_url"] == "postgresql://app:***@127.0.0.1:5432/fanout"
     assert printed["redis_url"] == "redis://fanout:***@127.0.0.1:6379"
 
