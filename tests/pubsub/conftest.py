@@ -133,6 +133,20 @@ def update_function(
 NodeFactory = Callable[..., Awaitable[Node]]
 
 
+async def publish_raw(redis_url: str, channel_prefix: str, lines: Sequence[bytes | str]) -> None:
+    """Publish `lines` on the cluster's base channel with a plain client, as a forger would."""
+    import redis.asyncio as aioredis
+
+    from pubsub import keys
+
+    raw = aioredis.Redis.from_url(redis_url)
+    try:
+        for line in lines:
+            await raw.publish(keys.base_channel(channel_prefix), line)
+    finally:
+        await raw.aclose()
+
+
 @pytest.fixture
 async def test_stream_db(db_pool: asyncpg.Pool) -> asyncpg.Pool:
     async with db_pool.acquire() as conn:

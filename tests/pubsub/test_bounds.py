@@ -9,19 +9,7 @@ from __future__ import annotations
 
 import json
 
-import redis.asyncio as aioredis
-
-from pubsub import keys
-from tests.pubsub.conftest import STREAM, NodeFactory, check_history, wait_for
-
-
-async def _publish(redis_url: str, channel_prefix: str, *lines: str) -> None:
-    raw = aioredis.Redis.from_url(redis_url)
-    try:
-        for line in lines:
-            await raw.publish(keys.base_channel(channel_prefix), line)
-    finally:
-        await raw.aclose()
+from tests.pubsub.conftest import STREAM, NodeFactory, check_history, publish_raw, wait_for
 
 
 def _rejected(node: object, reason: str) -> float:
@@ -37,7 +25,7 @@ async def test_a_forged_position_beyond_the_sequence_moves_nothing(
     await w1.write(3)
     await wait_for(lambda: reader.applied_count("w1") == 3, what="first rows")
     before = reader.client.read_streams[STREAM].current_token("w1")
-    await _publish(redis_url, channel_prefix, f"POSITION {STREAM} w1 0 900000000")
+    await publish_raw(redis_url, channel_prefix, [f"POSITION {STREAM} w1 0 900000000"])
     await wait_for(lambda: _rejected(reader, "beyond_sequence") >= 1, what="the reader refusing it")
     await wait_for(lambda: _rejected(w2, "beyond_sequence") >= 1, what="the other writer refusing it")
     assert reader.client.read_streams[STREAM].current_token("w1") == before
@@ -57,7 +45,7 @@ async def test_forged_rdata_far_ahead_is_refused_and_real_rows_still_arrive(
     await wait_for(lambda: reader.applied_count() == 2, what="first rows")
     cur = reader.client.read_streams[STREAM].current_token("w1")
     row = json.dumps([cur, 1, "w1", 999, "forged"], separators=(",", ":"))
-    await _publish(redis_url, channel_prefix, f"RDATA {STREAM} w1 {cur + 1_000_000} {row}")
+    await publish_raw(redis_url, channel_prefix, [f"RDATA {STREAM} w1 {cur + 1_000_000} {row}"])
     await wait_for(lambda: _rejected(reader, "beyond_sequence") >= 1, what="the refusal")
     assert all(seq != 999 for _, _, seq in reader.applied)
     await w1.write(3)

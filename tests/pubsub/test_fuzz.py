@@ -14,16 +14,14 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pubsub import keys
 from pubsub.handler import ReplicationHandler
 from pubsub.metrics import ReplicationMetrics
 from pubsub.streams import Stream, StreamRegistry
 from pubsub.wire import MAX_TOKEN
-from tests.pubsub.conftest import STREAM, NodeFactory, check_history, wait_for
+from tests.pubsub.conftest import STREAM, NodeFactory, check_history, publish_raw, wait_for
 from tests.pubsub.fakes import MemoryTable, Row, memory_stream
 
 WRITERS = ["w1", "w2", "me"]
@@ -137,12 +135,7 @@ async def test_generated_lines_on_the_channel_then_real_rows_are_delivered(
     strategy = st.lists(lines, min_size=300, max_size=300)
     rng = random.Random(11)
     batch = [line.replace(b" s ", f" {STREAM} ".encode(), 1) for line in _sample(strategy, rng)]
-    raw = aioredis.Redis.from_url(redis_url)
-    try:
-        for line in batch:
-            await raw.publish(keys.base_channel(channel_prefix), line)
-    finally:
-        await raw.aclose()
+    await publish_raw(redis_url, channel_prefix, batch)
     await writer.write(20)
     await wait_for(lambda: reader.applied_count() == 23, what="rows written after the generated lines")
     check_history(reader.applied, {"w1": writer.written})
