@@ -18,6 +18,10 @@ readers. The persister keeps the same order for its own writes.
 
 SIGTERM/SIGINT: stop taking requests (503), finish queued writes, announce final positions, close,
 exit 0.
+
+Over 400 lines, one class: each start-up phase has its undo in `stop()`, which runs whatever
+started (also after a failed start), and the two read best side by side. What a phase does lives
+in its own module (handlers, storage, streams, http); this module only orders them.
 """
 
 from __future__ import annotations
