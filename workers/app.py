@@ -50,11 +50,14 @@ from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import SyncCaches
 from workers.handlers.invalidation_retention import InvalidationRetentionTask
+from workers.handlers.messages import Messages
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.room_stats import RoomStatsTask
+from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler
+from workers.http.accounts import AccountSettings
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.health import ReadinessCollector, health_routes
 from workers.http.limits import runner_limits
@@ -264,15 +267,25 @@ class Worker:
         )  # fmt: skip
 
     async def _serve(self) -> None:
+        config = self.config
+        self.room_writes = RoomWrites(
+            self.name, self.writers(EVENTS), self.pool, self.persister, self.backfill_persister,
+            self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
+        )  # fmt: skip
+        reads = config.serve_reads
         api = ClientApi(
             ApiDeps(
-                instance_name=self.name,
                 pool=self.pool,
-                event_writers=self.writers(EVENTS),
-                persister=self.persister,
-                backfill=self.backfill_persister,
-                sync=self.sync if self.config.serve_reads else None,
-                room_views=self.room_views,
+                accounts=AccountSettings(
+                    config.server_name, config.enable_registration, config.registration_shared_secret
+                ),
+                writes=self.room_writes,
+                sync=self.sync if reads else None,
+                messages=Messages(
+                    self.pool, self.caches, self.writers(EVENTS), self.sync.decode, self.sync.current_token
+                )
+                if reads
+                else None,
                 metrics=self.registry,
                 health=self.health,
                 accepting=lambda: self._accepting,
@@ -281,6 +294,8 @@ class Worker:
         app = api.application()
         app.middlewares.insert(0, request_timing(self.registry))
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
+        self.room_writes.forwarder = self.ephemeral.requests
+        app.add_routes(self.ephemeral.internal.room_routes(self.room_writes))
         limits = runner_limits(
             self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes
         )

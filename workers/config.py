@@ -35,6 +35,23 @@ class WorkerConfig(BaseSettings):
     instance_name: str = Field(description="Stable name of this worker, unique in the cluster")
     database_url: str = Field(description="postgresql://user[:password]@host:port/database")
     redis_url: str = Field(description="redis://, rediss:// (TLS) or unix://; user:password@ for ACLs")
+    server_name: str = Field(
+        "localhost",
+        pattern=r"^[A-Za-z0-9.\-]+(:[0-9]{1,5})?$",
+        description="The Matrix server name: user ids are @name:<server_name>, room ids !id:<server_name>",
+    )
+    enable_registration: bool = Field(
+        True,
+        description="Let anyone register an account with POST /register (m.login.dummy); false:"
+        " only the shared-secret admin registration creates accounts",
+    )
+    registration_shared_secret: str | None = Field(
+        None,
+        min_length=16,
+        repr=False,
+        description="Secret of POST /_synapse/admin/v1/register (HMAC-SHA1, as Synapse's);"
+        " unset: that endpoint is off",
+    )
     channel_prefix: str = Field("fanout", description="Pub/sub channel (and key) prefix of this cluster")
     stream_writers: dict[str, list[str]] = Field(
         default_factory=dict, description="stream name -> instance names allowed to write it"

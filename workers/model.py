@@ -114,6 +114,32 @@ class Event(NamedTuple):
         )
         return stored, row
 
+    def matrix(self, *, room_id: bool = True) -> dict[str, Any]:
+        """The event in the client-server API's format (`room_id` left out inside a sync room,
+        where the spec omits it)."""
+        body: dict[str, Any] = {
+            "type": self.type,
+            "content": self.content,
+            "event_id": self.event_id,
+            "sender": self.sender,
+            "origin_server_ts": self.received_ts,
+            "unsigned": {},
+        }
+        if room_id:
+            body["room_id"] = self.room_id
+        if self.state_key is not None:
+            body["state_key"] = self.state_key
+        return body
+
+    def stripped(self) -> dict[str, Any]:
+        """The stripped state form (invites): type, state_key, content, sender."""
+        return {
+            "type": self.type,
+            "state_key": self.state_key or "",
+            "content": self.content,
+            "sender": self.sender,
+        }
+
     def client_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "event_id": self.event_id,

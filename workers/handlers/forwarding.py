@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+#: The errcode an owner answers a refused worker secret with (not a Matrix one: clients never see
+#: it; the forwarding worker turns it into a 503).
+WORKER_AUTH_ERRCODE = "IO.FANOUT.WORKER_AUTH"
+
 
 class WorkerRequestError(Exception):
     """Base of the worker-request errors."""

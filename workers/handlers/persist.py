@@ -36,7 +36,7 @@ from idgen import MultiWriterIdGenerator
 from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
 from workers.model import CacheInvalidation, Event, NewEvent, StateChanges
-from workers.storage.events import insert_batch, needs_transaction
+from workers.storage.events import events_by_ids, insert_batch, needs_transaction
 
 log = logging.getLogger(__name__)
 #: Events per batch at most: past this, bigger batches stopped paying off in `fanout bench cluster`.
@@ -174,12 +174,17 @@ class EventPersister:
     async def _run_batch(self, batch: list[_Pending], allocated: asyncio.Future[None]) -> None:
         try:
             await self._persist_batch(batch, allocated)
+        except asyncpg.UniqueViolationError as e:
+            # A retried send whose event exists (its id comes from the client's transaction id).
+            # Rare: answer those with the stored event and queue the rest again, first in line.
+            rest = await self._answer_existing(batch)
+            if len(rest) == len(batch):
+                self._fail(batch, e)
+            elif rest:
+                self._queue.extendleft(reversed(rest))
+                self._queued(len(rest))
         except Exception as e:
-            self.failed_batches += 1
-            log.exception("batch failed events=%d", len(batch))
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(e)
+            self._fail(batch, e)
         finally:
             if not allocated.done():
                 allocated.set_result(None)
@@ -187,6 +192,26 @@ class EventPersister:
             self._unfinished -= len(batch)
             if not self._unfinished and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
+
+    def _fail(self, batch: list[_Pending], error: Exception) -> None:
+        self.failed_batches += 1
+        log.error("batch failed events=%d: %s", len(batch), error, exc_info=error)
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(error)
+
+    async def _answer_existing(self, batch: list[_Pending]) -> list[_Pending]:
+        """Resolve the requests whose event id is already stored with the stored event; the rest."""
+        async with self._pool.acquire() as conn:
+            stored = await events_by_ids(conn, [new.event_id for new, _ in batch])
+        rest: list[_Pending] = []
+        for new, future in batch:
+            event = stored.get(new.event_id)
+            if event is None:
+                rest.append((new, future))
+            elif not future.done():
+                future.set_result(event)
+        return rest
 
     async def _persist_batch(self, batch: list[_Pending], allocated: asyncio.Future[None]) -> None:
         now = int(time.time() * 1000)

@@ -10,6 +10,7 @@ a persister's CPU under HTTP load, and a round trip per event is what batching i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from typing import Any
 
 import asyncpg
 
+from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers.caches import EventLike, LruCache
 from workers.model import MEMBER_EVENT, MEMBERSHIPS, NewEvent
@@ -25,6 +27,7 @@ from workers.storage import Conn
 
 CREATE_EVENT = "m.room.create"
 JOIN_RULES_EVENT = "m.room.join_rules"
+POWER_LEVELS_EVENT = "m.room.power_levels"
 JOIN_RULES = frozenset({"public", "invite"})
 
 
@@ -145,8 +148,10 @@ def check(event: NewEvent, view: RoomView) -> None:
         if event.state_key == event.sender:
             if view.sender_membership not in ("join", "invite"):
                 raise Forbidden(f"{event.sender} is not in {event.room_id}")
-        elif view.sender_membership != "join" or view.target_membership not in ("join", "invite"):
-            raise Forbidden("kicking needs the sender joined and the target in the room")
+        elif view.sender_membership != "join" or view.target_membership not in ("join", "invite", "ban"):
+            raise Forbidden(
+                "kicking (or unbanning) needs the sender joined and the target in the room (or banned)"
+            )
     elif membership in ("invite", "ban"):
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
@@ -161,18 +166,141 @@ def new_event_id() -> str:
     return "$" + random.getrandbits(128).to_bytes(16, "big").hex()  # half the time of f"{:032x}"
 
 
-def new_room_id() -> str:
-    return f"!{random.getrandbits(72):018x}"
+def txn_event_id(room_id: str, sender: str, device_id: str | None, txn_id: str) -> str:
+    """The event id of a send with a client transaction id: a hash of (room, sender, device, txn).
+
+    The same request retried gets the same id, and `events.event_id` is unique, so a retry can
+    never persist a second event, whatever happened to the persister in between (the persister
+    answers a retry whose event exists with the stored one)."""
+    key = "\0".join((room_id, sender, device_id or "", txn_id)).encode()
+    return "$" + hashlib.blake2b(key, digest_size=16, person=b"fanout-txn").hexdigest()
 
 
-def create_room_events(creator: str, join_rule: str, room_id: str | None = None) -> list[NewEvent]:
-    """The events that make a room: create, the creator's join, the join rule."""
-    if join_rule not in JOIN_RULES:
-        raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
-    room = room_id or new_room_id()
-    content: dict[str, Any] = {"creator": creator}
-    return [
-        NewEvent(new_event_id(), room, CREATE_EVENT, creator, content, ""),
-        NewEvent(new_event_id(), room, MEMBER_EVENT, creator, {"membership": "join"}, creator),
-        NewEvent(new_event_id(), room, JOIN_RULES_EVENT, creator, {"join_rule": join_rule}, ""),
+SUPPORTED_ROOM_VERSIONS = ("10", "11")
+DEFAULT_ROOM_VERSION = "10"
+#: createRoom presets: (join rule, guest access).
+PRESETS = {
+    "private_chat": ("invite", "can_join"),
+    "trusted_private_chat": ("invite", "can_join"),
+    "public_chat": ("public", "forbidden"),
+}
+#: The visibility the cluster enforces in every room (see docs/api.md).
+HISTORY_VISIBILITY = "joined"
+
+
+class UnsupportedRoomVersion(BadEvent):
+    """createRoom asked for a room version this server does not speak (400 M_UNSUPPORTED_ROOM_VERSION)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoomPlan:
+    """What createRoom will write: the room's first events, in order, and the alias to claim."""
+
+    room_id: str
+    events: list[NewEvent]
+    alias: str | None
+
+
+def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
+    value = body.get(key, {})
+    if not isinstance(value, dict):
+        raise BadEvent(f"{key} must be an object")
+    return value
+
+
+def plan_room(body: dict[str, Any], creator: str, room_id: str, server_name: str) -> RoomPlan:
+    """The events of a createRoom request body (the spec's order: create, the creator's join, power
+    levels, alias, preset, initial_state, name, topic, invites). Raises BadEvent."""
+    visibility = body.get("visibility", "private")
+    if visibility not in ("public", "private"):
+        raise BadEvent("visibility must be public or private")
+    preset = body.get("preset", "public_chat" if visibility == "public" else "private_chat")
+    if preset not in PRESETS:
+        raise BadEvent(f"preset must be one of {sorted(PRESETS)}")
+    version = body.get("room_version", DEFAULT_ROOM_VERSION)
+    if version not in SUPPORTED_ROOM_VERSIONS:
+        raise UnsupportedRoomVersion(
+            f"room version {version!r} is not one of {list(SUPPORTED_ROOM_VERSIONS)}"
+        )
+    invites = body.get("invite", [])
+    if not isinstance(invites, list) or not all(isinstance(u, str) for u in invites):
+        raise BadEvent("invite must be a list of user ids")
+    for user in invites:
+        try:
+            identifiers.check_user_id(user)
+        except ValueError as e:
+            raise BadEvent(str(e)) from None
+    initial = body.get("initial_state", [])
+    if not isinstance(initial, list) or not all(
+        isinstance(e, dict)
+        and isinstance(e.get("type"), str)
+        and isinstance(e.get("state_key", ""), str)
+        and isinstance(e.get("content"), dict)
+        for e in initial
+    ):
+        raise BadEvent("initial_state must be a list of {type, state_key, content}")
+    create_content = {**_object(body, "creation_content"), "room_version": version}
+    if version != "11":
+        create_content["creator"] = creator
+    join_rule, guest_access = PRESETS[preset]
+    users = {creator: 100}
+    if preset == "trusted_private_chat":
+        users |= {user: 100 for user in invites}
+    power = {
+        "users": users, "users_default": 0, "events_default": 0, "state_default": 50,
+        "ban": 50, "kick": 50, "redact": 50, "invite": 0, "notifications": {"room": 50},
+        "events": {
+            "m.room.name": 50, "m.room.power_levels": 100, "m.room.history_visibility": 100,
+            "m.room.canonical_alias": 50, "m.room.avatar": 50, "m.room.tombstone": 100,
+            "m.room.server_acl": 100, "m.room.encryption": 100,
+        },
+        **_object(body, "power_level_content_override"),
+    }  # fmt: skip
+    alias = None
+    alias_name = body.get("room_alias_name")
+    if alias_name is not None:
+        if not isinstance(alias_name, str):
+            raise BadEvent("room_alias_name must be a string")
+        try:
+            alias = identifiers.check_alias(f"#{alias_name}:{server_name}")
+        except ValueError as e:
+            raise BadEvent(str(e)) from None
+
+    def state(kind: str, content: dict[str, Any], key: str = "", sender: str = creator) -> NewEvent:
+        return NewEvent(new_event_id(), room_id, kind, sender, content, key)
+
+    events = [
+        state(CREATE_EVENT, create_content),
+        state(MEMBER_EVENT, {"membership": "join"}, creator),
+        state(POWER_LEVELS_EVENT, power),
     ]
+    if alias is not None:
+        events.append(state("m.room.canonical_alias", {"alias": alias}))
+    overridden = {(e["type"], e.get("state_key", "")) for e in initial}
+    for kind, content in (
+        (JOIN_RULES_EVENT, {"join_rule": join_rule}),
+        ("m.room.history_visibility", {"history_visibility": HISTORY_VISIBILITY}),
+        ("m.room.guest_access", {"guest_access": guest_access}),
+    ):
+        if (kind, "") not in overridden:
+            events.append(state(kind, content))
+    for item in initial:
+        if item["type"] in (CREATE_EVENT, MEMBER_EVENT):
+            raise BadEvent(f"initial_state may not hold {item['type']}")
+        events.append(state(item["type"], item["content"], item.get("state_key", "")))
+    for key, kind, field_name in (("name", "m.room.name", "name"), ("topic", "m.room.topic", "topic")):
+        value = body.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise BadEvent(f"{key} must be a string")
+            events.append(state(kind, {field_name: value}))
+    for event in events:
+        if event.type == JOIN_RULES_EVENT and event.content.get("join_rule") not in JOIN_RULES:
+            raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+    is_direct = body.get("is_direct") is True
+    for user in dict.fromkeys(invites):
+        invite: dict[str, Any] = {"membership": "invite"}
+        if is_direct:
+            invite["is_direct"] = True
+        events.append(state(MEMBER_EVENT, invite, user))
+    return RoomPlan(room_id, events, alias)

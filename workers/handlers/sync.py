@@ -11,6 +11,10 @@ Visibility: an event is visible when the user's membership just after it is `joi
 is the user's own membership event (so they see their own leave). Every event of a room is written
 by one persister (workers.routing), so when `now` covers an event it covers every earlier
 membership change of that room too.
+
+The answer is the Matrix `/sync` body (`workers.handlers.sync_rooms` sorts the events into its
+`rooms.join`, `rooms.invite` and `rooms.leave`). An initial sync (no `since`) answers at once with
+every joined room's recent timeline and state, and the invites.
 """
 
 from __future__ import annotations
@@ -24,12 +28,19 @@ import asyncpg
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
+from workers.handlers.sync_filter import SyncFilter
+from workers.handlers.sync_rooms import RoomSections, empty_response
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import events as store
 
 #: The streams a sync token has a component for, in text order.
 SYNC_STREAMS = ("events", "caches")
 CATCH_UP_WAIT_S = 10.0
+#: The state events an invitee is shown (with the member events, filtered to theirs).
+STRIPPED_STATE = frozenset(
+    {"m.room.create", "m.room.join_rules", "m.room.name", "m.room.avatar", "m.room.canonical_alias",
+     "m.room.topic", "m.room.encryption"}
+)  # fmt: skip
 
 
 class SyncHandler:
@@ -68,20 +79,27 @@ class SyncHandler:
         """Parse a client's token; InvalidTokenError if malformed or naming unknown instances."""
         return await self._instance_map.decode_sync_token(text, SYNC_STREAMS)
 
-    async def sync(self, user_id: str, since_text: str | None, timeout_s: float) -> dict[str, Any]:
-        """Events after `since` (waiting up to `timeout_s` for some), and `next_batch`.
-
-        Without `since` this is an initial sync: no events, just the current token to start from.
-        """
+    async def sync(
+        self,
+        user_id: str,
+        since_text: str | None,
+        timeout_s: float,
+        *,
+        full_state: bool = False,
+        sync_filter: SyncFilter | None = None,
+    ) -> dict[str, Any]:
+        """The Matrix /sync body: what changed after `since` (waiting up to `timeout_s` for
+        something), or, without `since`, the initial sync. InvalidTokenError for a malformed token."""
         self.syncs += 1
+        sync_filter = sync_filter or SyncFilter()
         if since_text is None:
-            return {"events": [], "next_batch": await self.encode(self.current_token())}
+            return await self._initial(user_id, sync_filter)
         since = await self.decode(since_text)
         since = await self._bounded(since)
         if not await self._wait_until_covered(since):
-            # We are behind the client and did not catch up in time: an empty answer, same token.
+            # We are behind the client and did not catch up in time: nothing new, same token.
             self.behind_timeouts += 1
-            return {"events": [], "next_batch": since_text}
+            return empty_response(since_text)
         deadline = time.monotonic() + timeout_s
         while True:
             # The token first, then the caches: whatever a cache returns now reflects every row up to
@@ -92,23 +110,63 @@ class SyncHandler:
             user_rooms = await self._caches.rooms_for_user.get(user_id)
             with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
                 events, now = await self._events_between(user_id, user_rooms, since, now)
+                events = [e for e in events if sync_filter.includes(e.room_id)]
                 remaining = deadline - time.monotonic()
-                if events or remaining <= 0 or self.closing:
-                    return {
-                        "events": [e.client_dict() for e in events],
-                        "next_batch": await self.encode(now),
-                    }
+                if events or full_state or remaining <= 0 or self.closing:
+                    sections = RoomSections(user_id, sync_filter.timeline_limit)
+                    sections.add_window(events)
+                    if full_state:
+                        sections.want_full_state(r for r in _joined(user_rooms) if sync_filter.includes(r))
+                    await sections.load_state(self._state_events, self._invite_state)
+                    return sections.response(await self.encode(now))
                 if self._notifier.generation == moved:
                     # Registered before anything newer than `now` could notify: no lost wake-up.
                     await waiter.wait(remaining)
 
-    async def room_state(self, user_id: str, room_id: str) -> list[tuple[tuple[str, str], str]] | None:
+    async def _initial(self, user_id: str, sync_filter: SyncFilter) -> dict[str, Any]:
+        """Every joined room with its recent timeline (from the user's latest join on) and state,
+        and every pending invite, as of the current token."""
+        now = self.current_token()
+        user_rooms = await self._caches.rooms_for_user.get(user_id)
+        events = now.get("events")
+        positions = {w: events.get_stream_pos_for_instance(w) for w in (*self._writers, *events.instance_map)}
+        sections = RoomSections(user_id, sync_filter.timeline_limit)
+        async with self._pool.acquire() as conn:
+            for room_id, history in sorted(user_rooms.history.items()):
+                if not sync_filter.includes(room_id) or not history:
+                    continue
+                position, membership = history[-1]
+                if membership == "invite":
+                    sections.add_invite(room_id)
+                elif membership == "join":
+                    recent = await store.room_events(
+                        conn, room_id, after=position - 1, positions=positions,
+                        default_position=events.stream, descending=True,
+                        limit=sync_filter.timeline_limit + 1,
+                    )  # fmt: skip
+                    sections.add_joined_room(room_id, recent[::-1])
+        await sections.load_state(self._state_events, self._invite_state)
+        return sections.response(await self.encode(now))
+
+    async def _state_events(self, room_id: str) -> list[Event]:
+        """The room's current state as events."""
+        state = await self._caches.current_state.get(room_id)
+        async with self._pool.acquire() as conn:
+            found = await store.events_by_ids(conn, list(state.values()))
+        return [found[i] for _, i in sorted(state.items()) if i in found]
+
+    async def _invite_state(self, room_id: str) -> list[Event]:
+        """The state an invitee may see of a room (`RoomSections` keeps only their own member event)."""
+        return [
+            e for e in await self._state_events(room_id) if e.type in STRIPPED_STATE or e.type == MEMBER_EVENT
+        ]
+
+    async def room_state(self, user_id: str, room_id: str) -> list[Event] | None:
         """The room's current state, or None when the user is not joined."""
         async with self._pool.acquire() as conn:
             if await store.membership(conn, user_id, room_id) != "join":
                 return None
-        state = await self._caches.current_state.get(room_id)
-        return sorted(state.items())
+        return await self._state_events(room_id)
 
     async def _bounded(self, since: SyncToken) -> SyncToken:
         """Clamp components beyond anything ever allocated (a forged or pre-reset token)."""
@@ -163,3 +221,7 @@ def _visible(event: Event, user_id: str, history: dict[str, tuple[tuple[int, str
     changes = history.get(event.room_id, ())
     index = bisect.bisect_right(changes, (event.stream_ordering, "\uffff")) - 1
     return index >= 0 and changes[index][1] == "join"
+
+
+def _joined(user_rooms: UserRooms) -> list[str]:
+    return [r for r, history in user_rooms.history.items() if history and history[-1][1] == "join"]

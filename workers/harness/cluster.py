@@ -2,8 +2,10 @@
 
 Each worker is `python -m workers.cli worker --config <file>` with its own YAML file, log file and
 free HTTP port, started with PR_SET_PDEATHSIG so none outlives the launcher. `start()` returns once
-every worker's /health says ready. Roles as a deployment would give them: persisters only write
-(`serve_reads: false`), sync workers serve reads, background workers run their tasks.
+every worker's /health says ready. Roles: persisters write the events stream, sync workers serve
+reads, background workers run their tasks; every worker serves the whole client API (a client may
+talk to any of them). `write_only_persisters=True` makes the persisters `serve_reads: false`, as a
+deployment that keeps clients' reads off its writers would.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ class LocalCluster:
         extra_config: dict[str, Any] | None = None,
         log_level: str = "INFO",
         stream_writers: dict[str, list[str]] | None = None,
+        write_only_persisters: bool = False,
     ) -> None:
+        self.write_only_persisters = write_only_persisters
         self.database_url = database_url
         self.redis_url = redis_url
         self.workdir = workdir
@@ -111,7 +115,7 @@ class LocalCluster:
             "http_port": spec.port,
             "position_announce_interval_s": self.announce_interval_s,
             "background_tasks": spec.background_tasks,
-            "serve_reads": not spec.writes_events,
+            "serve_reads": not (spec.writes_events and self.write_only_persisters),
             "log_level": self.log_level,
             **self.extra_config,
         }

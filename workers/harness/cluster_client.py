@@ -1,20 +1,26 @@
-"""An HTTP client for the worker API, used by the demo, the benchmarks and the tests.
+"""A Matrix client for the cluster, used by the demo, the load generator, the benchmarks and tests.
 
-It knows the cluster's layout (instance -> base URL, the events writers in configured order), so
-it sends each room's writes straight to the persister that owns the room (workers.routing).
+It speaks only the client-server API (`/_matrix/client/v3`) and knows nothing of routing: every
+call goes to the worker named by `via`, or to a worker chosen at random. `sync` asks for
+timelines of up to `timeline_limit` events per room (the harness wants every event, not the
+spec's "recent" few) and `timeline_events` flattens an answer to its events with their room ids.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+import random
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
 from workers.errors import WorkerError
-from workers.routing import writer_for_room
+
+CLIENT = "/_matrix/client/v3"
+PASSWORD = "fanout-harness-password"
 
 
 class RequestRefused(WorkerError):
@@ -25,25 +31,50 @@ class RequestRefused(WorkerError):
         self.status = status
         self.body = body
 
+    @property
+    def errcode(self) -> str | None:
+        return self.body.get("errcode") if isinstance(self.body, dict) else None
+
+
+def timeline_events(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every timeline event of a /sync answer (joined and left rooms), each with its `room_id`."""
+    out: list[dict[str, Any]] = []
+    for section in ("join", "leave"):
+        for room_id, room in body.get("rooms", {}).get(section, {}).items():
+            out += [{**event, "room_id": room_id} for event in room.get("timeline", {}).get("events", [])]
+    return out
+
+
+def _q(value: str) -> str:
+    return quote(value, safe="")
+
 
 class ClusterClient:
-    """One user's view of the cluster: `token` authenticates every call once `register` ran."""
+    """One user's view of the cluster: `token` authenticates every call once `register` ran.
+
+    `urls` maps worker names to base URLs; `event_writers` is kept for callers that report on
+    placement, never used for routing."""
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         urls: Mapping[str, str],
-        event_writers: Sequence[str],
+        event_writers: Sequence[str] = (),
         *,
         user_id: str | None = None,
         token: str | None = None,
+        timeline_limit: int = 1000,
     ) -> None:
         self.session = session
         self.urls = dict(urls)
         self.event_writers = list(event_writers)
         self.user_id = user_id
         self.token = token
-        self._writers_cycle = itertools.cycle(self.event_writers)
+        self.device_id: str | None = None
+        self.timeline_limit = timeline_limit
+
+    def _url(self, via: str | None) -> str:
+        return self.urls[via] if via is not None else random.choice(list(self.urls.values()))
 
     async def _call(self, method: str, url: str, body: Any = None, **params: Any) -> Any:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -59,54 +90,86 @@ class ClusterClient:
                 raise RequestRefused(resp.status, data)
             return data
 
-    def owner_url(self, room_id: str) -> str:
-        return self.urls[writer_for_room(room_id, self.event_writers)]
+    def user(self, name: str) -> str:
+        """A full user id for `name` (`@bob` or `bob` -> `@bob:<our server>`)."""
+        if ":" in name:
+            return name
+        server = (self.user_id or "@x:localhost").partition(":")[2]
+        return f"@{name.lstrip('@')}:{server}"
 
-    async def register(self, user_id: str, via: str | None = None) -> str:
-        url = self.urls[via or self.event_writers[0]]
-        data = await self._call("POST", f"{url}/register", {"user_id": user_id})
-        self.user_id, self.token = user_id, data["access_token"]
+    async def register(self, name: str, via: str | None = None) -> str:
+        """Register `name` (`@alice`, `alice` or `@alice:server`: the localpart counts) with a
+        password and log in; the access token."""
+        local = name.lstrip("@").partition(":")[0]
+        body = {"username": local, "password": PASSWORD, "auth": {"type": "m.login.dummy"}}
+        data = await self._call("POST", f"{self._url(via)}{CLIENT}/register", body)
+        self.user_id, self.token, self.device_id = data["user_id"], data["access_token"], data["device_id"]
         return str(data["access_token"])
 
-    async def create_room(self, join_rule: str = "public", via: str | None = None) -> str:
-        """Create a room on `via` (default: the events writers in turn); that writer will own it."""
-        url = self.urls[via or next(self._writers_cycle)]
-        data = await self._call("POST", f"{url}/createRoom", {"join_rule": join_rule})
+    async def create_room(self, join_rule: str = "public", via: str | None = None, **body: Any) -> str:
+        preset = "public_chat" if join_rule == "public" else "private_chat"
+        data = await self._call("POST", f"{self._url(via)}{CLIENT}/createRoom", {"preset": preset, **body})
         return str(data["room_id"])
 
-    async def send(self, room_id: str, event_type: str, content: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call(
-            "POST", f"{self.owner_url(room_id)}/rooms/{room_id}/send/{event_type}", content
-        )
+    async def send(
+        self,
+        room_id: str,
+        event_type: str,
+        content: dict[str, Any],
+        *,
+        txn_id: str | None = None,
+        via: str | None = None,
+    ) -> dict[str, Any]:
+        txn = txn_id or uuid.uuid4().hex
+        url = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}/send/{_q(event_type)}/{_q(txn)}"
+        result: dict[str, Any] = await self._call("PUT", url, content)
         return result
 
     async def set_state(
-        self, room_id: str, event_type: str, state_key: str, content: dict[str, Any]
+        self, room_id: str, event_type: str, state_key: str, content: dict[str, Any], via: str | None = None
     ) -> dict[str, Any]:
-        url = f"{self.owner_url(room_id)}/rooms/{room_id}/state/{event_type}"
-        if state_key:
-            url += f"/{state_key}"
-        result: dict[str, Any] = await self._call("POST", url, content)
+        url = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}/state/{_q(event_type)}/{_q(state_key)}"
+        result: dict[str, Any] = await self._call("PUT", url, content)
         return result
 
-    async def membership(self, room_id: str, membership: str, target: str | None = None) -> dict[str, Any]:
-        return await self.set_state(
-            room_id, "m.room.member", target or str(self.user_id), {"membership": membership}
-        )
+    async def membership(
+        self, room_id: str, membership: str, target: str | None = None, via: str | None = None
+    ) -> dict[str, Any]:
+        """join/leave (yourself) or invite/leave (kick)/ban another user, through the spec's endpoints."""
+        base = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}"
+        other = target is not None and self.user(target) != self.user_id
+        if membership == "join" and not other:
+            result: dict[str, Any] = await self._call("POST", f"{base}/join", {})
+        elif membership == "leave" and not other:
+            result = await self._call("POST", f"{base}/leave", {})
+        else:
+            assert target is not None, f"{membership} needs a target"
+            op = {"invite": "invite", "leave": "kick", "ban": "ban"}[membership]
+            result = await self._call("POST", f"{base}/{op}", {"user_id": self.user(target)})
+        return result
 
-    async def backfill(self, room_id: str, events: list[dict[str, Any]]) -> list[int]:
-        data = await self._call(
-            "POST", f"{self.owner_url(room_id)}/rooms/{room_id}/backfill", {"events": events}
-        )
+    async def backfill(self, room_id: str, events: list[dict[str, Any]], via: str | None = None) -> list[int]:
+        url = f"{self._url(via)}/_fanout/admin/v1/rooms/{_q(room_id)}/backfill"
+        data = await self._call("POST", url, {"events": events})
         return list(data["stream_orderings"])
 
-    async def room_state(self, room_id: str, via: str) -> list[dict[str, Any]]:
-        data = await self._call("GET", f"{self.urls[via]}/rooms/{room_id}/state")
-        return list(data["state"])
+    async def room_state(self, room_id: str, via: str | None = None) -> list[dict[str, Any]]:
+        return list(await self._call("GET", f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}/state"))
 
-    async def sync(self, via: str, since: str | None = None, timeout_ms: int = 0) -> dict[str, Any]:
-        params: dict[str, Any] = {"timeout": timeout_ms}
+    async def messages(self, room_id: str, *, via: str | None = None, **params: Any) -> dict[str, Any]:
+        url = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}/messages"
+        result: dict[str, Any] = await self._call("GET", url, **params)
+        return result
+
+    async def sync(
+        self, via: str | None = None, since: str | None = None, timeout_ms: int = 0, **params: Any
+    ) -> dict[str, Any]:
+        query: dict[str, Any] = {
+            "timeout": timeout_ms,
+            "filter": json.dumps({"room": {"timeline": {"limit": self.timeline_limit}}}),
+            **params,
+        }
         if since is not None:
-            params["since"] = since
-        result: dict[str, Any] = await self._call("GET", f"{self.urls[via]}/sync", **params)
+            query["since"] = since
+        result: dict[str, Any] = await self._call("GET", f"{self._url(via)}{CLIENT}/sync", **query)
         return result

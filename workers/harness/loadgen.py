@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from workers.harness.cluster_client import ClusterClient, RequestRefused
+from workers.harness.cluster_client import ClusterClient, RequestRefused, timeline_events
 from workers.harness.history import StoredEvent, SyncRecord, check_history, events_token
 from workers.storage import connect
 
@@ -105,8 +105,9 @@ class _Reader:
             count += 1
             result = await self.client.sync(worker, self.token, timeout_ms if not stop.is_set() else 200)
             now = time.time()
-            ids = tuple(e["event_id"] for e in result["events"])
-            for event in result["events"]:
+            events = timeline_events(result)
+            ids = tuple(e["event_id"] for e in events)
+            for event in events:
                 self.arrivals.setdefault(event["event_id"], now)
             self.records.append(SyncRecord(worker, self.token, result["next_batch"], ids))
             self.token = result["next_batch"]

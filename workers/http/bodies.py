@@ -14,10 +14,10 @@ from workers.http.errors import ApiError
 async def json_body(request: web.Request, max_bytes: int = 64 * 1024) -> dict[str, Any]:
     """The request body as a JSON object, or a 400/413 ApiError saying what is wrong."""
     if request.content_length is not None and request.content_length > max_bytes:
-        raise ApiError(413, "TOO_LARGE", f"body over {max_bytes} bytes")
+        raise ApiError(413, "M_TOO_LARGE", f"body over {max_bytes} bytes")
     raw = await request.content.read(max_bytes + 1)
     if len(raw) > max_bytes:
-        raise ApiError(413, "TOO_LARGE", f"body over {max_bytes} bytes")
+        raise ApiError(413, "M_TOO_LARGE", f"body over {max_bytes} bytes")
     if not raw.strip():
         return {}
     try:
@@ -25,11 +25,11 @@ async def json_body(request: web.Request, max_bytes: int = 64 * 1024) -> dict[st
         # as JSON text; persisting such an event would fail the whole batch it is written in.
         body = pydantic_core.from_json(raw, allow_inf_nan=False)
     except ValueError as e:
-        raise ApiError(400, "NOT_JSON", f"body is not valid JSON: {e}") from None
+        raise ApiError(400, "M_NOT_JSON", f"body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "BAD_JSON", "body must be a JSON object")
+        raise ApiError(400, "M_BAD_JSON", "body must be a JSON object")
     if not _finite(body):
-        raise ApiError(400, "BAD_JSON", "body has a number out of range")
+        raise ApiError(400, "M_BAD_JSON", "body has a number out of range")
     return body
 
 

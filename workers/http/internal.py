@@ -16,6 +16,14 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
 * `PUT  /typing/{room_id}/{user_id}`        body `{"typing": bool, "timeout": ms}` -> `{}`
 * `PUT  /presence/{user_id}`                body `{"presence": str, "status_msg": str|null}` -> `{}`
 * `GET  /presence/{user_id}`                -> the m.presence event's `content`
+* `POST /rooms/{room_id}/send`               body `{"event": {...}, "txn": bool}` -> `{"event_id",
+  "stream_ordering", "instance_name"}` (the room's rules checked here, on its persister)
+* `POST /rooms/{room_id}/create`             body `{"events": [...]}` -> the same, of the last event
+* `POST /rooms/{room_id}/backfill`           body `{"sender", "events": [{type, content}, ...]}` ->
+  `{"stream_orderings": [...]}`
+Room routes answer a room rule's refusal with the client's errcode (M_FORBIDDEN, M_NOT_FOUND, ...),
+which the forwarding worker passes on; a refused secret answers `IO.FANOUT.WORKER_AUTH`, which it
+does not (the client gets a 503: the cluster is misconfigured, not the request).
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from pubsub.ratelog import RateLimitedLog
+from workers.handlers.forwarding import WORKER_AUTH_ERRCODE
+from workers.handlers.room_writes import RoomWrites, event_from_json
+from workers.http.errors import api_error_for
 from workers.http.requests import POSITIONS_HEADER, parse_positions
 from workers.streams.presence import PRESENCE_STATES
 
@@ -107,6 +118,39 @@ class InternalApi:
             web.get(f"{PREFIX}/presence/{{user_id}}", self._wrap("presence_get", self.get_presence)),
         ]
 
+    def room_routes(self, writes: RoomWrites) -> list[web.RouteDef]:
+        """The owner's side of `RoomWrites` forwarding."""
+
+        async def send(request: web.Request) -> web.Response:
+            body = await _json_object(request)
+            event = event_from_json(body.get("event"))
+            _same_room(request, event.room_id)
+            written = await writes.send_here(event, txn=body.get("txn") is True)
+            return web.json_response(written.to_json())
+
+        async def create(request: web.Request) -> web.Response:
+            body = await _json_object(request)
+            items = body.get("events")
+            if not isinstance(items, list) or not items:
+                raise ValueError("events must be a non-empty list")
+            events = [event_from_json(item) for item in items]
+            _same_room(request, events[0].room_id)
+            return web.json_response((await writes.create_here(events)).to_json())
+
+        async def backfill(request: web.Request) -> web.Response:
+            body = await _json_object(request)
+            sender = body.get("sender")
+            if not isinstance(sender, str):
+                raise ValueError("sender must be a user id")
+            orderings = await writes.backfill_here(request.match_info["room_id"], sender, body.get("events"))
+            return web.json_response({"stream_orderings": orderings})
+
+        return [
+            web.post(f"{PREFIX}/rooms/{{room_id}}/send", self._wrap("room_send", send)),
+            web.post(f"{PREFIX}/rooms/{{room_id}}/create", self._wrap("room_create", create)),
+            web.post(f"{PREFIX}/rooms/{{room_id}}/backfill", self._wrap("room_backfill", backfill)),
+        ]
+
     def _wrap(self, endpoint: str, handler: Handler) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
             refusal = self._check_secret(request)
@@ -119,6 +163,11 @@ class InternalApi:
                 response = e.response()
             except ValueError as e:  # the ops' contract: invalid IDs or values
                 response = InternalError(400, "M_INVALID_PARAM", str(e).splitlines()[0]).response()
+            except Exception as e:
+                error = api_error_for(e)
+                if error is None:
+                    raise
+                response = error.response()
             self.served.labels(endpoint, str(response.status)).inc()
             self.latency.labels(endpoint).observe(time.monotonic() - started)
             return response
@@ -144,11 +193,7 @@ class InternalApi:
             peer,
             request.path,
         )
-        return InternalError(
-            status,
-            "M_FORBIDDEN" if status == 403 else "M_MISSING_TOKEN",
-            f"worker request refused ({reason})",
-        ).response()
+        return InternalError(status, WORKER_AUTH_ERRCODE, f"worker request refused ({reason})").response()
 
     async def _wait_positions(self, request: web.Request) -> None:
         try:
@@ -201,6 +246,11 @@ class InternalApi:
 
     async def get_presence(self, request: web.Request) -> web.Response:
         return web.json_response(await self.ops.get_presence(request.match_info["user_id"]))
+
+
+def _same_room(request: web.Request, room_id: str) -> None:
+    if request.match_info["room_id"] != room_id:
+        raise ValueError("the event's room_id differs from the path's")
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:

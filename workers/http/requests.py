@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from workers.handlers.forwarding import ForwardRefused, OwnerUnavailable
+from workers.handlers.forwarding import WORKER_AUTH_ERRCODE, ForwardRefused, OwnerUnavailable
 
 log = logging.getLogger(__name__)
 POSITIONS_HEADER = "X-Fanout-Positions"
@@ -185,7 +185,7 @@ class WorkerRequests:
                         break
                     answer = await resp.json(content_type=None) if resp.content_length != 0 else {}
                     if resp.status >= 400:
-                        if resp.status in (401, 403):
+                        if isinstance(answer, dict) and answer.get("errcode") == WORKER_AUTH_ERRCODE:
                             log.error(
                                 "worker request refused by %s (%d): do the worker_secret values match?",
                                 owner,

@@ -155,6 +155,54 @@ async def events_for_rooms(
     return [_event(r) for r in records]
 
 
+async def events_by_ids(conn: Conn, event_ids: Sequence[str]) -> dict[str, Event]:
+    """The stored events among `event_ids`, by id."""
+    records = await conn.fetch(
+        f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id = ANY($1::text[])", list(event_ids)
+    )
+    return {r["event_id"]: _event(r) for r in records}
+
+
+async def room_events(
+    conn: Conn,
+    room_id: str,
+    *,
+    after: int | None = None,
+    upto: int | None = None,
+    positions: Mapping[str, int] | None = None,
+    default_position: int = 0,
+    descending: bool = False,
+    limit: int,
+) -> list[Event]:
+    """Events of one room, live and backfilled, with after < stream_ordering <= upto, in stream
+    order (newest first when `descending`), at most `limit`. With `positions`, an event counts only
+    when its writer's position (`default_position` for writers not listed) covers it: the events
+    a sync token has reached."""
+    clauses: list[str] = ["room_id = $1"]
+    args: list[object] = [room_id]
+    if after is not None:
+        args.append(after)
+        clauses.append(f"stream_ordering > ${len(args)}")
+    if upto is not None:
+        args.append(upto)
+        clauses.append(f"stream_ordering <= ${len(args)}")
+    if positions is not None:
+        args += [list(positions), list(positions.values()), default_position]
+        n = len(args)
+        clauses.append(
+            f"stream_ordering <= coalesce((SELECT p FROM unnest(${n - 2}::text[], ${n - 1}::bigint[])"
+            f" AS w(name, p) WHERE w.name = instance_name), ${n})"
+        )
+    args.append(limit)
+    order = "DESC" if descending else "ASC"
+    records = await conn.fetch(
+        f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
+        f" ORDER BY stream_ordering {order} LIMIT ${len(args)}",
+        *args,
+    )
+    return [_event(r) for r in records]
+
+
 async def events_by_writer(conn: Conn, instance: str, low: int, high: int, limit: int) -> list[Event]:
     """`instance`'s events with low < stream_ordering <= high, in stream order, at most `limit`.
 
@@ -218,6 +266,15 @@ async def joined_members(conn: Conn, room_id: str) -> frozenset[str]:
         "SELECT user_id FROM local_current_membership WHERE room_id = $1 AND membership = 'join'", room_id
     )
     return frozenset(r["user_id"] for r in records)
+
+
+async def joined_rooms(conn: Conn, user_id: str) -> list[str]:
+    records = await conn.fetch(
+        "SELECT room_id FROM local_current_membership WHERE user_id = $1 AND membership = 'join'"
+        " ORDER BY room_id",
+        user_id,
+    )
+    return [r["room_id"] for r in records]
 
 
 async def membership(conn: Conn, user_id: str, room_id: str) -> str | None:

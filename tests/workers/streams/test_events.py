@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from pubsub.streams import Stream
 from tests.pubsub.fakes import MemoryGenerator, MemoryTable
+from workers import identifiers
 from workers.handlers import rooms
-from workers.http import client_api
 from workers.model import MEMBER_EVENT, MEMBERSHIPS, Event
 from workers.streams.events import EventRow, row_json
 
@@ -17,9 +17,12 @@ _EVENTS = Stream("events", EventRow, MemoryTable().update, MemoryGenerator(["p1"
 
 @settings(max_examples=300, deadline=None)
 @given(
-    user=st.from_regex(client_api._USER_ID, fullmatch=True),
-    room=st.from_regex(client_api._ROOM_ID, fullmatch=True),
-    event_type=st.one_of(st.just(MEMBER_EVENT), st.from_regex(client_api._TYPE, fullmatch=True)),
+    user=st.from_regex(identifiers.USER_ID_PATTERN, fullmatch=True),
+    room=st.from_regex(identifiers.ROOM_ID_PATTERN, fullmatch=True),
+    event_type=st.one_of(
+        st.just(MEMBER_EVENT),
+        st.text(min_size=1, max_size=255).filter(str.isprintable),
+    ),
     state_key=st.one_of(st.none(), st.text(max_size=255)),
     membership=st.one_of(st.sampled_from(sorted(MEMBERSHIPS)), st.text(max_size=300), st.integers()),
     ordering=st.integers(min_value=-(2**62), max_value=2**62),

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from workers import event_loop
+from workers import event_loop, identifiers
 from workers.config import WorkerConfig
 from workers.handlers import rooms
 from workers.handlers.persist import EventPersister
@@ -35,7 +35,7 @@ def bench_rooms(owned_by: str | None = None, writers: Sequence[str] = ()) -> lis
     `owned_by`, rooms that writer owns among `writers`."""
     found: list[str] = []
     while len(found) < 16:
-        room = rooms.new_room_id()
+        room = identifiers.new_room_id("bench.local")
         if owned_by is None or writer_for_room(room, writers) == owned_by:
             found.append(room)
     return found

@@ -1,0 +1,108 @@
+"""An off-the-shelf Matrix client library (matrix-nio) drives a cluster of real worker processes.
+
+nio validates every response against the spec's JSON schemas and answers an `...Error` object for
+anything it cannot parse, so each `isinstance(..., nio.XResponse)` below is also a check of the
+body's shape. The clients know nothing of routing: each talks to one worker of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import AsyncIterator
+
+import nio
+import pytest
+
+from tests.cluster.conftest import MakeCluster
+from workers.harness.cluster import LocalCluster
+
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+async def cluster(make_cluster: MakeCluster) -> LocalCluster:
+    return await make_cluster(background_workers=0)
+
+
+@pytest.fixture
+async def clients(cluster: LocalCluster) -> AsyncIterator[list[nio.AsyncClient]]:
+    made = [nio.AsyncClient(url) for url in cluster.urls.values()]
+    yield made
+    for client in made:
+        await client.close()
+
+
+def on(url: str, like: nio.AsyncClient) -> nio.AsyncClient:
+    """A client for `url` logged in as `like` (same user, device and token)."""
+    client = nio.AsyncClient(url, like.user_id, like.device_id)
+    client.restore_login(like.user_id, like.device_id, like.access_token)
+    return client
+
+
+async def test_nio_register_login_create_invite_join_send_sync(
+    cluster: LocalCluster, clients: list[nio.AsyncClient]
+) -> None:
+    urls = list(cluster.urls.values())
+    alice, bob = clients[0], clients[1]
+    assert isinstance(await alice.register("alice", PASSWORD), nio.RegisterResponse)
+    assert isinstance(await bob.register("bob", PASSWORD), nio.RegisterResponse)
+    # Log in again on another worker: a second device.
+    laptop = nio.AsyncClient(urls[2], "@alice:localhost")
+    login = await laptop.login(PASSWORD, device_name="laptop")
+    assert isinstance(login, nio.LoginResponse) and login.device_id != alice.device_id
+    created = await laptop.room_create(name="Tea", topic="hot", invite=["@bob:localhost"])
+    assert isinstance(created, nio.RoomCreateResponse)
+    room = created.room_id
+    first = await bob.sync(timeout=0, full_state=True)
+    assert isinstance(first, nio.SyncResponse) and room in first.rooms.invite
+    assert isinstance(await bob.join(room), nio.JoinResponse)
+
+    readers = {name: on(url, bob) for name, url in cluster.urls.items()}
+    since = (await readers["sync1"].sync(timeout=0)).next_batch
+    sent: list[str] = []
+    for i, url in zip(range(12), itertools.cycle(urls)):
+        sender = on(url, alice)
+        answer = await sender.room_send(room, "m.room.message", {"msgtype": "m.text", "body": f"m{i}"})
+        await sender.close()
+        assert isinstance(answer, nio.RoomSendResponse)
+        sent.append(answer.event_id)
+    # Bob syncs through randomly chosen workers: every message once, in order, tokens forward.
+    got: list[str] = []
+    rng = random.Random(3)
+    for _ in range(30):
+        reader = readers[rng.choice(sorted(readers))]
+        result = await reader.sync(timeout=1000, since=since)
+        assert isinstance(result, nio.SyncResponse), result
+        if room in result.rooms.join:
+            got += [
+                e.event_id
+                for e in result.rooms.join[room].timeline.events
+                if isinstance(e, nio.RoomMessageText)
+            ]
+        since = result.next_batch
+        if len(got) >= len(sent):
+            break
+    assert got == sent
+    # A retried send (same transaction id) is the same event.
+    once = await alice.room_send(room, "m.room.message", {"msgtype": "m.text", "body": "once"}, tx_id="txn-1")
+    retrier = on(urls[-1], alice)
+    again = await retrier.room_send(
+        room, "m.room.message", {"msgtype": "m.text", "body": "once"}, tx_id="txn-1"
+    )
+    await retrier.close()
+    assert isinstance(once, nio.RoomSendResponse) and isinstance(again, nio.RoomSendResponse)
+    assert once.event_id == again.event_id
+    latest = await bob.sync(timeout=5000, since=since)  # returns once "once" reached bob's worker
+    assert isinstance(latest, nio.SyncResponse)
+    history = await bob.room_messages(room, start=latest.next_batch, limit=50)
+    assert isinstance(history, nio.RoomMessagesResponse)
+    bodies = [e.body for e in history.chunk if isinstance(e, nio.RoomMessageText)]
+    assert bodies.count("once") == 1
+    stale = on(urls[0], bob)
+    for client in (laptop, *readers.values()):
+        await client.close()
+    assert isinstance(await bob.logout(), nio.LogoutResponse)
+    refused = await stale.sync(timeout=0)  # the token is gone on every worker
+    await stale.close()
+    assert isinstance(refused, nio.SyncError) and refused.status_code == "M_UNKNOWN_TOKEN"

@@ -1,0 +1,152 @@
+"""Rooms over the Matrix API, on several in-process workers: any worker takes any write, read-your-
+writes on the worker that took it, idempotent sends, createRoom's options, state and history."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.workers.conftest import MakeWorker, client_for
+from workers.harness.cluster_client import RequestRefused, timeline_events
+from workers.routing import writer_for_room
+
+WRITERS = ["p1", "p2"]
+
+
+async def test_any_worker_takes_writes_and_answers_after_it_sees_them(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    workers = [await make_worker(n, WRITERS) for n in ("p1", "p2", "r1", "r2")]
+    alice = client_for(http, workers, WRITERS)
+    await alice.register("alice", via="r1")
+    rooms = [await alice.create_room("public", via=w.name) for w in workers for _ in range(2)]
+    assert {writer_for_room(r, WRITERS) for r in rooms} == set(WRITERS)
+    for via in ("r1", "r2", "p1", "p2"):
+        since = (await alice.sync(via))["next_batch"]
+        for room in rooms:
+            await alice.send(room, "m.room.message", {"body": f"via {via}"}, via=via)
+        # No wait: the answers came after this worker saw each event (read-your-writes).
+        events = timeline_events(await alice.sync(via, since, 0))
+        assert sum(e["content"].get("body") == f"via {via}" for e in events) == len(rooms), via
+    forwarded = sum(w.room_writes.forwarded for w in workers)
+    assert forwarded > 0 and sum(w.room_writes.late_answers for w in workers) == 0
+
+
+async def test_a_retried_send_makes_one_event_even_across_a_persister_restart(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    p1 = await make_worker("p1", ["p1"])
+    reader = await make_worker("r1", ["p1"])
+    alice = client_for(http, [p1, reader], ["p1"])
+    await alice.register("alice", via="r1")
+    room = await alice.create_room("public", via="r1")
+    first = await alice.send(room, "m.room.message", {"body": "once"}, txn_id="t1", via="r1")
+    again = await asyncio.gather(
+        *(alice.send(room, "m.room.message", {"body": "once"}, txn_id="t1", via=v) for v in ("r1", "p1") * 5)
+    )
+    assert {a["event_id"] for a in again} == {first["event_id"]}
+    other = await alice.send(room, "m.room.message", {"body": "twice"}, txn_id="t2", via="r1")
+    assert other["event_id"] != first["event_id"]
+    await p1.stop()
+    with pytest.raises(RequestRefused) as down:
+        await alice.send(room, "m.room.message", {"body": "once"}, txn_id="t1", via="r1")
+    assert (down.value.status, down.value.errcode) == (503, "M_UNKNOWN")
+    assert down.value.body["retry_after_ms"] > 0
+    await make_worker("p1", ["p1"])  # the persister is back
+    retried = await alice.send(room, "m.room.message", {"body": "once"}, txn_id="t1", via="r1")
+    assert retried["event_id"] == first["event_id"]
+    async with reader.pool.acquire() as conn:
+        count = await conn.fetchval(
+            "SELECT count(*) FROM events WHERE json::jsonb->'content'->>'body' = 'once'"
+        )
+    assert count == 1
+
+
+async def test_create_room_options_aliases_and_membership(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    workers = [await make_worker(n, WRITERS) for n in ("p1", "p2", "r1")]
+    alice, bob, carol = (client_for(http, workers, WRITERS) for _ in range(3))
+    for client, name in ((alice, "alice"), (bob, "bob"), (carol, "carol")):
+        await client.register(name)
+    room = await alice.create_room(
+        "invite", via="r1", name="Lobby", topic="hello", invite=["@bob:localhost"], room_alias_name="lobby",
+        initial_state=[{"type": "m.room.history_visibility", "content": {"history_visibility": "joined"}}],
+    )  # fmt: skip
+    state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room, via="r1")}
+    assert state[("m.room.create", "")]["content"]["room_version"] == "10"
+    assert state[("m.room.name", "")]["content"] == {"name": "Lobby"}
+    assert state[("m.room.topic", "")]["content"] == {"topic": "hello"}
+    assert state[("m.room.join_rules", "")]["content"] == {"join_rule": "invite"}
+    assert state[("m.room.power_levels", "")]["content"]["users"] == {"@alice:localhost": 100}
+    assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "invite"
+    assert state[("m.room.canonical_alias", "")]["content"] == {"alias": "#lobby:localhost"}
+    assert all(e["room_id"] == room and e["event_id"] and e["sender"] for e in state.values())
+    with pytest.raises(RequestRefused) as taken:
+        await carol.create_room("public", room_alias_name="lobby")
+    assert taken.value.errcode == "M_ROOM_IN_USE"
+    with pytest.raises(RequestRefused) as refused:  # invite-only
+        await carol.membership(room, "join")
+    assert refused.value.errcode == "M_FORBIDDEN"
+    async with http.post(
+        f"{bob.urls['p2']}/_matrix/client/v3/join/%23lobby:localhost", json={},
+        headers={"Authorization": f"Bearer {bob.token}"},
+    ) as resp:  # fmt: skip
+        assert resp.status == 200 and (await resp.json()) == {"room_id": room}
+    async with http.get(
+        f"{bob.urls['r1']}/_matrix/client/v3/joined_rooms", headers={"Authorization": f"Bearer {bob.token}"}
+    ) as resp:
+        assert (await resp.json()) == {"joined_rooms": [room]}
+    await alice.membership(room, "invite", target="carol")
+    await carol.membership(room, "join")
+    await alice.membership(room, "leave", target="carol")  # kick
+    await alice.membership(room, "ban", target="carol")
+    with pytest.raises(RequestRefused):
+        await carol.membership(room, "join")
+    async with http.post(
+        f"{alice.urls['r1']}/_matrix/client/v3/rooms/{room}/unban", json={"user_id": "@carol:localhost"},
+        headers={"Authorization": f"Bearer {alice.token}"},
+    ) as resp:  # fmt: skip
+        assert resp.status == 200
+    members = await alice._call("GET", f"{alice.urls['r1']}/_matrix/client/v3/rooms/{room}/joined_members")
+    assert set(members["joined"]) == {"@alice:localhost", "@bob:localhost"}
+
+
+async def test_messages_pages_back_through_a_limited_timeline_and_backfill(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    workers = [await make_worker(n, WRITERS) for n in ("p1", "p2", "r1")]
+    alice = client_for(http, workers, WRITERS, timeline_limit=5)
+    await alice.register("alice")
+    room = await alice.create_room("public")
+    since = (await alice.sync("r1"))["next_batch"]
+    for i in range(23):
+        await alice.send(room, "m.room.message", {"n": i})
+    await alice.set_state(room, "m.room.topic", "", {"topic": "late"})
+    await alice.send(room, "m.room.message", {"n": 23})
+    result = await alice.sync("r1", since, 0)
+    timeline = result["rooms"]["join"][room]["timeline"]
+    assert timeline["limited"] is True and len(timeline["events"]) == 5
+    assert timeline["events"][-1]["content"] == {"n": 23}
+    # Paging back from prev_batch fills the gap, without repeats, in reverse order.
+    seen: list[int] = []
+    token = timeline["prev_batch"]
+    while True:
+        page = await alice.messages(room, via="r1", dir="b", limit=4, **{"from": token})
+        seen += [e["content"]["n"] for e in page["chunk"] if e["type"] == "m.room.message"]
+        if "end" not in page or (seen and seen[-1] == 0):
+            break
+        token = page["end"]
+    assert [e["content"].get("n") for e in timeline["events"]] == [20, 21, 22, None, 23]
+    assert seen == list(range(19, -1, -1))
+    # Forwards from the start, and backfilled history, older than everything live.
+    await alice.backfill(room, [{"type": "m.room.message", "content": {"old": i}} for i in range(3)])
+    page = await alice.messages(room, via="p2", dir="f", limit=3)
+    assert [e["content"] for e in page["chunk"]] == [{"old": 2}, {"old": 1}, {"old": 0}]
+    async with http.get(
+        f"{alice.urls['r1']}/_matrix/client/v3/rooms/{room}/messages?dir=b&from=garbage",
+        headers={"Authorization": f"Bearer {alice.token}"},
+    ) as resp:
+        assert resp.status == 400 and (await resp.json())["errcode"] == "M_INVALID_PARAM"

@@ -1,0 +1,271 @@
+"""Writes into rooms, from any worker: the client never needs to know which persister owns a room.
+
+Every event of a room goes through the room's persister (`workers.routing`). `RoomWrites.send`
+and friends run on whichever worker the client reached:
+* on the room's persister, the event is checked against the room's rules and persisted here;
+* elsewhere it is forwarded to the owner (`Forwarder`, an authenticated worker request), and the
+  answer waits until this worker's own token covers the event, so a client that sends and then
+  syncs on the same worker sees its event (read-your-writes). After `VISIBLE_WAIT_S` the answer
+  goes out anyway, counted in `late_answers`.
+
+Idempotency: a send with a client transaction id gets an event id derived from (room, sender,
+device, txn) (`rooms.txn_event_id`). A retry that arrives while the first try is in flight shares
+its result; one that arrives after it was stored gets the stored event back (the persister
+answers a unique-id conflict with the stored row), also after a persister restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import asyncpg
+
+from idgen import MultiWriterIdGenerator
+from workers import identifiers
+from workers.errors import RoomRuleError
+from workers.handlers import rooms
+from workers.handlers.forwarding import Forwarder, OwnerUnavailable
+from workers.handlers.notifier import Notifier
+from workers.handlers.persist import EventPersister
+from workers.model import MEMBER_EVENT, Event, NewEvent
+from workers.routing import writer_for_room
+from workers.storage import events as store
+
+VISIBLE_WAIT_S = 10.0
+MAX_BACKFILL = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Where an event landed."""
+
+    event_id: str
+    stream_ordering: int
+    instance_name: str
+
+    @classmethod
+    def of(cls, event: Event) -> Written:
+        return cls(event.event_id, event.stream_ordering, event.instance_name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "stream_ordering": self.stream_ordering,
+            "instance_name": self.instance_name,
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Written:
+        event_id, ordering, instance = (
+            body.get("event_id"),
+            body.get("stream_ordering"),
+            body.get("instance_name"),
+        )
+        if not isinstance(event_id, str) or not isinstance(ordering, int) or not isinstance(instance, str):
+            raise OwnerUnavailable(str(instance), "answered without event_id/stream_ordering/instance_name")
+        return cls(event_id, ordering, instance)
+
+
+def event_to_json(event: NewEvent) -> dict[str, Any]:
+    return {
+        "event_id": event.event_id, "room_id": event.room_id, "type": event.type,
+        "sender": event.sender, "content": event.content, "state_key": event.state_key,
+    }  # fmt: skip
+
+
+def event_from_json(body: Any) -> NewEvent:
+    """A forwarded event; ValueError if any field is missing or of the wrong type."""
+    if not isinstance(body, dict):
+        raise ValueError("an event is an object")
+    event_id, room_id, kind, sender = (body.get(k) for k in ("event_id", "room_id", "type", "sender"))
+    content, state_key = body.get("content"), body.get("state_key")
+    if not all(isinstance(v, str) for v in (event_id, room_id, kind, sender)) or not isinstance(
+        content, dict
+    ):
+        raise ValueError("an event needs event_id, room_id, type, sender (strings) and content (object)")
+    if state_key is not None and not isinstance(state_key, str):
+        raise ValueError("state_key must be a string or null")
+    return NewEvent(str(event_id), str(room_id), str(kind), str(sender), content, state_key)
+
+
+class RoomWrites:
+    def __init__(
+        self,
+        instance_name: str,
+        event_writers: Sequence[str],
+        pool: asyncpg.Pool,
+        persister: EventPersister | None,
+        backfill: EventPersister | None,
+        room_views: rooms.RoomViews,
+        events_generator: MultiWriterIdGenerator,
+        notifier: Notifier,
+        server_name: str,
+    ) -> None:
+        self.name = instance_name
+        self.writers = list(event_writers)
+        self._pool = pool
+        self._persister = persister
+        self._backfill = backfill
+        self._views = room_views
+        self._events = events_generator
+        self._notifier = notifier
+        self.server_name = server_name
+        self.forwarder: Forwarder | None = None
+        self._in_flight: dict[str, asyncio.Future[Written]] = {}
+        self.forwarded = 0
+        self.late_answers = 0
+
+    # -- any worker -----------------------------------------------------------------------------
+
+    def owner(self, room_id: str) -> str:
+        return writer_for_room(room_id, self.writers)
+
+    def new_room_id(self) -> str:
+        """A fresh room id owned by this worker when it writes events, else by a random writer."""
+        target = self.name if self.name in self.writers else random.choice(self.writers)
+        while True:
+            room_id = identifiers.new_room_id(self.server_name)
+            if self.owner(room_id) == target:
+                return room_id
+
+    async def send(self, event: NewEvent, *, txn: bool = False) -> Written:
+        """Check and persist `event` on its room's owner. Raises RoomRuleError subclasses,
+        PersisterError, OwnerUnavailable or ForwardRefused."""
+        owner = self.owner(event.room_id)
+        if owner == self.name:
+            return await self.send_here(event, txn=txn)
+        answer = await self._forward(
+            owner, "room_send", event.room_id, "send", {"event": event_to_json(event), "txn": txn}
+        )
+        return await self._visible(Written.from_json(answer))
+
+    async def create(self, events: list[NewEvent]) -> Written:
+        """Persist a new room's first events (`rooms.plan_room`) on its owner; the last one's place."""
+        room_id = events[0].room_id
+        owner = self.owner(room_id)
+        if owner == self.name:
+            return await self.create_here(events)
+        answer = await self._forward(
+            owner, "room_create", room_id, "create", {"events": [event_to_json(e) for e in events]}
+        )
+        return await self._visible(Written.from_json(answer))
+
+    async def backfill(self, room_id: str, sender: str, items: Any) -> list[int]:
+        """Import history (negative stream orderings) into a room `sender` is joined to."""
+        owner = self.owner(room_id)
+        if owner == self.name:
+            return await self.backfill_here(room_id, sender, items)
+        answer = await self._forward(
+            owner, "room_backfill", room_id, "backfill", {"sender": sender, "events": items}
+        )
+        orderings = answer.get("stream_orderings")
+        if not isinstance(orderings, list):
+            raise OwnerUnavailable(owner, "answered without stream_orderings")
+        return [int(o) for o in orderings]
+
+    async def _forward(
+        self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        if self.forwarder is None:
+            raise OwnerUnavailable(owner, "worker requests are not set up on this worker")
+        self.forwarded += 1
+        # Every room write is safe to retry: sends are idempotent by event id, a create fails
+        # cleanly when the room exists, and a backfill is an admin path.
+        path = f"/_fanout/internal/rooms/{quote(room_id, safe='')}/{op}"
+        return await self.forwarder.request(
+            owner, endpoint, "POST", path, body=body, idempotent=op != "backfill"
+        )
+
+    async def _visible(self, written: Written) -> Written:
+        """Wait until this worker's token covers `written` (bounded; counted when it is not)."""
+        deadline = time.monotonic() + VISIBLE_WAIT_S
+        while self._events.get_current_token_for_writer(written.instance_name) < written.stream_ordering:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.late_answers += 1
+                break
+            await self._notifier.wait_for_position(min(remaining, 0.5))
+        return written
+
+    # -- the room's owner -----------------------------------------------------------------------
+
+    def _persister_here(self, backfill: bool = False) -> EventPersister:
+        persister = self._backfill if backfill else self._persister
+        if persister is None:
+            raise OwnerUnavailable(self.name, "this worker does not write events")
+        return persister
+
+    async def send_here(self, event: NewEvent, *, txn: bool = False) -> Written:
+        """Check `event` against the room's rules and persist it (on the room's owner)."""
+        pending = self._in_flight.get(event.event_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
+        self._in_flight[event.event_id] = future
+        try:
+            written = await self._check_and_persist(event, txn)
+        except BaseException as e:
+            if not future.done():
+                future.set_exception(e)
+                future.exception()  # retrieved: a lone first try must not log "never retrieved"
+            raise
+        finally:
+            del self._in_flight[event.event_id]
+        future.set_result(written)
+        return written
+
+    async def _check_and_persist(self, event: NewEvent, txn: bool) -> Written:
+        persister = self._persister_here()
+        target = event.state_key if event.type == MEMBER_EVENT else None
+        view = await self._views.view(event.room_id, event.sender, target)
+        try:
+            rooms.check(event, view)
+        except RoomRuleError:
+            if txn:
+                stored = await self._stored(event.event_id)
+                if stored is not None:  # a retry of a send the rules allowed then
+                    return Written.of(stored)
+            raise
+        return Written.of(await persister.persist(event))
+
+    async def _stored(self, event_id: str) -> Event | None:
+        async with self._pool.acquire() as conn:
+            return (await store.events_by_ids(conn, [event_id])).get(event_id)
+
+    async def create_here(self, events: list[NewEvent]) -> Written:
+        persister = self._persister_here()
+        room_id = events[0].room_id
+        if events[0].type != rooms.CREATE_EVENT or any(e.room_id != room_id for e in events):
+            raise rooms.BadEvent("a new room starts with m.room.create, all events in the room")
+        exists, _ = await self._views.rooms.get(room_id)
+        if exists:
+            raise rooms.Forbidden(f"{room_id} exists")
+        persisted = await persister.persist_many(events)
+        return Written.of(persisted[-1])
+
+    async def backfill_here(self, room_id: str, sender: str, items: Any) -> list[int]:
+        persister = self._persister_here(backfill=True)
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BACKFILL:
+            raise rooms.BadEvent(f"events must be a list of 1 to {MAX_BACKFILL} objects")
+        view = await self._views.view(room_id, sender, None)
+        if not view.exists:
+            raise rooms.NotFound(f"no room {room_id}")
+        if view.sender_membership != "join":
+            raise rooms.Forbidden(f"{sender} is not in {room_id}")
+        events: list[NewEvent] = []
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("content", {}), dict):
+                raise rooms.BadEvent("each event is {type, content} (state_key optional)")
+            try:
+                kind = identifiers.check_event_type(str(item.get("type", "")))
+            except ValueError as e:
+                raise rooms.BadEvent(str(e)) from None
+            events.append(NewEvent(rooms.new_event_id(), room_id, kind, sender, item.get("content", {})))
+        persisted = await persister.persist_many(events)
+        return [e.stream_ordering for e in persisted]

@@ -1,0 +1,147 @@
+"""Sorting a sync window's events into the rooms of a Matrix `/sync` answer.
+
+Pure bookkeeping, tested on its own: `RoomSections` takes the visible events of (since, now] in
+stream order (or, for an initial sync, each joined room's recent events) and decides per room:
+* the user's own last membership event in the window is an invite -> `rooms.invite` (stripped
+  state, no timeline);
+* it is a leave or ban -> `rooms.leave`, the timeline up to and including it;
+* otherwise -> `rooms.join`. A room the user joined inside the window, or every joined room with
+  `full_state`, also gets the current state (minus what the timeline holds).
+A timeline longer than the filter's limit keeps its last events, says `limited`, and carries the
+state events it skipped (the last of each (type, state_key)) in `state`, so a client's view of the
+room stays right. `prev_batch` is a room pagination token for /messages (`workers.handlers.messages`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.model import MEMBER_EVENT, Event
+
+StateLoader = Callable[[str], Awaitable[list[Event]]]
+
+
+def pagination_token(stream_ordering: int) -> str:
+    """A room position for /messages: just after the event with this stream ordering."""
+    return f"t{stream_ordering}"
+
+
+def empty_response(next_batch: str) -> dict[str, Any]:
+    return {
+        "next_batch": next_batch,
+        "rooms": {"join": {}, "invite": {}, "leave": {}, "knock": {}},
+        "presence": {"events": []},
+        "account_data": {"events": []},
+        "to_device": {"events": []},
+        "device_lists": {"changed": [], "left": []},
+        "device_one_time_keys_count": {},
+    }
+
+
+@dataclass(slots=True)
+class _Room:
+    timeline: list[Event] = field(default_factory=list)
+    limited: bool = False
+    skipped_state: dict[tuple[str, str], Event] = field(default_factory=dict)
+    full_state: bool = False
+    state: list[Event] = field(default_factory=list)
+
+
+class RoomSections:
+    def __init__(self, user_id: str, timeline_limit: int) -> None:
+        self.user_id = user_id
+        self.limit = timeline_limit
+        self.join: dict[str, _Room] = {}
+        self.leave: dict[str, _Room] = {}
+        self.invite: dict[str, list[Event]] = {}
+
+    def add_window(self, events: Sequence[Event]) -> None:
+        """The visible events of an incremental sync's window, in stream order."""
+        by_room: dict[str, list[Event]] = {}
+        for event in events:
+            by_room.setdefault(event.room_id, []).append(event)
+        for room_id, room_events in by_room.items():
+            own = [
+                e.membership for e in room_events if e.type == MEMBER_EVENT and e.state_key == self.user_id
+            ]
+            last = own[-1] if own else None
+            if last == "invite":
+                self.invite[room_id] = []
+            elif last in ("leave", "ban"):
+                self.leave[room_id] = self._room(room_events, more_before=False)
+            else:
+                room = self.join[room_id] = self._room(room_events, more_before=False)
+                room.full_state = "join" in own
+
+    def add_joined_room(self, room_id: str, recent: Sequence[Event]) -> None:
+        """An initial sync's joined room: its last `limit + 1` events (more than `limit`: limited)."""
+        room = self.join[room_id] = self._room(recent, more_before=len(recent) > self.limit)
+        room.full_state = True
+
+    def add_invite(self, room_id: str) -> None:
+        self.invite[room_id] = []
+
+    def want_full_state(self, room_ids: Iterable[str]) -> None:
+        for room_id in room_ids:
+            self.join.setdefault(room_id, _Room()).full_state = True
+
+    def _room(self, events: Sequence[Event], *, more_before: bool) -> _Room:
+        room = _Room(list(events))
+        if len(events) > self.limit:
+            skipped = room.timeline[: len(events) - self.limit]
+            room.timeline = room.timeline[len(events) - self.limit :]
+            for event in skipped:
+                if event.state_key is not None:
+                    room.skipped_state[(event.type, event.state_key)] = event
+            room.limited = True
+        room.limited = room.limited or more_before
+        return room
+
+    async def load_state(self, state: StateLoader, invite_state: StateLoader) -> None:
+        """Fill in the state of rooms that need it: full state, limited timelines, invites."""
+        for room_id, room in self.join.items():
+            if room.full_state:
+                in_timeline = {e.event_id for e in room.timeline}
+                room.state = [e for e in await state(room_id) if e.event_id not in in_timeline]
+            else:
+                room.state = list(room.skipped_state.values())
+        for room in self.leave.values():
+            room.state = list(room.skipped_state.values())
+        for room_id in self.invite:
+            self.invite[room_id] = [
+                e
+                for e in await invite_state(room_id)
+                if e.type != MEMBER_EVENT or e.state_key == self.user_id
+            ]
+
+    def response(self, next_batch: str) -> dict[str, Any]:
+        body = empty_response(next_batch)
+        rooms = body["rooms"]
+        for room_id, room in self.join.items():
+            rooms["join"][room_id] = {
+                **self._room_body(room),
+                "ephemeral": {"events": []},
+                "account_data": {"events": []},
+                "unread_notifications": {"highlight_count": 0, "notification_count": 0},
+                "summary": {},
+            }
+        for room_id, room in self.leave.items():
+            rooms["leave"][room_id] = {**self._room_body(room), "account_data": {"events": []}}
+        for room_id, stripped in self.invite.items():
+            rooms["invite"][room_id] = {"invite_state": {"events": [e.stripped() for e in stripped]}}
+        return body
+
+    @staticmethod
+    def _room_body(room: _Room) -> dict[str, Any]:
+        timeline: dict[str, Any] = {
+            "events": [e.matrix(room_id=False) for e in room.timeline],
+            "limited": room.limited,
+        }
+        if room.timeline:
+            timeline["prev_batch"] = pagination_token(room.timeline[0].stream_ordering - 1)
+        return {
+            "timeline": timeline,
+            "state": {"events": [e.matrix(room_id=False) for e in room.state]},
+        }

@@ -1,0 +1,244 @@
+"""Accounts: register, login, logout, whoami, and Synapse's shared-secret admin registration.
+
+* `POST /register` creates an account after the one interactive-auth stage it offers,
+  `m.login.dummy` (a first call without `auth` gets the 401 with the flows and a session, as the
+  spec says); `GET /register/available` checks a name. Off (403) when `enable_registration` is false.
+* `GET /login` lists `m.login.password`; `POST /login` checks the password (argon2id) and makes a
+  device and a token. `POST /logout` ends the token and its device; `/logout/all` every one.
+* `GET|POST /_synapse/admin/v1/register`: a nonce, then an HMAC-SHA1 of
+  `nonce\\0user\\0password\\0admin|notadmin` under `registration_shared_secret` (the grammar of
+  Synapse's `register_new_matrix_user`), for scripts; works when open registration is off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from workers import identifiers
+from workers.handlers.passwords import hash_password, verify_password
+from workers.http.auth import access_token, requester
+from workers.http.bodies import json_body
+from workers.http.errors import ApiError
+from workers.storage import users
+
+CLIENT = "/_matrix/client/v3"
+NONCE_MAX_AGE_MS = 60_000
+MAX_PASSWORD = 512
+
+
+@dataclass(frozen=True)
+class AccountSettings:
+    server_name: str
+    enable_registration: bool
+    registration_shared_secret: str | None
+
+
+class Accounts:
+    def __init__(self, pool: asyncpg.Pool, settings: AccountSettings) -> None:
+        self._pool = pool
+        self.settings = settings
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post(f"{CLIENT}/register", self.register),
+            web.get(f"{CLIENT}/register/available", self.available),
+            web.get(f"{CLIENT}/login", self.login_flows),
+            web.post(f"{CLIENT}/login", self.login),
+            web.post(f"{CLIENT}/logout", self.logout),
+            web.post(f"{CLIENT}/logout/all", self.logout_all),
+            web.get(f"{CLIENT}/account/whoami", self.whoami),
+            web.get("/_synapse/admin/v1/register", self.admin_nonce),
+            web.post("/_synapse/admin/v1/register", self.admin_register),
+        ]
+
+    def _localpart(self, name: Any) -> str:
+        if not isinstance(name, str):
+            raise ApiError(400, "M_INVALID_USERNAME", "username must be a string")
+        local = identifiers.localpart_of(name, self.settings.server_name)
+        if local is None:
+            raise ApiError(400, "M_INVALID_USERNAME", f"{name} is not a user of {self.settings.server_name}")
+        try:
+            return identifiers.check_localpart(local, self.settings.server_name)
+        except ValueError as e:
+            raise ApiError(400, "M_INVALID_USERNAME", str(e)) from None
+
+    @staticmethod
+    def _password(value: Any, required: bool) -> str | None:
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not value or len(value) > MAX_PASSWORD:
+            raise ApiError(
+                400, "M_INVALID_PARAM", f"password must be a string of 1 to {MAX_PASSWORD} characters"
+            )
+        return value
+
+    async def register(self, request: web.Request) -> web.Response:
+        if request.query.get("kind", "user") == "guest":
+            raise ApiError(403, "M_GUEST_ACCESS_FORBIDDEN", "guest accounts are not offered")
+        if not self.settings.enable_registration:
+            raise ApiError(403, "M_FORBIDDEN", "registration is closed on this server")
+        body = await json_body(request)
+        username = body.get("username")
+        local = self._localpart(username) if username is not None else f"u{secrets.token_hex(6)}"
+        password = self._password(body.get("password"), required=False)
+        auth = body.get("auth")
+        if not isinstance(auth, dict) or auth.get("type") != "m.login.dummy":
+            # The spec's user-interactive auth: say which stages complete it. Clients retry with
+            # {"auth": {"type": "m.login.dummy", "session": ...}}.
+            if username is not None:
+                await self._check_available(local)
+            return web.json_response(
+                {
+                    "flows": [{"stages": ["m.login.dummy"]}],
+                    "params": {},
+                    "session": secrets.token_urlsafe(16),
+                },
+                status=401,
+            )
+        device_id, display_name = _device_fields(body)
+        user_id = identifiers.user_id(local, self.settings.server_name)
+        return web.json_response(
+            await self._create(
+                user_id, password, False, body.get("inhibit_login") is True, device_id, display_name
+            )
+        )
+
+    async def _check_available(self, local: str) -> None:
+        async with self._pool.acquire() as conn:
+            if await users.user_exists(conn, identifiers.user_id(local, self.settings.server_name)):
+                raise ApiError(400, "M_USER_IN_USE", "that user name is taken")
+
+    async def _create(
+        self,
+        user_id: str,
+        password: str | None,
+        admin: bool,
+        inhibit_login: bool,
+        device_id: str | None,
+        display_name: str | None,
+    ) -> dict[str, Any]:
+        hashed = None if password is None else await hash_password(password)
+        async with self._pool.acquire() as conn:
+            try:
+                await users.create_user(conn, user_id, hashed, admin)
+            except users.UserExistsError:
+                raise ApiError(400, "M_USER_IN_USE", f"{user_id} is already registered") from None
+            if inhibit_login:
+                return {"user_id": user_id, "home_server": self.settings.server_name}
+            session = await users.new_session(conn, user_id, device_id, display_name)
+        return _session_body(session, self.settings.server_name)
+
+    async def available(self, request: web.Request) -> web.Response:
+        local = self._localpart(request.query.get("username"))
+        await self._check_available(local)
+        return web.json_response({"available": True})
+
+    async def login_flows(self, request: web.Request) -> web.Response:
+        return web.json_response({"flows": [{"type": "m.login.password"}]})
+
+    async def login(self, request: web.Request) -> web.Response:
+        body = await json_body(request)
+        if body.get("type") != "m.login.password":
+            raise ApiError(400, "M_UNKNOWN", "this server offers m.login.password only")
+        identifier = body.get("identifier")
+        if isinstance(identifier, dict):
+            if identifier.get("type") != "m.id.user":
+                raise ApiError(400, "M_UNKNOWN", "identifier.type must be m.id.user")
+            name = identifier.get("user")
+        else:
+            name = body.get("user")  # the deprecated form, still sent by older clients
+        if not isinstance(name, str):
+            raise ApiError(400, "M_BAD_JSON", "identifier.user is missing")
+        password = self._password(body.get("password"), required=True)
+        assert password is not None
+        local = identifiers.localpart_of(name.lower(), self.settings.server_name)
+        user_id = identifiers.user_id(local or "", self.settings.server_name)
+        async with self._pool.acquire() as conn:
+            stored = await users.password_hash(conn, user_id) if local else None
+        if not await verify_password(password, stored):
+            raise ApiError(403, "M_FORBIDDEN", "invalid user name or password")
+        device_id, display_name = _device_fields(body)
+        async with self._pool.acquire() as conn:
+            session = await users.new_session(conn, user_id, device_id, display_name)
+        return web.json_response(_session_body(session, self.settings.server_name))
+
+    async def logout(self, request: web.Request) -> web.Response:
+        token = access_token(request)
+        async with self._pool.acquire() as conn:
+            if await users.log_out(conn, token) is None:
+                raise ApiError(
+                    401, "M_UNKNOWN_TOKEN", "unknown or logged-out access token", soft_logout=False
+                )
+        return web.json_response({})
+
+    async def logout_all(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        async with self._pool.acquire() as conn:
+            await users.log_out_all(conn, who.user_id)
+        return web.json_response({})
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        body: dict[str, Any] = {"user_id": who.user_id, "is_guest": False}
+        if who.device_id is not None:
+            body["device_id"] = who.device_id
+        return web.json_response(body)
+
+    def _admin_secret(self) -> bytes:
+        secret = self.settings.registration_shared_secret
+        if secret is None:
+            raise ApiError(400, "M_UNKNOWN", "shared-secret registration is off (registration_shared_secret)")
+        return secret.encode()
+
+    async def admin_nonce(self, request: web.Request) -> web.Response:
+        self._admin_secret()
+        async with self._pool.acquire() as conn:
+            return web.json_response({"nonce": await users.new_nonce(conn)})
+
+    async def admin_register(self, request: web.Request) -> web.Response:
+        secret = self._admin_secret()
+        body = await json_body(request)
+        nonce, username, mac = body.get("nonce"), body.get("username"), body.get("mac")
+        password = self._password(body.get("password"), required=True)
+        assert password is not None
+        admin = body.get("admin") is True
+        if not isinstance(nonce, str) or not isinstance(mac, str):
+            raise ApiError(400, "M_BAD_JSON", "nonce and mac are required strings")
+        local = self._localpart(username)
+        expected = hmac.new(secret, digestmod=hashlib.sha1)
+        for part in (nonce, str(username), password):
+            expected.update(part.encode() + b"\x00")
+        expected.update(b"admin" if admin else b"notadmin")
+        async with self._pool.acquire() as conn:
+            if not await users.take_nonce(conn, nonce, NONCE_MAX_AGE_MS):
+                raise ApiError(400, "M_UNKNOWN", "unrecognised or expired nonce")
+        if not hmac.compare_digest(expected.hexdigest(), mac.lower()):
+            raise ApiError(403, "M_FORBIDDEN", "HMAC incorrect")
+        device_id, display_name = _device_fields(body)
+        user_id = identifiers.user_id(local, self.settings.server_name)
+        return web.json_response(await self._create(user_id, password, admin, False, device_id, display_name))
+
+
+def _device_fields(body: dict[str, Any]) -> tuple[str | None, str | None]:
+    device_id, name = body.get("device_id"), body.get("initial_device_display_name")
+    if device_id is not None and (not isinstance(device_id, str) or not 1 <= len(device_id) <= 255):
+        raise ApiError(400, "M_INVALID_PARAM", "device_id must be a string of 1 to 255 characters")
+    if name is not None and not isinstance(name, str):
+        raise ApiError(400, "M_INVALID_PARAM", "initial_device_display_name must be a string")
+    return device_id, name
+
+
+def _session_body(session: users.Session, server_name: str) -> dict[str, Any]:
+    return {
+        "user_id": session.user_id,
+        "access_token": session.access_token,
+        "device_id": session.device_id,
+        "home_server": server_name,
+    }

@@ -1,0 +1,39 @@
+"""Admin and test paths outside `/_matrix`.
+
+* `POST /_fanout/admin/v1/rooms/{room_id}/backfill` `{"events": [{"type", "content"}, ...]}`:
+  import history into a room the caller (an access token) is joined to. The events get negative
+  stream orderings: older than anything live, never in /sync, shown by /messages. Answers
+  `{"stream_orderings": [...]}`. Forwarded to the room's persister like any room write.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from aiohttp import web
+
+from workers import identifiers
+from workers.handlers.room_writes import RoomWrites
+from workers.http.auth import requester
+from workers.http.bodies import json_body
+from workers.http.errors import ApiError
+
+ADMIN = "/_fanout/admin/v1"
+
+
+class AdminRoutes:
+    def __init__(self, pool: asyncpg.Pool, writes: RoomWrites) -> None:
+        self._pool = pool
+        self._writes = writes
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(f"{ADMIN}/rooms/{{room_id}}/backfill", self.backfill)]
+
+    async def backfill(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        try:
+            room_id = identifiers.check_room_id(request.match_info["room_id"])
+        except ValueError as e:
+            raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+        body = await json_body(request, max_bytes=1 << 20)
+        orderings = await self._writes.backfill(room_id, who.user_id, body.get("events"))
+        return web.json_response({"stream_orderings": orderings})

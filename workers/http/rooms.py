@@ -1,0 +1,247 @@
+"""Rooms: create, join and leave, send, state, history (`/_matrix/client/v3/...`).
+
+Every write goes through `RoomWrites`, which checks it on the room's persister, here or behind a
+worker request; the client never learns which worker owns a room. Reads (`state`, `messages`,
+`joined_rooms`) answer from this worker's replicated view.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from workers import identifiers
+from workers.handlers import rooms
+from workers.handlers.messages import Messages, NotAMember
+from workers.handlers.room_writes import RoomWrites
+from workers.handlers.sync import SyncHandler
+from workers.http.auth import requester
+from workers.http.bodies import json_body
+from workers.http.errors import ApiError, unavailable
+from workers.model import MEMBER_EVENT, MEMBERSHIPS, NewEvent
+from workers.storage import directory
+from workers.storage import events as store
+
+CLIENT = "/_matrix/client/v3"
+ROOM = CLIENT + "/rooms/{room_id}"
+
+
+class RoomRoutes:
+    def __init__(
+        self, pool: asyncpg.Pool, writes: RoomWrites, sync: SyncHandler | None, messages: Messages | None
+    ) -> None:
+        self._pool = pool
+        self.writes = writes
+        self._sync = sync
+        self._messages = messages
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post(f"{CLIENT}/createRoom", self.create_room),
+            web.post(f"{CLIENT}/join/{{room}}", self.join),
+            web.post(f"{ROOM}/join", self.join),
+            web.post(f"{ROOM}/leave", self.leave),
+            web.post(f"{ROOM}/invite", self.member_op("invite")),
+            web.post(f"{ROOM}/kick", self.member_op("leave")),
+            web.post(f"{ROOM}/ban", self.member_op("ban")),
+            web.post(f"{ROOM}/unban", self.member_op("leave")),
+            web.put(f"{ROOM}/send/{{event_type}}/{{txn_id}}", self.send),
+            web.put(f"{ROOM}/state/{{event_type}}", self.put_state),
+            web.put(f"{ROOM}/state/{{event_type}}/{{state_key:.*}}", self.put_state),
+            web.get(f"{ROOM}/state", self.get_state),
+            web.get(f"{ROOM}/state/{{event_type}}", self.get_state_event),
+            web.get(f"{ROOM}/state/{{event_type}}/{{state_key:.*}}", self.get_state_event),
+            web.get(f"{ROOM}/messages", self.messages),
+            web.get(f"{ROOM}/joined_members", self.joined_members),
+            web.get(f"{CLIENT}/joined_rooms", self.joined_rooms),
+            web.get(f"{CLIENT}/directory/room/{{alias}}", self.resolve_alias),
+        ]
+
+    def _reads(self) -> SyncHandler:
+        if self._sync is None:
+            raise unavailable("this worker serves no reads (serve_reads: false); use another", 10)
+        return self._sync
+
+    @staticmethod
+    def _room_id(request: web.Request) -> str:
+        try:
+            return identifiers.check_room_id(request.match_info["room_id"])
+        except ValueError as e:
+            raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+
+    @staticmethod
+    def _event_type(request: web.Request) -> str:
+        try:
+            return identifiers.check_event_type(request.match_info["event_type"])
+        except ValueError as e:
+            raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+
+    async def create_room(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        body = await json_body(request)
+        room_id = self.writes.new_room_id()
+        plan = rooms.plan_room(body, who.user_id, room_id, self.writes.server_name)
+        if plan.alias is not None:
+            async with self._pool.acquire() as conn:
+                if not await directory.add_alias(conn, plan.alias, room_id, who.user_id):
+                    raise ApiError(400, "M_ROOM_IN_USE", f"{plan.alias} is taken")
+        try:
+            await self.writes.create(plan.events)
+        except BaseException:
+            if plan.alias is not None:
+                async with self._pool.acquire() as conn:
+                    await directory.remove_alias(conn, plan.alias)
+            raise
+        return web.json_response({"room_id": room_id})
+
+    async def _membership(
+        self, room_id: str, sender: str, target: str, membership: str, body: dict[str, Any]
+    ) -> None:
+        content: dict[str, Any] = {"membership": membership}
+        reason = body.get("reason")
+        if isinstance(reason, str):
+            content["reason"] = reason
+        await self.writes.send(NewEvent(rooms.new_event_id(), room_id, MEMBER_EVENT, sender, content, target))
+
+    async def join(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        body = await json_body(request)
+        target = request.match_info.get("room_id") or request.match_info["room"]
+        if target.startswith("#"):
+            async with self._pool.acquire() as conn:
+                room_id = await directory.room_for_alias(conn, target)
+            if room_id is None:
+                raise ApiError(404, "M_NOT_FOUND", f"no room has the alias {target}")
+        else:
+            try:
+                room_id = identifiers.check_room_id(target)
+            except ValueError as e:
+                raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+        await self._membership(room_id, who.user_id, who.user_id, "join", body)
+        return web.json_response({"room_id": room_id})
+
+    async def leave(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        body = await json_body(request)
+        await self._membership(self._room_id(request), who.user_id, who.user_id, "leave", body)
+        return web.json_response({})
+
+    def member_op(self, membership: str) -> Any:
+        async def handler(request: web.Request) -> web.Response:
+            who = await requester(self._pool, request)
+            room_id = self._room_id(request)
+            body = await json_body(request)
+            target = body.get("user_id")
+            if not isinstance(target, str):
+                raise ApiError(400, "M_MISSING_PARAM", "user_id is required")
+            try:
+                identifiers.check_user_id(target)
+            except ValueError as e:
+                raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+            if request.path.endswith("/unban"):
+                await self._check_banned(room_id, target)
+            await self._membership(room_id, who.user_id, target, membership, body)
+            return web.json_response({})
+
+        return handler
+
+    async def _check_banned(self, room_id: str, target: str) -> None:
+        async with self._pool.acquire() as conn:
+            if await rooms.load_membership(conn, room_id, target) != "ban":
+                raise ApiError(403, "M_FORBIDDEN", f"{target} is not banned from {room_id}")
+
+    async def send(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        room_id, event_type = self._room_id(request), self._event_type(request)
+        txn_id = request.match_info["txn_id"]
+        content = await json_body(request)
+        event_id = rooms.txn_event_id(room_id, who.user_id, who.device_id, txn_id)
+        written = await self.writes.send(
+            NewEvent(event_id, room_id, event_type, who.user_id, content), txn=True
+        )
+        return web.json_response({"event_id": written.event_id})
+
+    async def put_state(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        room_id, event_type = self._room_id(request), self._event_type(request)
+        try:
+            state_key = identifiers.check_state_key(request.match_info.get("state_key", ""))
+        except ValueError as e:
+            raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+        content = await json_body(request)
+        if event_type == MEMBER_EVENT and content.get("membership") not in MEMBERSHIPS:
+            raise ApiError(400, "M_BAD_JSON", "content.membership must be join, leave, invite or ban")
+        event = NewEvent(rooms.new_event_id(), room_id, event_type, who.user_id, content, state_key)
+        written = await self.writes.send(event)
+        return web.json_response({"event_id": written.event_id})
+
+    async def _state(self, request: web.Request) -> list[Any]:
+        who = await requester(self._pool, request)
+        room_id = self._room_id(request)
+        state = await self._reads().room_state(who.user_id, room_id)
+        if state is None:
+            raise ApiError(403, "M_FORBIDDEN", f"{who.user_id} is not in {room_id}")
+        return state
+
+    async def get_state(self, request: web.Request) -> web.Response:
+        return web.json_response([e.matrix() for e in await self._state(request)])
+
+    async def get_state_event(self, request: web.Request) -> web.Response:
+        event_type = self._event_type(request)
+        state_key = request.match_info.get("state_key", "")
+        for event in await self._state(request):
+            if event.type == event_type and event.state_key == state_key:
+                return web.json_response(event.content)
+        raise ApiError(404, "M_NOT_FOUND", f"no {event_type} state with key {state_key!r}")
+
+    async def messages(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        room_id = self._room_id(request)
+        self._reads()
+        assert self._messages is not None
+        direction = request.query.get("dir", "b")
+        if direction not in ("b", "f"):
+            raise ApiError(400, "M_INVALID_PARAM", "dir must be b or f")
+        try:
+            limit = int(request.query.get("limit", "10"))
+        except ValueError:
+            raise ApiError(400, "M_INVALID_PARAM", "limit is a whole number") from None
+        try:
+            body = await self._messages.page(
+                who.user_id,
+                room_id,
+                request.query.get("from"),
+                request.query.get("to"),
+                direction == "b",
+                limit,
+            )
+        except NotAMember as e:
+            raise ApiError(403, "M_FORBIDDEN", str(e)) from None
+        except ValueError as e:  # a malformed token (InvalidTokenError is one)
+            raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+        return web.json_response(body)
+
+    async def joined_members(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        room_id = self._room_id(request)
+        sync = self._reads()
+        if await sync.room_state(who.user_id, room_id) is None:
+            raise ApiError(403, "M_FORBIDDEN", f"{who.user_id} is not in {room_id}")
+        async with self._pool.acquire() as conn:
+            members = await store.joined_members(conn, room_id)
+        return web.json_response({"joined": {m: {} for m in sorted(members)}})
+
+    async def joined_rooms(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        async with self._pool.acquire() as conn:
+            return web.json_response({"joined_rooms": await store.joined_rooms(conn, who.user_id)})
+
+    async def resolve_alias(self, request: web.Request) -> web.Response:
+        alias = request.match_info["alias"]
+        async with self._pool.acquire() as conn:
+            room_id = await directory.room_for_alias(conn, alias)
+        if room_id is None:
+            raise ApiError(404, "M_NOT_FOUND", f"no room has the alias {alias}")
+        return web.json_response({"room_id": room_id, "servers": [self.writes.server_name]})

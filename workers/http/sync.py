@@ -1,0 +1,105 @@
+"""`GET /sync` and the filters it can name (`POST|GET /user/{userId}/filter`).
+
+Parameters as the spec has them: `since` (a `next_batch`; malformed: 400 M_INVALID_PARAM),
+`timeout` (ms, capped at `MAX_SYNC_TIMEOUT_MS`), `full_state`, `filter` (inline JSON or the id of an
+uploaded filter), `set_presence` (accepted; presence comes with the presence issue).
+"""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+from aiohttp import web
+
+from idgen import InvalidTokenError
+from workers.handlers.sync import SyncHandler
+from workers.handlers.sync_filter import SyncFilter
+from workers.http.auth import requester
+from workers.http.bodies import json_body
+from workers.http.errors import ApiError, unavailable
+from workers.storage import users
+
+CLIENT = "/_matrix/client/v3"
+MAX_SYNC_TIMEOUT_MS = 60_000
+
+
+class SyncRoutes:
+    def __init__(self, pool: asyncpg.Pool, sync: SyncHandler | None) -> None:
+        self._pool = pool
+        self._sync = sync
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get(f"{CLIENT}/sync", self.sync),
+            web.post(f"{CLIENT}/user/{{user_id}}/filter", self.upload_filter),
+            web.get(f"{CLIENT}/user/{{user_id}}/filter/{{filter_id}}", self.get_filter),
+        ]
+
+    async def sync(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        if self._sync is None:
+            raise unavailable("this worker serves no reads (serve_reads: false); use another", 10)
+        query = request.query
+        try:
+            timeout_ms = int(query.get("timeout", "0"))
+        except ValueError:
+            raise ApiError(400, "M_INVALID_PARAM", "timeout is a whole number of milliseconds") from None
+        timeout_ms = max(0, min(timeout_ms, MAX_SYNC_TIMEOUT_MS))
+        full_state = query.get("full_state", "false")
+        if full_state not in ("true", "false"):
+            raise ApiError(400, "M_INVALID_PARAM", "full_state is true or false")
+        sync_filter = await self._filter(who.user_id, query.get("filter"))
+        try:
+            result = await self._sync.sync(
+                who.user_id, query.get("since"), timeout_ms / 1000,
+                full_state=full_state == "true", sync_filter=sync_filter,
+            )  # fmt: skip
+        except InvalidTokenError as e:
+            raise ApiError(400, "M_INVALID_PARAM", f"since: {e}") from None
+        return web.json_response(result)
+
+    async def _filter(self, user_id: str, value: str | None) -> SyncFilter | None:
+        if value is None:
+            return None
+        text = value
+        if not value.lstrip().startswith("{"):
+            if not value.isdigit() or len(value) > 18:
+                raise ApiError(400, "M_INVALID_PARAM", "filter is a JSON object or a filter id")
+            async with self._pool.acquire() as conn:
+                stored = await users.get_filter(conn, user_id, int(value))
+            if stored is None:
+                raise ApiError(404, "M_NOT_FOUND", f"no filter {value}")
+            text = stored
+        try:
+            return SyncFilter.parse(json.loads(text))
+        except ValueError as e:  # JSONDecodeError is one
+            raise ApiError(400, "M_BAD_JSON", f"filter: {e}") from None
+
+    def _own(self, user_id: str, request: web.Request) -> None:
+        if request.match_info["user_id"] != user_id:
+            raise ApiError(403, "M_FORBIDDEN", "filters belong to their user")
+
+    async def upload_filter(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        self._own(who.user_id, request)
+        body = await json_body(request)
+        try:
+            SyncFilter.parse(body)
+        except ValueError as e:
+            raise ApiError(400, "M_BAD_JSON", f"filter: {e}") from None
+        async with self._pool.acquire() as conn:
+            filter_id = await users.add_filter(conn, who.user_id, json.dumps(body))
+        return web.json_response({"filter_id": str(filter_id)})
+
+    async def get_filter(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        self._own(who.user_id, request)
+        value = request.match_info["filter_id"]
+        if not value.isdigit() or len(value) > 18:
+            raise ApiError(404, "M_NOT_FOUND", "no such filter")
+        async with self._pool.acquire() as conn:
+            stored = await users.get_filter(conn, who.user_id, int(value))
+        if stored is None:
+            raise ApiError(404, "M_NOT_FOUND", "no such filter")
+        return web.json_response(json.loads(stored))
