@@ -121,6 +121,28 @@ async def test_user_cannot_read_another_users_room(make_cluster: MakeCluster) ->
         assert timeline_events(seen) == [] and seen["rooms"]["invite"] == {}
 
 
+async def test_a_send_retried_across_a_killed_persister_is_one_event(
+    make_cluster: MakeCluster, database_url: str
+) -> None:
+    """The client's retry of a PUT with the same txnId, made through a sync worker: refused with a
+    503 while the persister is dead (SIGKILL), answered with the first event once it is back."""
+    cluster = await make_cluster(persisters=1, sync_workers=1, background_workers=0)
+    async with aiohttp.ClientSession() as session:
+        alice = ClusterClient(session, cluster.urls)
+        await alice.register("alice", via="sync1")
+        room = await alice.create_room("public", via="sync1")
+        first = await alice.send(room, "m.room.message", {"body": "k"}, txn_id="k1", via="sync1")
+        cluster.kill("persister1")
+        with pytest.raises(RequestRefused) as down:
+            await alice.send(room, "m.room.message", {"body": "k"}, txn_id="k1", via="sync1")
+        assert (down.value.status, down.value.errcode) == (503, "M_UNKNOWN")
+        await cluster.start(["persister1"])
+        again = await alice.send(room, "m.room.message", {"body": "k"}, txn_id="k1", via="sync1")
+    assert again["event_id"] == first["event_id"]
+    async with connect(database_url) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM events WHERE type = 'm.room.message'") == 1
+
+
 async def _wait_until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:

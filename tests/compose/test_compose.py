@@ -3,6 +3,7 @@ Dockerfile's inputs, and every worker's configuration running a real worker agai
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,11 @@ def test_compose_file_describes_the_cluster() -> None:
             "FANOUT_DATABASE_URL" in service["environment"]
             and "/health" in service["healthcheck"]["test"][-1]
         )
+        # Every worker can forward a room write to any persister: all URLs, one secret.
+        assert json.loads(service["environment"]["FANOUT_INSTANCE_MAP"]) == {
+            w: f"http://{w}:8080" for w in WORKERS
+        }
+        assert len(service["environment"]["FANOUT_WORKER_SECRET"]) >= 16
     repo = COMPOSE.parent
     for line in (COMPOSE / "Dockerfile").read_text().splitlines():
         if line.startswith("COPY "):

@@ -80,7 +80,11 @@ class AppliedRangesRecorder:
 
     async def flush(self) -> None:
         now = int(time.time() * 1000)
-        dirty = [(w, r) for w, r in self._ranges.items() if w in self._new or r.to_id != r.flushed_to]
+        # A snapshot: `advanced` may move a range while the write is in flight, and what was not
+        # written must stay dirty for the next flush.
+        dirty = [
+            (w, r, r.to_id) for w, r in self._ranges.items() if w in self._new or r.to_id != r.flushed_to
+        ]
         if not dirty:
             return
         async with self._pool.acquire() as conn:
@@ -94,11 +98,11 @@ class AppliedRangesRecorder:
                 self.worker_name,
                 self.run_id,
                 self.stream_name,
-                [w for w, _ in dirty],
-                [r.from_id for _, r in dirty],
-                [r.to_id for _, r in dirty],
+                [w for w, _, _ in dirty],
+                [r.from_id for _, r, _ in dirty],
+                [to_id for _, _, to_id in dirty],
                 now,
             )
-        for writer, applied in dirty:
-            applied.flushed_to = applied.to_id
+        for writer, applied, to_id in dirty:
+            applied.flushed_to = to_id
             self._new.discard(writer)

@@ -141,7 +141,7 @@ class RoomWrites:
         if owner == self.name:
             return await self.send_here(event, txn=txn)
         answer = await self._forward(
-            owner, "room_send", event.room_id, "send", {"event": event_to_json(event), "txn": txn}
+            owner, "room_send", event.room_id, "send", {"event": event_to_json(event), "txn": txn}, retry=txn
         )
         return await self._visible(Written.from_json(answer))
 
@@ -152,7 +152,12 @@ class RoomWrites:
         if owner == self.name:
             return await self.create_here(events)
         answer = await self._forward(
-            owner, "room_create", room_id, "create", {"events": [event_to_json(e) for e in events]}
+            owner,
+            "room_create",
+            room_id,
+            "create",
+            {"events": [event_to_json(e) for e in events]},
+            retry=True,
         )
         return await self._visible(Written.from_json(answer))
 
@@ -162,7 +167,7 @@ class RoomWrites:
         if owner == self.name:
             return await self.backfill_here(room_id, sender, items)
         answer = await self._forward(
-            owner, "room_backfill", room_id, "backfill", {"sender": sender, "events": items}
+            owner, "room_backfill", room_id, "backfill", {"sender": sender, "events": items}, retry=False
         )
         orderings = answer.get("stream_orderings")
         if not isinstance(orderings, list):
@@ -170,17 +175,16 @@ class RoomWrites:
         return [int(o) for o in orderings]
 
     async def _forward(
-        self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any]
+        self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool
     ) -> dict[str, Any]:
+        """One worker request to the room's owner. `retry`: the request may be repeated after it
+        may have reached the owner (a send with a transaction id and a create are idempotent; a
+        membership change or a backfill is not, and fails with OwnerUnavailable instead)."""
         if self.forwarder is None:
             raise OwnerUnavailable(owner, "worker requests are not set up on this worker")
         self.forwarded += 1
-        # Every room write is safe to retry: sends are idempotent by event id, a create fails
-        # cleanly when the room exists, and a backfill is an admin path.
         path = f"/_fanout/internal/rooms/{quote(room_id, safe='')}/{op}"
-        return await self.forwarder.request(
-            owner, endpoint, "POST", path, body=body, idempotent=op != "backfill"
-        )
+        return await self.forwarder.request(owner, endpoint, "POST", path, body=body, idempotent=retry)
 
     async def _visible(self, written: Written) -> Written:
         """Wait until this worker's token covers `written` (bounded; counted when it is not)."""
@@ -245,6 +249,9 @@ class RoomWrites:
             raise rooms.BadEvent("a new room starts with m.room.create, all events in the room")
         exists, _ = await self._views.rooms.get(room_id)
         if exists:
+            stored = await self._stored(events[-1].event_id)
+            if stored is not None:  # a retried request that was done the first time
+                return Written.of(stored)
             raise rooms.Forbidden(f"{room_id} exists")
         persisted = await persister.persist_many(events)
         return Written.of(persisted[-1])

@@ -109,8 +109,7 @@ class SyncHandler:
             now = self.current_token().merge(since)
             user_rooms = await self._caches.rooms_for_user.get(user_id)
             with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
-                events, now = await self._events_between(user_id, user_rooms, since, now)
-                events = [e for e in events if sync_filter.includes(e.room_id)]
+                events, now = await self._events_between(user_id, user_rooms, since, now, sync_filter)
                 remaining = deadline - time.monotonic()
                 if events or full_state or remaining <= 0 or self.closing:
                     sections = RoomSections(user_id, sync_filter.timeline_limit)
@@ -186,9 +185,15 @@ class SyncHandler:
         return True
 
     async def _events_between(
-        self, user_id: str, user_rooms: UserRooms, since: SyncToken, now: SyncToken
+        self, user_id: str, user_rooms: UserRooms, since: SyncToken, now: SyncToken, sync_filter: SyncFilter
     ) -> tuple[list[Event], SyncToken]:
-        """Visible events in (since, now] for the events component; may shrink `now` to a page."""
+        """Visible events in (since, now] for the events component, and the token they reach.
+
+        Pages rather than gaps: when the window holds more than `max_events` events, or a room more
+        visible ones than the filter's timeline limit, `now` shrinks to a linear position just
+        before the first event that does not fit, and the next sync continues from there. Each
+        writer's position becomes max(since, min(now, cut)): exactly what was returned. So a chain
+        of syncs delivers every event, and `limited` is never needed in an incremental timeline."""
         low, high = since.get("events"), now.get("events")
         if not user_rooms.rooms:
             return [], now
@@ -201,18 +206,25 @@ class SyncHandler:
         windows |= {w: (0, 0) for w in writers if w not in windows}
         async with self._pool.acquire() as conn:
             candidates = await store.events_for_rooms(
-                conn, user_rooms.rooms, windows, (low.stream, high.stream)
+                conn, user_rooms.rooms, windows, (low.stream, high.stream), self._max_events + 1
             )
-            if not candidates:
-                return [], now
-            if len(candidates) > self._max_events:
-                # Page: stop at a linear position so the next window starts exactly after it.
-                # Each writer's position becomes max(since, min(now, cut)): exactly what was returned.
-                cut = candidates[self._max_events - 1].stream_ordering
-                candidates = [e for e in candidates if e.stream_ordering <= cut]
-                page = high.bound_stream_token(cut).copy_and_advance(low)
-                now = SyncToken({**{s: now.get(s) for s in now.streams()}, "events": page})
-        return [e for e in candidates if _visible(e, user_id, user_rooms.history)], now
+        cut = candidates[self._max_events - 1].stream_ordering if len(candidates) > self._max_events else None
+        visible: list[Event] = []
+        per_room: dict[str, int] = {}
+        for event in candidates:
+            if cut is not None and event.stream_ordering > cut:
+                break
+            if not sync_filter.includes(event.room_id) or not _visible(event, user_id, user_rooms.history):
+                continue
+            count = per_room[event.room_id] = per_room.get(event.room_id, 0) + 1
+            if count > max(sync_filter.timeline_limit, 1):
+                cut = event.stream_ordering - 1
+                break
+            visible.append(event)
+        if cut is not None:
+            page = high.bound_stream_token(cut).copy_and_advance(low)
+            now = SyncToken({**{s: now.get(s) for s in now.streams()}, "events": page})
+        return visible, now
 
 
 def _visible(event: Event, user_id: str, history: dict[str, tuple[tuple[int, str], ...]]) -> bool:

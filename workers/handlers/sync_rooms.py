@@ -7,9 +7,10 @@ stream order (or, for an initial sync, each joined room's recent events) and dec
 * it is a leave or ban -> `rooms.leave`, the timeline up to and including it;
 * otherwise -> `rooms.join`. A room the user joined inside the window, or every joined room with
   `full_state`, also gets the current state (minus what the timeline holds).
-A timeline longer than the filter's limit keeps its last events, says `limited`, and carries the
-state events it skipped (the last of each (type, state_key)) in `state`, so a client's view of the
-room stays right. `prev_batch` is a room pagination token for /messages (`workers.handlers.messages`).
+A timeline longer than the filter's limit (an initial sync's room; an incremental window is paged
+by the sync handler instead) keeps its last events, says `limited`, and carries the state events it
+skipped (the last of each (type, state_key)) in `state`, so a client's view of the room stays right.
+`prev_batch` is a room pagination token for /messages (`workers.handlers.messages`).
 """
 
 from __future__ import annotations

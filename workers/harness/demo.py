@@ -130,11 +130,14 @@ async def _serve_until_stopped(cluster: LocalCluster, redis_url: str, database_u
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    say("the cluster stays up (Ctrl-C stops it):")
+    listing = cluster.workdir / "cluster.json"
+    listing.write_text(json.dumps({"workers": cluster.urls, "server_name": "localhost"}, indent=2))
+    say("the cluster stays up (Ctrl-C stops it); every worker serves the Matrix client API:")
     for name in cluster.workers:
         say(f"  {name:<12} {cluster.url(name)}")
     say(f"  database     {database_url}")
     say(f"  redis        {redis_url}")
+    say(f"  the same as JSON, for scripts: {listing}")
     await stop.wait()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(signum)

@@ -129,9 +129,14 @@ def needs_transaction(events: Sequence[Event], invalidations: Sequence[object]) 
 
 
 async def events_for_rooms(
-    conn: Conn, rooms: Iterable[str], windows: Mapping[str, tuple[int, int]], default: tuple[int, int]
+    conn: Conn,
+    rooms: Iterable[str],
+    windows: Mapping[str, tuple[int, int]],
+    default: tuple[int, int],
+    limit: int,
 ) -> list[Event]:
-    """Live events of `rooms` inside their writer's window (low, high], in stream order.
+    """Live events of `rooms` inside their writer's window (low, high], in stream order, the first
+    `limit`.
 
     `windows` maps a writer to its (low, high]; events of any other instance use `default`. Each
     writer's range is scanned on its own, so a writer that lags does not widen the others' scans.
@@ -144,13 +149,14 @@ async def events_for_rooms(
         " AND e.stream_ordering > w.low AND e.stream_ordering <= w.high"
         f" UNION ALL SELECT {_EVENT_COLUMNS} FROM events WHERE room_id = ANY($1::text[])"
         " AND instance_name <> ALL($2::text[]) AND stream_ordering > $5 AND stream_ordering <= $6"
-        " ORDER BY stream_ordering",
+        " ORDER BY stream_ordering LIMIT $7",
         list(rooms),
         names,
         [windows[n][0] for n in names],
         [windows[n][1] for n in names],
         default[0],
         default[1],
+        limit,
     )
     return [_event(r) for r in records]
 

@@ -120,13 +120,25 @@ async def test_messages_pages_back_through_a_limited_timeline_and_backfill(
     workers = [await make_worker(n, WRITERS) for n in ("p1", "p2", "r1")]
     alice = client_for(http, workers, WRITERS, timeline_limit=5)
     await alice.register("alice")
-    room = await alice.create_room("public")
+    room = await alice.create_room("public", via="r1")
     since = (await alice.sync("r1"))["next_batch"]
     for i in range(23):
-        await alice.send(room, "m.room.message", {"n": i})
-    await alice.set_state(room, "m.room.topic", "", {"topic": "late"})
-    await alice.send(room, "m.room.message", {"n": 23})
-    result = await alice.sync("r1", since, 0)
+        await alice.send(room, "m.room.message", {"n": i}, via="r1")
+    await alice.set_state(room, "m.room.topic", "", {"topic": "late"}, via="r1")
+    await alice.send(room, "m.room.message", {"n": 23}, via="r1")
+    # An incremental sync pages instead of leaving a gap: five at a time, none limited.
+    pages: list[list[int | None]] = []
+    while True:
+        result = await alice.sync("r1", since, 0)
+        since = result["next_batch"]
+        if room not in result["rooms"]["join"]:
+            break
+        timeline = result["rooms"]["join"][room]["timeline"]
+        assert timeline["limited"] is False and len(timeline["events"]) <= 5
+        pages.append([e["content"].get("n") for e in timeline["events"]])
+    assert [n for page in pages for n in page] == [*range(23), None, 23] and len(pages) == 5
+    # An initial sync shows the recent five, limited, and /messages pages back from prev_batch.
+    result = await alice.sync("r1")
     timeline = result["rooms"]["join"][room]["timeline"]
     assert timeline["limited"] is True and len(timeline["events"]) == 5
     assert timeline["events"][-1]["content"] == {"n": 23}

@@ -1,0 +1,146 @@
+"""The Matrix API's pure parts on their own: sync sections, filters, createRoom plans, ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers import identifiers
+from workers.handlers import rooms
+from workers.handlers.sync_filter import DEFAULT_TIMELINE_LIMIT, SyncFilter
+from workers.handlers.sync_rooms import RoomSections
+from workers.model import MEMBER_EVENT, Event
+
+ME = "@me:hs"
+
+
+def ev(
+    ordering: int, room: str, kind: str = "m.room.message", key: str | None = None, **content: object
+) -> Event:
+    return Event(
+        ordering, "p1", f"$e{ordering}", room, kind, "@other:hs", dict(content), key, 1000 + ordering
+    )
+
+
+def member(ordering: int, room: str, membership: str, who: str = ME) -> Event:
+    return ev(ordering, room, MEMBER_EVENT, who, membership=membership)
+
+
+async def no_state(room_id: str) -> list[Event]:
+    return [
+        ev(1, room_id, "m.room.create", ""),
+        member(2, room_id, "join", "@other:hs"),
+        member(3, room_id, "invite"),
+    ]
+
+
+async def test_a_window_is_sorted_into_join_invite_and_leave() -> None:
+    sections = RoomSections(ME, timeline_limit=10)
+    sections.add_window(
+        [
+            ev(10, "!a:hs"),
+            member(11, "!b:hs", "invite"),
+            member(12, "!c:hs", "join"),
+            ev(13, "!c:hs"),
+            ev(14, "!d:hs"),
+            member(15, "!d:hs", "leave"),
+            member(16, "!e:hs", "invite"),
+            member(17, "!e:hs", "join"),
+        ]
+    )
+    await sections.load_state(no_state, no_state)
+    body = sections.response("tok")
+    assert body["next_batch"] == "tok"
+    join, invite, leave = (body["rooms"][k] for k in ("join", "invite", "leave"))
+    assert set(join) == {"!a:hs", "!c:hs", "!e:hs"} and set(invite) == {"!b:hs"} and set(leave) == {"!d:hs"}
+    assert join["!a:hs"]["state"]["events"] == []  # joined earlier: no state
+    assert [e["event_id"] for e in join["!c:hs"]["state"]["events"]] == ["$e1", "$e2", "$e3"]  # joined now
+    assert [e["event_id"] for e in join["!c:hs"]["timeline"]["events"]] == ["$e12", "$e13"]
+    assert join["!c:hs"]["timeline"]["prev_batch"] == "t11"
+    assert [e["state_key"] for e in invite["!b:hs"]["invite_state"]["events"]] == ["", ME]  # no other member
+    assert [e["event_id"] for e in leave["!d:hs"]["timeline"]["events"]] == ["$e14", "$e15"]
+    assert "room_id" not in join["!a:hs"]["timeline"]["events"][0]
+
+
+async def test_an_initial_room_longer_than_the_limit_is_limited_with_its_skipped_state() -> None:
+    sections = RoomSections(ME, timeline_limit=2)
+    sections.add_joined_room(
+        "!a:hs", [ev(5, "!a:hs", "m.room.topic", "", topic="x"), ev(6, "!a:hs"), ev(7, "!a:hs")]
+    )
+    await sections.load_state(no_state, no_state)
+    room = sections.response("t")["rooms"]["join"]["!a:hs"]
+    assert room["timeline"]["limited"] is True
+    assert [e["event_id"] for e in room["timeline"]["events"]] == ["$e6", "$e7"]
+    assert len(room["state"]["events"]) == 3  # the full state, none of it in the timeline
+
+
+def test_filters_parse_what_the_cluster_applies_and_refuse_wrong_types() -> None:
+    assert SyncFilter.parse({}).timeline_limit == DEFAULT_TIMELINE_LIMIT
+    parsed = SyncFilter.parse({"room": {"rooms": ["!a:hs"], "not_rooms": ["!b:hs"], "timeline": {"limit": 5}},
+                               "presence": {"not_types": ["*"]}})  # fmt: skip
+    assert parsed.timeline_limit == 5 and parsed.includes("!a:hs") and not parsed.includes("!b:hs")
+    assert not parsed.includes("!c:hs")
+    assert SyncFilter.parse({"room": {"timeline": {"limit": 10**9}}}).timeline_limit == 1000
+    bad_filters = [
+        [], {"room": []}, {"room": {"timeline": {"limit": -1}}}, {"room": {"timeline": {"limit": True}}},
+        {"room": {"rooms": "!a:hs"}},
+    ]  # fmt: skip
+    for bad in bad_filters:
+        with pytest.raises(ValueError):
+            SyncFilter.parse(bad)
+
+
+def test_a_room_plan_follows_the_spec_order_and_presets() -> None:
+    plan = rooms.plan_room(
+        {"preset": "trusted_private_chat", "name": "n", "topic": "t", "invite": ["@b:hs"],
+         "room_alias_name": "x",
+         "initial_state": [{"type": "m.room.guest_access", "content": {"guest_access": "forbidden"}}]},
+        "@a:hs", "!r:hs", "hs",
+    )  # fmt: skip
+    kinds = [(e.type, e.state_key) for e in plan.events]
+    assert kinds == [
+        ("m.room.create", ""), (MEMBER_EVENT, "@a:hs"), ("m.room.power_levels", ""),
+        ("m.room.canonical_alias", ""),
+        ("m.room.join_rules", ""), ("m.room.history_visibility", ""), ("m.room.guest_access", ""),
+        ("m.room.name", ""), ("m.room.topic", ""), (MEMBER_EVENT, "@b:hs"),
+    ]  # fmt: skip
+    assert plan.events[2].content["users"] == {"@a:hs": 100, "@b:hs": 100}
+    assert plan.events[6].content == {"guest_access": "forbidden"}  # initial_state beats the preset
+    assert plan.alias == "#x:hs"
+    for bad in (
+        {"preset": "open"},
+        {"room_version": "1"},
+        {"invite": ["bob"]},
+        {"initial_state": [{"type": 1}]},
+        {"name": 5},
+        {"initial_state": [{"type": "m.room.join_rules", "content": {"join_rule": "knock"}}]},
+    ):
+        with pytest.raises(rooms.BadEvent):
+            rooms.plan_room(bad, "@a:hs", "!r:hs", "hs")
+
+
+def test_transaction_event_ids_are_stable_and_scoped() -> None:
+    one = rooms.txn_event_id("!r:hs", "@a:hs", "DEV", "t1")
+    assert one == rooms.txn_event_id("!r:hs", "@a:hs", "DEV", "t1")
+    variants = [
+        ("!s:hs", "@a:hs", "DEV", "t1"), ("!r:hs", "@b:hs", "DEV", "t1"), ("!r:hs", "@a:hs", "DEV2", "t1"),
+        ("!r:hs", "@a:hs", "DEV", "t2"),
+    ]  # fmt: skip
+    others = {rooms.txn_event_id(*args) for args in variants}
+    assert len(others) == 4 and one not in others
+
+
+def test_identifiers_accept_the_spec_grammar_and_nothing_replication_would_refuse() -> None:
+    assert identifiers.check_user_id("@alice:example.org:8448") == "@alice:example.org:8448"
+    assert identifiers.check_room_id("!abc:hs") == "!abc:hs"
+    assert (
+        identifiers.localpart_of("@alice:hs", "hs") == "alice"
+        and identifiers.localpart_of("@a:other", "hs") is None
+    )
+    for bad in ("alice", "@alice", "@:hs", "@a b:hs", "@a:h s", "@a:[::1]"):
+        with pytest.raises(ValueError):
+            identifiers.check_user_id(bad)
+    for bad in ("!abc", "abc:hs", "!a~b:hs", "!a%20:hs"):
+        with pytest.raises(ValueError):
+            identifiers.check_room_id(bad)
+    with pytest.raises(ValueError):
+        identifiers.check_localpart("Alice", "hs")
