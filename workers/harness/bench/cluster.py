@@ -43,7 +43,8 @@ from workers.handlers.persist import MAX_BATCH
 from workers.harness.bench._common import Figure, percentile, progress, scratch_database
 from workers.harness.bench.write_path import in_processes
 from workers.harness.cluster import LocalCluster
-from workers.harness.cluster_client import ClusterClient
+from workers.harness.cluster_client import ClusterClient, timeline_events
+from workers.routing import writer_for_room
 from workers.services import given_or_embedded
 from workers.storage import connect
 
@@ -72,7 +73,7 @@ async def _http_load(
             while not stop.is_set():
                 result = await probe.sync(worker, token, 500)
                 now = time.time()
-                for event in result["events"]:
+                for event in timeline_events(result):
                     arrivals.setdefault(event["event_id"], []).append(now)
                 token = result["next_batch"]
 
@@ -85,9 +86,11 @@ async def _http_load(
         async def sender(index: int) -> None:
             next_at = time.monotonic()
             while time.monotonic() < deadline:
-                result = await client.send(
-                    room_ids[(index + len(sent)) % len(room_ids)], "m.room.message", {}
-                )
+                room = room_ids[(index + len(sent)) % len(room_ids)]
+                # Straight to the room's persister: the write path over HTTP, without a forwarding
+                # hop (`fanout bench http` measures that hop).
+                owner = writer_for_room(room, cluster.event_writers)
+                result = await client.send(room, "m.room.message", {}, via=owner)
                 sent[result["event_id"]] = 0.0
                 if interval:
                     next_at += interval

@@ -255,22 +255,36 @@ async def _setup(base: str, args: argparse.Namespace) -> tuple[str, str, list[Po
             r.raise_for_status()
             room = str((await r.json())["room_id"])
 
-        async def user(name: str, join: bool) -> tuple[str, str]:
+        async def user(name: str, join: bool) -> str:
             async with limit:
                 token = await _register(http, base, name)
-                auth = {"Authorization": f"Bearer {token}"}
                 if join:
+                    auth = {"Authorization": f"Bearer {token}"}
                     async with http.post(
                         f"{base}{CLIENT}/join/{quote(room, safe='')}", json={}, headers=auth
                     ) as r:
                         r.raise_for_status()
-                async with http.get(f"{base}{CLIENT}/sync?timeout=0", headers=auth) as r:
-                    r.raise_for_status()
-                    return token, str((await r.json())["next_batch"])
+                return token
+
+        async def latest(token: str) -> tuple[str, str]:
+            # Taken once every member has joined (each join was answered once this worker had it),
+            # so no poll wakes for another member's join instead of the message.
+            filtered = quote('{"room": {"timeline": {"limit": 0}}}')
+            async with (
+                limit,
+                http.get(
+                    f"{base}{CLIENT}/sync?timeout=0&filter={filtered}",
+                    headers={"Authorization": f"Bearer {token}"},
+                ) as r,
+            ):
+                r.raise_for_status()
+                return token, str((await r.json())["next_batch"])
 
         progress(f"  registering {args.room_members} members and {idle_users} idle users ...")
-        members = await asyncio.gather(*(user(f"m{i}{tag}", True) for i in range(args.room_members)))
-        idle = await asyncio.gather(*(user(f"i{i}{tag}", False) for i in range(idle_users)))
+        member_tokens = await asyncio.gather(*(user(f"m{i}{tag}", True) for i in range(args.room_members)))
+        idle_tokens = await asyncio.gather(*(user(f"i{i}{tag}", False) for i in range(idle_users)))
+        members = await asyncio.gather(*(latest(t) for t in member_tokens))
+        idle = await asyncio.gather(*(latest(t) for t in idle_tokens))
     polls: list[Poll] = [(token, since, True) for token, since in members]
     while len(polls) < args.polls:
         token, since = idle[len(polls) % len(idle)]
