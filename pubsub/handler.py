@@ -177,6 +177,7 @@ class ReplicationHandler:
         split = split_numbered_rdata
         max_bytes, generation, queue_size = self.max_line_bytes, self.generation, self.queue_size
         echoes = unsubscribed = size = run = 0
+        last_echo: bytes | None = None
         runs: list[tuple[_Route, int]] = []  # (route, lines queued through it in a row)
         last: _Route | None = None
         # A positions-only route's highest token so far, queued (`_follow`) when another such route
@@ -187,6 +188,10 @@ class ReplicationHandler:
             if data.startswith(own):
                 if data.startswith(echo):
                     echoes += 1
+                    if data.startswith(b"POSITION "):
+                        self._check_own_claim(data)
+                    else:  # our rows come in token order: the batch's last says the most
+                        last_echo = data
                 else:
                     unsubscribed += 1
                 size += len(data)
@@ -227,6 +232,8 @@ class ReplicationHandler:
             self.handle_line(data, now)
         if follow is not None:
             follow[0].follow(follow[1], top)
+        if last_echo is not None:
+            self._check_own_claim(last_echo)
         self.metrics.bytes_in += size
         if echoes:
             self.metrics.drop("echo", echoes)
@@ -238,6 +245,30 @@ class ReplicationHandler:
             state.last_heard[writer] = now
             self.metrics.command_in("RDATA", state.stream.name, count)
             state.wake.set()
+
+    def _check_own_claim(self, data: bytes) -> None:
+        """A line under our own name is never applied: our positions come from our own commits.
+        One that claims a position we never reached means another process speaks under our name
+        (or forges it): count it and raise an alarm (rate-limited), nothing else."""
+        parts = data.split(b" ", 5)
+        try:
+            kind, stream = parts[0], parts[1].decode()
+            token = int(parts[4] if kind == b"POSITION" else parts[3])
+        except (IndexError, ValueError):
+            return  # a batch row, or not a line we could have sent: the parser's business
+        state = self._states.get(stream)
+        if state is None or token <= state.stream.current_token(self.instance_name):
+            return
+        self.metrics.reject("conflicting_own_name")
+        self._ratelog.error(
+            f"own:{stream}",
+            "ALARM: a line under this instance's own name claims %s position %d, beyond what it committed"
+            " (%d): another process uses the name %s, or someone forges it; ignored",
+            stream,
+            token,
+            state.stream.current_token(self.instance_name),
+            self.instance_name,
+        )
 
     def handle_line(self, data: bytes | str, now: float) -> None:
         """Validate one received line and route it; never raises."""

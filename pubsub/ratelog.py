@@ -7,7 +7,8 @@ import time
 
 
 class RateLimitedLog:
-    """`warning(key, msg, *args)`: first occurrence per `interval_s` is logged with how many were suppressed.
+    """`warning(key, msg, *args)` (or `error`): the first occurrence per key and `interval_s` is
+    logged, with how many were suppressed since.
 
     Forged traffic must not be able to flood the log, but an operator must still see that it happens.
     """
@@ -19,6 +20,12 @@ class RateLimitedLog:
         self._suppressed: dict[str, int] = {}
 
     def warning(self, key: str, msg: str, *args: object) -> None:
+        self.log(logging.WARNING, key, msg, *args)
+
+    def error(self, key: str, msg: str, *args: object) -> None:
+        self.log(logging.ERROR, key, msg, *args)
+
+    def log(self, level: int, key: str, msg: str, *args: object) -> None:
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self._interval_s:
@@ -30,4 +37,4 @@ class RateLimitedLog:
         self._last[key] = now
         suppressed = self._suppressed.pop(key, 0)
         suffix = f" ({suppressed} similar suppressed)" if suppressed else ""
-        self._logger.warning(msg + suffix, *args)
+        self._logger.log(level, msg + suffix, *args)

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from tests.cluster.conftest import MakeCluster
+from tests.pubsub.conftest import publish_raw
 from workers.harness.cluster_client import ClusterClient, RequestRefused, timeline_events
 from workers.harness.loadgen import LoadDriver, LoadPlan
 from workers.routing import writer_for_room
@@ -141,6 +142,33 @@ async def test_a_send_retried_across_a_killed_persister_is_one_event(
     assert again["event_id"] == first["event_id"]
     async with connect(database_url) as conn:
         assert await conn.fetchval("SELECT count(*) FROM events WHERE type = 'm.room.message'") == 1
+
+
+async def test_a_forged_position_under_a_running_writers_name_stops_nothing(
+    make_cluster: MakeCluster, redis_url: str, channel_prefix: str
+) -> None:
+    """Issue 24's forged echo: one POSITION under persister1's own name, far beyond anything. The
+    real persister1 ignores it (its positions come from its commits) and raises the alarm; readers
+    refuse it (beyond the sequence); every later send answers 200 and is delivered."""
+    cluster = await make_cluster(persisters=1, sync_workers=1, background_workers=0)
+    async with aiohttp.ClientSession() as session:
+        alice = ClusterClient(session, cluster.urls)
+        await alice.register("alice", via="sync1")
+        room = await alice.create_room("public", via="sync1")
+        since = (await alice.sync("sync1"))["next_batch"]
+        await publish_raw(redis_url, channel_prefix, [b"POSITION events persister1 70 1000000000000000"])
+        for i in range(10):
+            await alice.send(room, "m.room.message", {"n": i}, via="persister1" if i % 2 else "sync1")
+        got: list[int] = []
+        while len(got) < 10:
+            result = await alice.sync("sync1", since, 2000)
+            since = result["next_batch"]
+            got += [e["content"]["n"] for e in timeline_events(result) if e["type"] == "m.room.message"]
+        assert got == list(range(10))
+        async with session.get(f"{cluster.url('persister1')}/metrics") as resp:
+            metrics = await resp.text()
+    assert 'fanout_repl_rejected_total{reason="conflicting_own_name"} 1.0' in metrics
+    assert "ALARM" in cluster.log_tail("persister1", 200)
 
 
 async def _wait_until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 60.0) -> None:

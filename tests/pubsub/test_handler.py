@@ -305,6 +305,25 @@ async def test_own_lines_are_dropped_by_prefix_before_parsing(make: Callable[...
     assert h.applied == []
 
 
+async def test_a_line_claiming_our_name_beyond_our_commits_is_an_alarm_and_moves_nothing(
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Someone else publishing under our name (issue 24's forged echo): ignored for our state,
+    counted, and logged at ERROR, once per interval; our own echoes within what we reached are not."""
+    h = make()
+    own = h.handler.streams["s"].generator
+    own.advance("me", 5)
+    h.send(rd("me", 4, "x"), "POSITION s me 4 5")  # genuine echoes
+    await h.settle()
+    assert h.rejected("conflicting_own_name") == 0
+    h.send("POSITION s me 70 1000000000000000", rd("me", 9, "y"), "POSITION s me 5 9")
+    await h.settle()
+    assert h.rejected("conflicting_own_name") == 3
+    assert h.position("me") == 5 and h.applied == []
+    alarms = [r for r in caplog.records if "ALARM" in r.getMessage()]
+    assert len(alarms) == 1 and alarms[0].levelname == "ERROR"
+
+
 async def test_metrics_are_plain_counters_exposed_at_collection(make: Callable[..., Harness]) -> None:
     h = make()
     h.send("POSITION s w1 0 0", rd("w1", 4, "x"), "POSITION s w1 4 6", "BOGUS")

@@ -101,6 +101,8 @@ class EventPersister:
         self.batches = 0
         self.events = 0
         self.failed_batches = 0
+        #: Batches PostgreSQL refused and that were persisted again in halves.
+        self.isolations = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(
@@ -179,10 +181,12 @@ class EventPersister:
             # Rare: answer those with the stored event and queue the rest again, first in line.
             rest = await self._answer_existing(batch)
             if len(rest) == len(batch):
-                self._fail(batch, e)
+                await self._isolate(batch, e)
             elif rest:
                 self._queue.extendleft(reversed(rest))
                 self._queued(len(rest))
+        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as e:
+            await self._isolate(batch, e)
         except Exception as e:
             self._fail(batch, e)
         finally:
@@ -193,7 +197,30 @@ class EventPersister:
             if not self._unfinished and self._drained is not None and not self._drained.done():
                 self._drained.set_result(None)
 
+    async def _isolate(self, batch: list[_Pending], error: Exception) -> None:
+        """PostgreSQL refused the batch's data: persist it again in halves, in order, so that only
+        the requests it refuses fail (the HTTP edge refuses what it knows PostgreSQL would; this is
+        the fallback for the rest). A half gets new IDs; the failed attempt's are harmless gaps."""
+        if len(batch) == 1:
+            if isinstance(error, asyncpg.UniqueViolationError):
+                batch = await self._answer_existing(batch)
+            self._fail(batch, error)
+            return
+        self.isolations += 1
+        log.warning("batch of %d refused (%s); persisting it in halves", len(batch), error)
+        middle = len(batch) // 2
+        for half in (batch[:middle], batch[middle:]):
+            allocated: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            try:
+                await self._persist_batch(half, allocated)
+            except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as e:
+                await self._isolate(half, e)
+            except Exception as e:
+                self._fail(half, e)
+
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
+        if not batch:
+            return
         self.failed_batches += 1
         log.error("batch failed events=%d: %s", len(batch), error, exc_info=error)
         for _, future in batch:

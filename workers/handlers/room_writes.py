@@ -247,8 +247,7 @@ class RoomWrites:
         room_id = events[0].room_id
         if events[0].type != rooms.CREATE_EVENT or any(e.room_id != room_id for e in events):
             raise rooms.BadEvent("a new room starts with m.room.create, all events in the room")
-        exists, _ = await self._views.rooms.get(room_id)
-        if exists:
+        if (await self._views.rooms.get(room_id)).exists:
             stored = await self._stored(events[-1].event_id)
             if stored is not None:  # a retried request that was done the first time
                 return Written.of(stored)

@@ -14,7 +14,7 @@ import hashlib
 import json
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -22,6 +22,7 @@ import asyncpg
 from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers.caches import EventLike, LruCache
+from workers.handlers.power_levels import PowerLevels
 from workers.model import MEMBER_EVENT, MEMBERSHIPS, NewEvent
 from workers.storage import Conn
 
@@ -44,6 +45,15 @@ class BadEvent(RoomRuleError):
 
 
 @dataclass(frozen=True, slots=True)
+class RoomRules:
+    """What the rules need of a room's own state: does it exist, its join rule, its power levels."""
+
+    exists: bool
+    join_rule: str
+    power: PowerLevels
+
+
+@dataclass(frozen=True, slots=True)
 class RoomView:
     """What the rules need to know of a room at the time of the check."""
 
@@ -51,22 +61,28 @@ class RoomView:
     join_rule: str
     sender_membership: str | None
     target_membership: str | None
+    power: PowerLevels = field(default_factory=PowerLevels)
 
 
-async def load_room(conn: Conn, room_id: str) -> tuple[bool, str]:
-    """(the room exists, its join rule) from current state."""
+async def load_room(conn: Conn, room_id: str) -> RoomRules:
+    """The room's rules from its current state."""
     records = await conn.fetch(
-        "SELECT c.type, e.json FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
-        " WHERE c.room_id = $1 AND c.type IN ('m.room.create', 'm.room.join_rules')",
+        "SELECT c.type, e.sender, e.json FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
+        " WHERE c.room_id = $1 AND c.type IN ('m.room.create', 'm.room.join_rules', 'm.room.power_levels')",
         room_id,
     )
-    exists, join_rule = False, "invite"
+    exists, join_rule, creator, power = False, "invite", None, None
     for r in records:
+        content = json.loads(r["json"]).get("content", {})
         if r["type"] == CREATE_EVENT:
-            exists = True
+            exists, creator = True, content.get("creator", r["sender"])
+        elif r["type"] == JOIN_RULES_EVENT:
+            join_rule = content.get("join_rule", "invite")
         else:
-            join_rule = json.loads(r["json"]).get("content", {}).get("join_rule", "invite")
-    return exists, join_rule
+            power = content if isinstance(content, dict) else {}
+    return RoomRules(
+        exists, join_rule, PowerLevels.from_state(power, creator if isinstance(creator, str) else None)
+    )
 
 
 async def load_membership(conn: Conn, room_id: str, user_id: str) -> str | None:
@@ -91,18 +107,19 @@ class RoomViews:
 
     def __init__(self, pool: asyncpg.Pool, max_entries: int) -> None:
         self._pool = pool
-        self.rooms: LruCache[str, tuple[bool, str]] = LruCache("room_rules", max_entries, self._room)
+        self.rooms: LruCache[str, RoomRules] = LruCache("room_rules", max_entries, self._room)
         self.memberships: LruCache[tuple[str, str], str | None] = LruCache(
             "room_memberships", max_entries, self._membership
         )
 
     async def view(self, room_id: str, sender: str, target: str | None) -> RoomView:
-        exists, join_rule = await self.rooms.get(room_id)
+        room = await self.rooms.get(room_id)
         return RoomView(
-            exists,
-            join_rule,
+            room.exists,
+            room.join_rule,
             await self.memberships.get((room_id, sender)),
             None if target is None else await self.memberships.get((room_id, target)),
+            room.power,
         )
 
     def on_events(self, events: Iterable[EventLike]) -> None:
@@ -112,10 +129,10 @@ class RoomViews:
                 continue
             if event.type == MEMBER_EVENT:
                 self.memberships.invalidate((event.room_id, event.state_key))
-            elif event.type in (CREATE_EVENT, JOIN_RULES_EVENT):
+            elif event.type in (CREATE_EVENT, JOIN_RULES_EVENT, POWER_LEVELS_EVENT):
                 self.rooms.invalidate(event.room_id)
 
-    async def _room(self, room_id: str) -> tuple[bool, str]:
+    async def _room(self, room_id: str) -> RoomRules:
         async with self._pool.acquire() as conn:
             return await load_room(conn, room_id)
 
@@ -125,38 +142,54 @@ class RoomViews:
 
 
 def check(event: NewEvent, view: RoomView) -> None:
-    """Raise Forbidden/NotFound/BadEvent unless `event` may be sent into the room as `view` shows it."""
+    """Raise Forbidden/NotFound/BadEvent unless `event` may be sent into the room as `view` shows it:
+    the membership rules, then the room's power levels (`workers.handlers.power_levels`)."""
     if not view.exists:
         raise NotFound(f"no room {event.room_id}")
+    power = view.power
     if event.type != MEMBER_EVENT:
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
         if event.type == JOIN_RULES_EVENT and event.content.get("join_rule") not in JOIN_RULES:
             raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+        _allowed(power.may_send(event.sender, event.type, event.state_key is not None))
+        if event.type == POWER_LEVELS_EVENT and event.state_key == "":
+            _allowed(power.may_change_to(event.sender, PowerLevels.from_state(event.content, None)))
         return
     membership = event.membership
     if membership not in MEMBERSHIPS or event.state_key is None:
         raise BadEvent("a member event needs a state_key (the user) and content.membership")
+    target = event.state_key
     if membership == "join":
-        if event.state_key != event.sender:
+        if target != event.sender:
             raise Forbidden("only the user themself can join")
         if view.sender_membership == "ban":
             raise Forbidden(f"{event.sender} is banned from {event.room_id}")
         if view.join_rule != "public" and view.sender_membership not in ("invite", "join"):
             raise Forbidden(f"{event.room_id} is invite-only")
-    elif membership == "leave":
-        if event.state_key == event.sender:
-            if view.sender_membership not in ("join", "invite"):
-                raise Forbidden(f"{event.sender} is not in {event.room_id}")
-        elif view.sender_membership != "join" or view.target_membership not in ("join", "invite", "ban"):
-            raise Forbidden(
-                "kicking (or unbanning) needs the sender joined and the target in the room (or banned)"
-            )
-    elif membership in ("invite", "ban"):
+    elif membership == "leave" and target == event.sender:
+        if view.sender_membership not in ("join", "invite"):
+            raise Forbidden(f"{event.sender} is not in {event.room_id}")
+    else:  # invite, kick (leave of another), ban, unban (leave of a banned user)
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
-        if membership == "invite" and view.target_membership in ("join", "ban"):
-            raise Forbidden(f"{event.state_key} cannot be invited (membership {view.target_membership})")
+        if membership == "invite":
+            if view.target_membership in ("join", "ban"):
+                raise Forbidden(f"{target} cannot be invited (membership {view.target_membership})")
+            _allowed(power.may_act_on("invite", event.sender, target))
+        elif membership == "ban":
+            _allowed(power.may_act_on("ban", event.sender, target))
+        elif view.target_membership == "ban":
+            _allowed(power.may_act_on("ban", event.sender, target))
+        elif view.target_membership in ("join", "invite"):
+            _allowed(power.may_act_on("kick", event.sender, target))
+        else:
+            raise Forbidden(f"{target} is not in {event.room_id}")
+
+
+def _allowed(refusal: str | None) -> None:
+    if refusal is not None:
+        raise Forbidden(refusal)
 
 
 def new_event_id() -> str:

@@ -162,7 +162,10 @@ class LoadDriver:
             await reader.initial()
         owner = self.clients[0]
         for _ in range(plan.rooms):
-            room = await owner.create_room("public")
+            # Topic changes at power 0, so every member's state changes pass the room's power levels.
+            room = await owner.create_room(
+                "public", power_level_content_override={"events": {"m.room.topic": 0}}
+            )
             self.rooms.append(room)
             self.joined[str(owner.user_id)].add(room)
         for reader in self.probes:

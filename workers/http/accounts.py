@@ -158,13 +158,13 @@ class Accounts:
             raise ApiError(400, "M_BAD_JSON", "identifier.user is missing")
         password = self._password(body.get("password"), required=True)
         assert password is not None
+        device_id, display_name = _device_fields(body)
         local = identifiers.localpart_of(name.lower(), self.settings.server_name)
         user_id = identifiers.user_id(local or "", self.settings.server_name)
         async with self._pool.acquire() as conn:
             stored = await users.password_hash(conn, user_id) if local else None
         if not await verify_password(password, stored):
             raise ApiError(403, "M_FORBIDDEN", "invalid user name or password")
-        device_id, display_name = _device_fields(body)
         async with self._pool.acquire() as conn:
             session = await users.new_session(conn, user_id, device_id, display_name)
         return web.json_response(_session_body(session, self.settings.server_name))
@@ -228,10 +228,13 @@ class Accounts:
 
 def _device_fields(body: dict[str, Any]) -> tuple[str | None, str | None]:
     device_id, name = body.get("device_id"), body.get("initial_device_display_name")
-    if device_id is not None and (not isinstance(device_id, str) or not 1 <= len(device_id) <= 255):
-        raise ApiError(400, "M_INVALID_PARAM", "device_id must be a string of 1 to 255 characters")
-    if name is not None and not isinstance(name, str):
-        raise ApiError(400, "M_INVALID_PARAM", "initial_device_display_name must be a string")
+    # Printable only: PostgreSQL refuses a NUL in text, and a refused row must not be found there.
+    if device_id is not None and (
+        not isinstance(device_id, str) or not 1 <= len(device_id) <= 255 or not device_id.isprintable()
+    ):
+        raise ApiError(400, "M_INVALID_PARAM", "device_id must be 1 to 255 printable characters")
+    if name is not None and (not isinstance(name, str) or len(name) > 255 or "\x00" in name):
+        raise ApiError(400, "M_INVALID_PARAM", "initial_device_display_name: at most 255 characters, no NUL")
     return device_id, name
 
 

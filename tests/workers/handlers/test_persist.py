@@ -43,3 +43,24 @@ async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_o
             "SELECT event_id FROM events WHERE stream_ordering > 0 ORDER BY stream_ordering"
         )
     assert [r["event_id"] for r in stored][-2:] == ["$held", second.event_id]
+
+
+async def test_a_batch_postgres_refuses_is_persisted_in_halves_failing_only_the_bad_event(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    """The HTTP edge refuses what PostgreSQL would; should something still get through (here a NUL
+    in a state key, put straight on the persister), only its own request fails."""
+    p1 = await make_worker("p1", ["p1"])
+    assert p1.persister is not None
+    events = [NewEvent(new_event_id(), "!room", "m.room.message", f"@u{i}", {"n": i}) for i in range(7)]
+    events.insert(3, NewEvent(new_event_id(), "!room", "m.room.topic", "@bad", {}, "nul\x00key"))
+    futures = [p1.persister.persist(e) for e in events]  # one loop turn: one batch
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert isinstance(results[3], Exception)
+    assert all(not isinstance(r, Exception) for i, r in enumerate(results) if i != 3), results
+    assert p1.persister.isolations >= 1
+    async with connect(database_url) as conn:
+        stored = await conn.fetch(
+            "SELECT sender FROM events WHERE type = 'm.room.message' ORDER BY stream_ordering"
+        )
+    assert [r["sender"] for r in stored] == [f"@u{i}" for i in range(7)]

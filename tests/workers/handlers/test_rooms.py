@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workers.handlers import rooms
+from workers.handlers.power_levels import PowerLevels
 from workers.model import NewEvent
 
 
@@ -36,3 +37,28 @@ def test_room_rules(event: NewEvent, view: rooms.RoomView, error: type[Exception
     else:
         with pytest.raises(error):
             rooms.check(event, view)
+
+
+def test_power_levels_defaults_and_tolerance() -> None:
+    none_yet = PowerLevels.from_state(None, "@creator")
+    assert none_yet.user("@creator") == 100 and none_yet.user("@x") == 0
+    assert none_yet.required("m.room.name", True) == 0  # no power levels event: state_default 0
+    odd = PowerLevels.from_state({"users": {"@a": "75", "@b": True, "@c": [1]}, "ban": "x", "kick": 20}, None)
+    assert odd.users == {"@a": 75} and odd.top["ban"] == 50 and odd.top["kick"] == 20
+    assert odd.may_act_on("kick", "@a", "@z") is None
+    assert odd.may_act_on("kick", "@z", "@a") is not None  # no power
+    assert (
+        PowerLevels.from_state({"users": {"@a": 50, "@b": 50}}, None).may_act_on("ban", "@a", "@b")
+        is not None
+    )
+
+
+def test_a_power_levels_change_cannot_exceed_or_touch_higher_levels() -> None:
+    now = PowerLevels.from_state({"users": {"@owner": 100, "@mod": 50, "@m": 0}}, None)
+    mod_raises_member = PowerLevels.from_state({"users": {"@owner": 100, "@mod": 50, "@m": 50}}, None)
+    assert now.may_change_to("@mod", mod_raises_member) is None
+    too_high = PowerLevels.from_state({"users": {"@owner": 100, "@mod": 50, "@m": 60}}, None)
+    assert now.may_change_to("@mod", too_high) is not None
+    demote_owner = PowerLevels.from_state({"users": {"@owner": 0, "@mod": 50, "@m": 0}}, None)
+    assert now.may_change_to("@mod", demote_owner) is not None
+    assert now.may_change_to("@owner", demote_owner) is None  # lowering yourself is allowed

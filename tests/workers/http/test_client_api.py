@@ -215,3 +215,41 @@ async def test_the_rules_see_every_change_the_writer_committed(
     await alice.set_state(room, "m.room.join_rules", "", {"join_rule": "invite"})
     with pytest.raises(RequestRefused):
         await carol.membership(room, "join")
+
+
+async def test_bad_requests_from_one_user_never_fail_another_users_good_ones(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """What PostgreSQL would refuse (a NUL in a state key, an event type or a device id) is refused
+    at the edge with a 400, and the good requests sent at the same moment all succeed, once."""
+    worker = await make_worker("p1", ["p1"])
+    base = f"http://127.0.0.1:{worker.http_port}"
+    mallory, *good = (client_for(http, [worker], ["p1"]) for _ in range(4))
+    await mallory.register("mallory")
+    for i, client in enumerate(good):
+        await client.register(f"good{i}")
+    room = await mallory.create_room("public")
+    for client in good:
+        await client.membership(room, "join")
+    bad = {"Authorization": f"Bearer {mallory.token}"}
+
+    async def status(method: str, path: str, body: object) -> int:
+        async with http.request(method, base + path, json=body, headers=bad) as resp:
+            return resp.status
+
+    results = await asyncio.gather(
+        *(c.send(room, "m.room.message", {"n": n}) for n in range(10) for c in good),
+        status("PUT", f"{C}/rooms/{room}/state/m.room.topic/nul%00key", {"topic": "x"}),
+        status("PUT", f"{C}/rooms/{room}/send/m.room%00message/t1", {}),
+        status(
+            "POST",
+            f"{C}/login",
+            {"type": "m.login.password", "user": "mallory", "password": "x", "device_id": "D\x00"},
+        ),
+        return_exceptions=True,
+    )
+    assert results[-3:] == [400, 400, 400]
+    assert all(isinstance(r, dict) and r["event_id"] for r in results[:-3]), results[:-3]
+    async with worker.pool.acquire() as conn:
+        count = await conn.fetchval("SELECT count(*) FROM events WHERE type = 'm.room.message'")
+    assert count == 30

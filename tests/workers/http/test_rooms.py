@@ -162,3 +162,45 @@ async def test_messages_pages_back_through_a_limited_timeline_and_backfill(
         headers={"Authorization": f"Bearer {alice.token}"},
     ) as resp:
         assert resp.status == 400 and (await resp.json())["errcode"] == "M_INVALID_PARAM"
+
+
+async def test_power_levels_decide_who_may_kick_ban_and_change_state(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """The spec's default levels: the creator 100, members 0; kick, ban and state at 50."""
+    workers = [await make_worker(n, WRITERS) for n in ("p1", "p2", "r1")]
+    alice, bob, carol = (client_for(http, workers, WRITERS) for _ in range(3))
+    for client, name in ((alice, "alice"), (bob, "bob"), (carol, "carol")):
+        await client.register(name)
+    room = await alice.create_room("public")
+    await bob.membership(room, "join")
+    await carol.membership(room, "join")
+    refused = [
+        bob.membership(room, "ban", target="alice"),  # a member bans the creator
+        bob.membership(room, "leave", target="carol"),  # kick
+        bob.set_state(room, "m.room.name", "", {"name": "mine"}),
+        bob.set_state(room, "m.room.power_levels", "", {"users": {"@bob:localhost": 100}}),
+    ]
+    for attempt in refused:
+        with pytest.raises(RequestRefused) as no:
+            await attempt
+        assert (no.value.status, no.value.errcode) == (403, "M_FORBIDDEN"), no.value.body
+    await bob.send(room, "m.room.message", {"body": "messages need power 0"})
+    # The creator raises bob to moderator: now he may kick carol, but still not touch alice.
+    levels = {e["type"]: e for e in await alice.room_state(room, via="r1")}["m.room.power_levels"]["content"]
+    await alice.set_state(
+        room,
+        "m.room.power_levels",
+        "",
+        {**levels, "users": {**levels["users"], "@bob:localhost": 50}},
+        via="r1",
+    )
+    await bob.membership(room, "leave", target="carol", via="r1")
+    with pytest.raises(RequestRefused):
+        await bob.membership(room, "ban", target="alice", via="r1")
+    with pytest.raises(RequestRefused):  # a moderator cannot grant more than it has
+        await bob.set_state(room, "m.room.power_levels", "", {**levels, "users": {"@bob:localhost": 100}})
+    await alice.membership(room, "ban", target="bob", via="r1")
+    state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room, via="r1")}
+    assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "ban"
+    assert state[("m.room.member", "@carol:localhost")]["content"]["membership"] == "leave"
