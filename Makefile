@@ -89,9 +89,7 @@ bench: $(STAMP) jdbc wrk
 # The audit package for spark-submit --py-files (docs/audit.md): every module of analytics/, no caches.
 audit-zip: dist/analytics.zip
 dist/analytics.zip: $(wildcard analytics/*.py) analytics/log4j2.properties
-	@mkdir -p dist
-	$(PYTHON) -c "import pathlib, zipfile; z = zipfile.ZipFile('$@', 'w', zipfile.ZIP_DEFLATED); \
-	[z.write(p) for p in sorted(pathlib.Path('analytics').glob('*')) if p.suffix in ('.py', '.properties')]; z.close()"
+	$(PYTHON) analytics/bundle.py $@
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache dist

@@ -12,6 +12,7 @@
 | `report.py` | Parquet tables, `summary.json`, charts and `report.md` |
 | `cli.py` | `fanout audit` / `python -m analytics`; `audit.py` is the spark-submit entry |
 | `generate.py` | synthetic logs with counts known in closed form (tests, benchmark, notebook) |
+| `bundle.py` | the zip spark-submit ships (`make audit-zip`, the audit image) |
 
 The definitions of every figure are in docs/audit.md. The package needs pyspark (matplotlib for
 the charts) and never imports `workers`, `pubsub` or `idgen`: under spark-submit it is shipped alone

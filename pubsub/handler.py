@@ -177,7 +177,6 @@ class ReplicationHandler:
         split = split_numbered_rdata
         max_bytes, generation, queue_size = self.max_line_bytes, self.generation, self.queue_size
         echoes = unsubscribed = size = run = 0
-        last_echo: bytes | None = None
         runs: list[tuple[_Route, int]] = []  # (route, lines queued through it in a row)
         last: _Route | None = None
         # A positions-only route's highest token so far, queued (`_follow`) when another such route
@@ -190,8 +189,6 @@ class ReplicationHandler:
                     echoes += 1
                     if data.startswith(b"POSITION "):
                         self._check_own_claim(data)
-                    else:  # our rows come in token order: the batch's last says the most
-                        last_echo = data
                 else:
                     unsubscribed += 1
                 size += len(data)
@@ -232,8 +229,6 @@ class ReplicationHandler:
             self.handle_line(data, now)
         if follow is not None:
             follow[0].follow(follow[1], top)
-        if last_echo is not None:
-            self._check_own_claim(last_echo)
         self.metrics.bytes_in += size
         if echoes:
             self.metrics.drop("echo", echoes)
@@ -247,15 +242,16 @@ class ReplicationHandler:
             state.wake.set()
 
     def _check_own_claim(self, data: bytes) -> None:
-        """A line under our own name is never applied: our positions come from our own commits.
+        """A POSITION under our own name is never applied: our positions come from our own commits.
         One that claims a position we never reached means another process speaks under our name
-        (or forges it): count it and raise an alarm (rate-limited), nothing else."""
+        (or forges it): count it and raise an alarm (rate-limited), nothing else. (Only POSITION
+        lines are checked: they come once per interval, while checking every echoed row would
+        cost the write path a parse per row.)"""
         parts = data.split(b" ", 5)
         try:
-            kind, stream = parts[0], parts[1].decode()
-            token = int(parts[4] if kind == b"POSITION" else parts[3])
+            stream, token = parts[1].decode(), int(parts[4])
         except (IndexError, ValueError):
-            return  # a batch row, or not a line we could have sent: the parser's business
+            return  # not a line we could have sent: the parser's business
         state = self._states.get(stream)
         if state is None or token <= state.stream.current_token(self.instance_name):
             return
@@ -275,7 +271,12 @@ class ReplicationHandler:
         self.metrics.bytes_in += len(data)
         if isinstance(data, bytes):
             if data.startswith(self._own_prefixes):
-                self.metrics.drop("echo" if data.startswith(self._echo_prefixes) else "not_subscribed")
+                if data.startswith(self._echo_prefixes):
+                    self.metrics.drop("echo")
+                    if data.startswith(b"POSITION "):
+                        self._check_own_claim(data)
+                else:
+                    self.metrics.drop("not_subscribed")
                 return
         try:
             cmd = parse_line(data, self.max_line_bytes)

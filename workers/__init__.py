@@ -9,6 +9,8 @@ false, and runs the background tasks it names. The domain lives here and nowhere
 | `app.py` | a worker's life: start (each phase timed), serve, drain, stop |
 | `config.py` | the settings model (YAML + `FANOUT_*` variables) and its one loader |
 | `model.py`, `routing.py` | events, state changes and invalidations; which writer owns a room |
+| `identifiers.py` | Matrix user ids, room ids, aliases and event types, as the spec's grammar allows them |
+| `worker_metrics.py` | the Prometheus series a worker feeds itself |
 | `services.py` | the embedded PostgreSQL and Redis for tools, tests and the demo |
 | `event_loop.py`, `gc_tuning.py` | which asyncio loop runs; the garbage collector's thresholds |
 | `storage/` | migrations and one module of SQL per domain |

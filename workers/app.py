@@ -37,7 +37,7 @@ import asyncpg
 import redis.asyncio
 import redis.exceptions
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from idgen import InstanceMap, MultiWriterIdGenerator
 from pubsub.client import ReplicationClient, ReplicationSettings
@@ -48,7 +48,7 @@ from workers.config import ConfigError, WorkerConfig
 from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
-from workers.handlers.caches import SyncCaches
+from workers.handlers.caches import LruCache, SyncCaches
 from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
 from workers.handlers.notifier import Notifier
@@ -56,10 +56,10 @@ from workers.handlers.persist import EventPersister
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import RoomViews
-from workers.handlers.sync import SyncHandler
+from workers.handlers.sync import SyncHandler, SyncTimings
 from workers.http.accounts import AccountSettings
 from workers.http.client_api import ApiDeps, ClientApi
-from workers.http.health import ReadinessCollector, health_routes
+from workers.http.health import CacheCollector, ReadinessCollector, health_routes
 from workers.http.limits import runner_limits
 from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
@@ -71,6 +71,7 @@ from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.streams.caches import CACHES, CacheRow, caches_stream
 from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream
+from workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 CATCH_UP_INTERVALS = 10
@@ -115,27 +116,9 @@ class Worker:
         self._postgres_probe: PostgresProbe | None = None
         #: Set when this process lost its instance name: it must stop (and exit 1).
         self.lease_lost = asyncio.Event()
-        self._events_applied = Counter(
-            "fanout_events_applied_total", "Events rows applied from replication", registry=self.registry
-        )
-        self._invalidations = Counter(
-            "fanout_cache_invalidations_total",
-            "Cache invalidation rows applied",
-            ["origin"],
-            registry=self.registry,
-        )
-        self._persisted = Counter(
-            "fanout_events_persisted_total", "Events persisted here", registry=self.registry
-        )
-        # Registered before the cache gauge: a scrape collects in registration order, so the sizes
-        # are refreshed before they are read.
-        self.registry.register(ReadinessCollector(self.readiness, self._refresh_cache_sizes))
-        self._cache_size = Gauge(
-            "fanout_cache_entries", "Entries per cache", ["cache"], registry=self.registry
-        )
-        self._waiting = Gauge("fanout_sync_waiting", "Long-polls waiting", registry=self.registry)
-        # Read at scrape time (Gauge.set_function / per-scrape refresh), never by /health.
-        self._waiting.set_function(lambda: self.notifier.waiting)
+        self.metrics = WorkerMetrics(self.registry, lambda: self.notifier.waiting)
+        self.registry.register(ReadinessCollector(self.readiness))
+        self.registry.register(CacheCollector(self._all_caches))
 
     # -- start-up ------------------------------------------------------------------------------
 
@@ -206,7 +189,10 @@ class Worker:
             self._load_current_state,
             config.cache_max_entries,
         )
-        self.sync = SyncHandler(self.pool, self.caches, self.notifier, self.generators, self.instance_map)
+        self.sync = SyncHandler(
+            self.pool, self.caches, self.notifier, self.generators, self.instance_map,
+            timings=SyncTimings(self.metrics.sync_wake.observe, self.metrics.persist_to_visible.observe),
+        )  # fmt: skip
         self.room_views = RoomViews(self.pool, config.cache_max_entries)
         streams: list[Stream[Any]] = [
             events_stream(self.pool, self.generators[EVENTS], self.writers(EVENTS)),
@@ -340,14 +326,18 @@ class Worker:
         if stream.name == EVENTS:
             event_rows = cast("Sequence[EventRow]", rows)  # a stream's rows are of its row type
             self.caches.on_events(event_rows)
-            self._events_applied.inc(len(event_rows))
+            self.metrics.events_applied.inc(len(event_rows))
             rooms.update([row.room_id for row in event_rows])
             users.update(
                 [r.state_key for r in event_rows if r.membership is not None and r.state_key is not None]
             )
         elif stream.name == CACHES:
-            self.caches.on_invalidations(r.to_domain() for r in rows if isinstance(r, CacheRow))
-            self._invalidations.labels("replication").inc(len(rows))
+            cache_rows = [r for r in rows if isinstance(r, CacheRow)]
+            self.caches.on_invalidations(r.to_domain() for r in cache_rows)
+            self.metrics.invalidations.labels("replication").inc(len(rows))
+            now_ms = time.time() * 1000
+            for row in cache_rows:
+                self.metrics.commit_to_applied.observe(max(0.0, now_ms - row.invalidation_ts) / 1000)
 
     def _position_moved(self, stream: str, instance: str, token: int) -> None:
         if stream == CACHES and self.applied is not None:
@@ -367,7 +357,7 @@ class Worker:
         self.caches.on_events(events)
         self.room_views.on_events(events)
         self.caches.on_invalidations(row for _, row in invalidations)
-        self._invalidations.labels("local").inc(len(invalidations))
+        self.metrics.invalidations.labels("local").inc(len(invalidations))
         if events and events[0].stream_ordering > 0:
             self.replication.stage_rows(EVENTS, zip([e.stream_ordering for e in events], rows, strict=True))
         elif events:
@@ -389,7 +379,7 @@ class Worker:
             # Batches may finish out of order: our own position only covers finished IDs, and
             # every finished batch ran `_committed` (invalidated here) before finishing.
             self.applied.advanced(self.name, self.generators[CACHES].get_current_token_for_writer(self.name))
-        self._persisted.inc(len(events))
+        self.metrics.persisted.inc(len(events))
         if events and events[0].stream_ordering > 0:  # a batch is all live or all backfill
             self.notifier.notify(
                 {e.room_id for e in events}, {e.state_key for e in events if e.state_key and e.membership}
@@ -412,14 +402,11 @@ class Worker:
 
     # -- health and shutdown -------------------------------------------------------------------
 
-    def _refresh_cache_sizes(self) -> None:
-        """Called by the scrape: the entries per cache, once start-up has built them."""
+    def _all_caches(self) -> list[LruCache[Any, Any]]:
+        """For the scrape: every cache, once start-up has built them."""
         if not hasattr(self, "caches"):
-            return
-        sizes = [(c.name, len(c)) for c in self.caches.all()]
-        sizes += [(c.name, len(c)) for c in (self.room_views.rooms, self.room_views.memberships)]
-        for name, size in sizes:
-            self._cache_size.labels(name).set(size)
+            return []
+        return [*self.caches.all(), self.room_views.rooms, self.room_views.memberships]
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         replication = self.replication.health()

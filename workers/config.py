@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -32,7 +33,10 @@ class WorkerConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
-    instance_name: str = Field(description="Stable name of this worker, unique in the cluster")
+    instance_name: str = Field(
+        description="Stable name of this worker, unique in the cluster; `{hostname}` in it is replaced"
+        " by $HOSTNAME (else the host's name), so replicas of one container config get distinct names"
+    )
     database_url: str = Field(description="postgresql://user[:password]@host:port/database")
     redis_url: str = Field(description="redis://, rediss:// (TLS) or unix://; user:password@ for ACLs")
     server_name: str = Field(
@@ -146,6 +150,14 @@ class WorkerConfig(BaseSettings):
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="uvloop (asyncio's own loop when uvloop is not installed) or asyncio"
     )
+
+    @field_validator("instance_name", mode="before")
+    @classmethod
+    def _hostname(cls, value: Any) -> Any:
+        if isinstance(value, str) and "{hostname}" in value:
+            host = os.environ.get("HOSTNAME") or socket.gethostname()
+            return value.replace("{hostname}", re.sub(r"[^A-Za-z0-9_.\-]", "-", host))
+        return value
 
     @field_validator("instance_name", "channel_prefix")
     @classmethod

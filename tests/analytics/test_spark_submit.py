@@ -58,3 +58,29 @@ def test_an_explicit_master_wins(audit_zip: Path, known_log_url: str, tmp_path: 
     done = _submit(audit_zip, "local[2]", known_log_url, tmp_path / "out", "--master", "local[1]")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "step=session master=local[1]" in done.stdout
+
+
+def test_the_compose_audit_service_command_runs(audit_zip: Path, known_log_url: str, tmp_path: Path) -> None:
+    """compose's `audit` service, its command line run here with the container's paths mapped to
+    this machine's: a typo in it fails this test."""
+    import yaml
+
+    service = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())["services"]["audit"]
+    assert service["entrypoint"] == ["sh", "-c"]
+    entry = audit_zip.parent / "audit.py"
+    shutil.copy(ROOT / "analytics" / "audit.py", entry)
+    line = service["command"][0].replace("$$", "$")  # compose's escape for a literal $
+    for inside, here in (
+        ("spark-submit ", f"{SPARK_SUBMIT} "),
+        ("/app/dist/analytics.zip", str(audit_zip)),
+        ("/usr/share/java/postgresql.jar", analytics.resolve_jdbc_jar(None)),
+        ("/app/analytics/audit.py", str(entry)),
+        ("/data/audit", str(tmp_path / "out")),
+    ):
+        assert inside in line, inside
+        line = line.replace(inside, here)
+    env = {**os.environ, "FANOUT_DATABASE_URL": known_log_url, "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": "127.0.0.1"}  # fmt: skip
+    done = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["totals"]["rows"] == 40

@@ -15,7 +15,8 @@ from workers.app import Worker
 from workers.config import load_config
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
-WORKERS = ["persister1", "persister2", "sync1", "sync2", "background1"]
+WORKERS = ["persister1", "persister2", "sync", "background1"]
+PROFILED = {"audit", "prometheus", "grafana"}
 
 
 def _services() -> dict[str, Any]:
@@ -26,8 +27,10 @@ def _services() -> dict[str, Any]:
 
 def test_compose_file_describes_the_cluster() -> None:
     services = _services()
-    assert set(services) == {"postgres", "redis", *WORKERS}
+    assert set(services) == {"postgres", "redis", *WORKERS, *PROFILED}
+    assert all(services[name]["profiles"] for name in PROFILED)  # only when asked for
     host_ports = [p.split(":")[0] for s in services.values() for p in s.get("ports", [])]
+    assert "-" in services["sync"]["ports"][0].split(":")[0]  # a range: `--scale sync=N` fits
     assert len(host_ports) == len(set(host_ports))
     for name in WORKERS:
         service = services[name]
@@ -40,7 +43,7 @@ def test_compose_file_describes_the_cluster() -> None:
         )
         # Every worker can forward a room write to any persister: all URLs, one secret.
         assert json.loads(service["environment"]["FANOUT_INSTANCE_MAP"]) == {
-            w: f"http://{w}:8080" for w in WORKERS
+            w: f"http://{w}:8080" for w in WORKERS if w != "sync"
         }
         assert len(service["environment"]["FANOUT_WORKER_SECRET"]) >= 16
     repo = COMPOSE.parent
@@ -50,15 +53,23 @@ def test_compose_file_describes_the_cluster() -> None:
                 assert (repo / source).exists(), source
 
 
-@pytest.mark.parametrize("name", WORKERS)
+@pytest.mark.parametrize(("name", "hostname"), [(w, f"{w}-host") for w in WORKERS] + [("sync", "replica-2")])
 async def test_each_worker_configuration_runs(
-    name: str, database_url: str, redis_url: str, channel_prefix: str, monkeypatch: pytest.MonkeyPatch
+    name: str,
+    hostname: str,
+    database_url: str,
+    redis_url: str,
+    channel_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Each service's config and environment run a worker; the `sync` service twice, as two
+    replicas (two hostnames) of `--scale sync=2`, under distinct instance names."""
     environment = _services()[name]["environment"]
     for key, value in environment.items():
         monkeypatch.setenv(key, str(value))
+    monkeypatch.setenv("HOSTNAME", hostname)  # what Docker gives each container
     config = load_config(COMPOSE / "config" / f"{name}.yaml")
-    assert config.instance_name == name
+    assert config.instance_name == (f"sync-{hostname}" if name == "sync" else name)
     assert config.writers_of("events") == ["persister1", "persister2"]
     # Point the same file at the test's servers and a free port, as compose points it at its own.
     monkeypatch.setenv("FANOUT_DATABASE_URL", database_url)

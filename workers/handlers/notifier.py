@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 
 class Waiter:
-    __slots__ = ("event", "rooms", "user_id")
+    __slots__ = ("event", "rooms", "user_id", "woken_at")
 
     def __init__(self, user_id: str, rooms: frozenset[str]) -> None:
         self.user_id = user_id
         self.rooms = rooms
         self.event = asyncio.Event()
+        #: time.monotonic() of the notify that woke it (for the wake-latency histogram).
+        self.woken_at = 0.0
 
     async def wait(self, within_s: float) -> bool:
         """True if woken within `within_s` seconds."""
@@ -81,7 +84,9 @@ class Notifier:
             woken |= self._by_room.get(room, set())
         for user in user_set:
             woken |= self._by_user.get(user, set())
+        now = time.monotonic()
         for waiter in woken:
+            waiter.woken_at = now
             waiter.event.set()
         self.wakeups += len(woken)
         return len(woken)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -43,6 +45,19 @@ STRIPPED_STATE = frozenset(
 )  # fmt: skip
 
 
+def _ignore(_seconds: float) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class SyncTimings:
+    """Where the sync handler reports its latencies (seconds): from the notify that woke a
+    long-poll to its answer, and from an event's persist to the woken answer that carries it."""
+
+    wake: Callable[[float], None] = _ignore
+    visible: Callable[[float], None] = _ignore
+
+
 class SyncHandler:
     def __init__(
         self,
@@ -54,7 +69,9 @@ class SyncHandler:
         *,
         catch_up_wait_s: float = CATCH_UP_WAIT_S,
         max_events: int = 1000,
+        timings: SyncTimings | None = None,
     ) -> None:
+        self.timings = timings or SyncTimings()
         self._pool = pool
         self._caches = caches
         self._notifier = notifier
@@ -101,6 +118,7 @@ class SyncHandler:
             self.behind_timeouts += 1
             return empty_response(since_text)
         deadline = time.monotonic() + timeout_s
+        woken_at: float | None = None
         while True:
             # The token first, then the caches: whatever a cache returns now reflects every row up to
             # `now` (rows are invalidated before positions advance, and a load started after `now`
@@ -117,10 +135,19 @@ class SyncHandler:
                     if full_state:
                         sections.want_full_state(r for r in _joined(user_rooms) if sync_filter.includes(r))
                     await sections.load_state(self._state_events, self._invite_state)
-                    return sections.response(await self.encode(now))
-                if self._notifier.generation == moved:
+                    body = sections.response(await self.encode(now))
+                    if woken_at is not None and events:
+                        self._observe(woken_at, events)
+                    return body
+                if self._notifier.generation == moved and await waiter.wait(remaining):
                     # Registered before anything newer than `now` could notify: no lost wake-up.
-                    await waiter.wait(remaining)
+                    woken_at = waiter.woken_at
+
+    def _observe(self, woken_at: float, events: list[Event]) -> None:
+        self.timings.wake(time.monotonic() - woken_at)
+        now_ms = time.time() * 1000
+        for event in events:
+            self.timings.visible(max(0.0, now_ms - event.received_ts) / 1000)
 
     async def _initial(self, user_id: str, sync_filter: SyncFilter) -> dict[str, Any]:
         """Every joined room with its recent timeline (from the user's latest join on) and state,

@@ -7,17 +7,18 @@
   a writer silent past the configured time makes the worker `degraded`, never unready, so one
   dead persister does not take every reader out of service.
 - `GET /metrics`: the registry in Prometheus text format. Gauges about readiness are computed by
-  `ReadinessCollector` at scrape time, so a scrape never depends on someone calling /health.
+  `ReadinessCollector`, and the caches' figures by `CacheCollector`, at scrape time, so a scrape
+  never depends on someone calling /health.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 #: (ready, report) where the report holds at least "degraded" (bool) and "reasons" (list of str).
@@ -76,3 +77,52 @@ class ReadinessCollector(Collector):
             "fanout_worker_degraded", "1 when a writer is silent (readiness unaffected)",
             value=int(degraded),
         )  # fmt: skip
+
+
+class CacheStats(Protocol):
+    name: str
+    hits: int
+    misses: int
+    evictions: int
+    invalidations: int
+
+    def __len__(self) -> int: ...
+
+
+class CacheCollector(Collector):
+    """Per cache, read at scrape time from the caches' own counters (no work on the read path):
+    `fanout_cache_entries`, `fanout_cache_hits_total`, `fanout_cache_misses_total`,
+    `fanout_cache_evictions_total`, `fanout_cache_key_invalidations_total`."""
+
+    def __init__(self, caches: Callable[[], Iterable[CacheStats]]) -> None:
+        self._caches = caches
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield from self._families(list(self._caches()))
+
+    @staticmethod
+    def _families(caches: Sequence[CacheStats] = ()) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        entries = GaugeMetricFamily("fanout_cache_entries", "Entries per cache", labels=["cache"])
+        counters = {
+            "hits": CounterMetricFamily(
+                "fanout_cache_hits", "Cache look-ups answered from memory", labels=["cache"]
+            ),
+            "misses": CounterMetricFamily(
+                "fanout_cache_misses", "Cache look-ups that loaded", labels=["cache"]
+            ),
+            "evictions": CounterMetricFamily(
+                "fanout_cache_evictions", "Entries evicted (LRU)", labels=["cache"]
+            ),
+            "invalidations": CounterMetricFamily(
+                "fanout_cache_key_invalidations", "Keys invalidated per cache", labels=["cache"]
+            ),
+        }
+        for cache in caches:
+            entries.add_metric([cache.name], len(cache))
+            for attribute, family in counters.items():
+                family.add_metric([cache.name], getattr(cache, attribute))
+        yield entries
+        yield from counters.values()

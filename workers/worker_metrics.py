@@ -1,0 +1,42 @@
+"""The Prometheus series a worker feeds from its own code paths (the replication client, the HTTP
+layer, the caches and readiness register theirs elsewhere). One object, built once per worker on
+its registry, so every name and bucket is in one place; docs/operations.md lists them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: Seconds, for the latencies below: 1 ms to 10 s.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry, waiting: Callable[[], float]) -> None:
+        self.events_applied = Counter(
+            "fanout_events_applied_total", "Events rows applied from replication", registry=registry
+        )
+        self.invalidations = Counter(
+            "fanout_cache_invalidations_total",
+            "Cache invalidation rows applied",
+            ["origin"],
+            registry=registry,
+        )
+        self.persisted = Counter("fanout_events_persisted_total", "Events persisted here", registry=registry)
+        self.commit_to_applied = Histogram(
+            "fanout_repl_commit_to_applied_seconds",
+            "From a writer's batch commit (its caches row's timestamp) to this worker applying it",
+            registry=registry, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.persist_to_visible = Histogram(
+            "fanout_persist_to_visible_seconds",
+            "From an event's persist to the woken /sync answer that carries it",
+            registry=registry, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.sync_wake = Histogram(
+            "fanout_sync_wake_seconds", "From the notify that wakes a /sync long-poll to its answer",
+            registry=registry, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        # Read at scrape time, never by /health.
+        Gauge("fanout_sync_waiting", "Long-polls waiting", registry=registry).set_function(waiting)
