@@ -13,6 +13,8 @@ order, with `batch` on all rows but the last of a token, then a POSITION when th
 is beyond the last row (IDs allocated by others, or unused). Every `announce_interval_s`, and after
 a REPLICATE or our own (re)subscribe, each stream gets `POSITION s self sent sent` even when idle,
 so readers notice lost RDATA within one interval and an idle writer never holds a token back.
+Answers to REPLICATE are coalesced: a burst (every worker restarting at once, or a flood) gets at
+most one POSITION per stream every `REPLICATE_COALESCE_S`.
 
 A failed publish is logged and counted, not retried: the rows are in the database and the next
 POSITION (whose prev is beyond them) makes readers fetch them. The same tick refreshes the hint
@@ -42,6 +44,8 @@ from pubsub.types import Row
 from pubsub.wire import Position, format_command, format_numbered_rdata, format_rdata
 
 log = logging.getLogger(__name__)
+#: The shortest time between two answers to REPLICATE (each answer is a POSITION per stream).
+REPLICATE_COALESCE_S = 0.1
 
 
 class _Source:
@@ -137,18 +141,24 @@ class StreamPublisher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_tick = loop.time()
+        last_all = -REPLICATE_COALESCE_S
         while not self._stopping:
-            timeout = max(0.0, next_tick - loop.time())
+            due = next_tick
+            if self._announce_all:  # a burst of REPLICATEs: at most one answer per interval
+                due = min(due, last_all + REPLICATE_COALESCE_S)
             try:
-                await asyncio.wait_for(self._poke.wait(), timeout)
+                await asyncio.wait_for(self._poke.wait(), max(0.0, due - loop.time()))
             except TimeoutError:
                 pass
             self._poke.clear()
             if self._stopping:
                 return
-            tick = loop.time() >= next_tick
-            announce = self._announce_all or tick
-            self._announce_all = False
+            now = loop.time()
+            tick = now >= next_tick
+            announce = tick or (self._announce_all and now >= last_all + REPLICATE_COALESCE_S)
+            if announce:
+                self._announce_all = False
+                last_all = now
             if tick:
                 next_tick = loop.time() + self.announce_interval_s
             await self.flush(announce=announce)

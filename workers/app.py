@@ -56,7 +56,7 @@ from workers.handlers.persist import EventPersister
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import RoomViews
-from workers.handlers.sync import SyncHandler, SyncTimings
+from workers.handlers.sync import SyncHandler, SyncObservers
 from workers.http.accounts import AccountSettings
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.health import CacheCollector, ReadinessCollector, health_routes
@@ -191,7 +191,10 @@ class Worker:
         )
         self.sync = SyncHandler(
             self.pool, self.caches, self.notifier, self.generators, self.instance_map,
-            timings=SyncTimings(self.metrics.sync_wake.observe, self.metrics.persist_to_visible.observe),
+            observers=SyncObservers(
+                self.metrics.sync_wake.observe, self.metrics.persist_to_visible.observe,
+                self.metrics.tokens_clamped.inc, self.metrics.behind_timeouts.inc,
+            ),
         )  # fmt: skip
         self.room_views = RoomViews(self.pool, config.cache_max_entries)
         streams: list[Stream[Any]] = [

@@ -38,5 +38,15 @@ class WorkerMetrics:
             "fanout_sync_wake_seconds", "From the notify that wakes a /sync long-poll to its answer",
             registry=registry, buckets=LATENCY_BUCKETS,
         )  # fmt: skip
+        self.tokens_clamped = Counter(
+            "fanout_sync_tokens_clamped_total",
+            "since tokens beyond every sequence (a restored database, a forgery), answered from what exists",
+            registry=registry,
+        )
+        self.behind_timeouts = Counter(
+            "fanout_sync_behind_timeouts_total",
+            "since tokens this worker did not catch up with in time (answered empty, token unchanged)",
+            registry=registry,
+        )
         # Read at scrape time, never by /health.
         Gauge("fanout_sync_waiting", "Long-polls waiting", registry=registry).set_function(waiting)

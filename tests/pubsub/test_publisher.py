@@ -63,3 +63,41 @@ async def test_flushed_lines_are_the_wire_format(rows_per_token: list[list[Row |
         await publisher.stop()
     sent = [line for _, line in recorder.lines if line.startswith("RDATA")]
     assert sent == _expected("s", start, tokens)
+
+
+async def test_a_burst_of_replicate_gets_one_answer_per_interval() -> None:
+    """300 REPLICATEs over about 0.3 s (every worker of a big cluster restarting at once, or a
+    flood): a handful of POSITIONs, not one per REPLICATE."""
+    import asyncio
+
+    from pubsub.publisher import REPLICATE_COALESCE_S
+
+    class _Hints:  # the periodic tick also writes hint keys; nothing to keep of them here
+        def pipeline(self, transaction: bool) -> _Hints:
+            return self
+
+        def hset(self, *_: object) -> None: ...
+
+        def set(self, *_: object, **__: object) -> None: ...
+
+        async def execute(self) -> None: ...
+
+    stream = memory_stream("s", ["me"], MemoryTable())
+    recorder = _Recorder()
+    recorder.publisher = _Hints()  # type: ignore[attr-defined]
+    publisher = StreamPublisher(
+        "me", [stream], cast(RedisTransport, recorder), metrics=ReplicationMetrics(), prefix="p",
+        per_stream_channels=False, announce_interval_s=60.0, heartbeat_ttl_s=5.0,
+    )  # fmt: skip
+    publisher.start()
+    try:
+        await asyncio.sleep(0.05)  # the first announcement, at start
+        before = sum(1 for _, line in recorder.lines if line.startswith("POSITION"))
+        for _ in range(300):
+            publisher.request_announce_all()
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(2 * REPLICATE_COALESCE_S)
+        answers = sum(1 for _, line in recorder.lines if line.startswith("POSITION")) - before
+    finally:
+        await publisher.stop()
+    assert 1 <= answers <= 10, answers  # the burst lasts ~0.3-0.6 s: a few intervals of 0.1 s

@@ -20,6 +20,7 @@ every joined room's recent timeline and state, and the invites.
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,12 +29,15 @@ from typing import Any
 import asyncpg
 
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
+from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
 from workers.handlers.sync_filter import SyncFilter
 from workers.handlers.sync_rooms import RoomSections, empty_response
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import events as store
+
+log = logging.getLogger(__name__)
 
 #: The streams a sync token has a component for, in text order.
 SYNC_STREAMS = ("events", "caches")
@@ -49,13 +53,21 @@ def _ignore(_seconds: float) -> None:
     pass
 
 
+def _nothing() -> None:
+    pass
+
+
 @dataclass(frozen=True)
-class SyncTimings:
-    """Where the sync handler reports its latencies (seconds): from the notify that woke a
-    long-poll to its answer, and from an event's persist to the woken answer that carries it."""
+class SyncObservers:
+    """Where the sync handler reports what operators watch: latencies in seconds (from the notify
+    that woke a long-poll to its answer; from an event's persist to the woken answer carrying it),
+    a `since` clamped because it lies beyond every sequence (a restored database or a forgery),
+    and a `since` this worker did not catch up with in time."""
 
     wake: Callable[[float], None] = _ignore
     visible: Callable[[float], None] = _ignore
+    clamped: Callable[[], None] = _nothing
+    behind: Callable[[], None] = _nothing
 
 
 class SyncHandler:
@@ -69,9 +81,9 @@ class SyncHandler:
         *,
         catch_up_wait_s: float = CATCH_UP_WAIT_S,
         max_events: int = 1000,
-        timings: SyncTimings | None = None,
+        observers: SyncObservers | None = None,
     ) -> None:
-        self.timings = timings or SyncTimings()
+        self.observers = observers or SyncObservers()
         self._pool = pool
         self._caches = caches
         self._notifier = notifier
@@ -82,6 +94,7 @@ class SyncHandler:
         self._max_events = max_events
         self.syncs = 0
         self.behind_timeouts = 0
+        self._ratelog = RateLimitedLog(log)
         self.closing = False
 
     def current_token(self) -> SyncToken:
@@ -116,6 +129,7 @@ class SyncHandler:
         if not await self._wait_until_covered(since):
             # We are behind the client and did not catch up in time: nothing new, same token.
             self.behind_timeouts += 1
+            self.observers.behind()
             return empty_response(since_text)
         deadline = time.monotonic() + timeout_s
         woken_at: float | None = None
@@ -144,10 +158,10 @@ class SyncHandler:
                     woken_at = waiter.woken_at
 
     def _observe(self, woken_at: float, events: list[Event]) -> None:
-        self.timings.wake(time.monotonic() - woken_at)
+        self.observers.wake(time.monotonic() - woken_at)
         now_ms = time.time() * 1000
         for event in events:
-            self.timings.visible(max(0.0, now_ms - event.received_ts) / 1000)
+            self.observers.visible(max(0.0, now_ms - event.received_ts) / 1000)
 
     async def _initial(self, user_id: str, sync_filter: SyncFilter) -> dict[str, Any]:
         """Every joined room with its recent timeline (from the user's latest join on) and state,
@@ -200,7 +214,13 @@ class SyncHandler:
         if since.is_before_or_eq(now):
             return since
         maxima = {s: await self._generators[s].get_max_allocated_token() for s in SYNC_STREAMS}
-        return since.bound(maxima)
+        bounded = since.bound(maxima)
+        if bounded != since:
+            # Never a 400: after a database restore every client holds such a token. Answer from
+            # what exists; the client's next_batch then never moves below the clamped token.
+            self.observers.clamped()
+            self._ratelog.warning("clamped", "a since token beyond every sequence was clamped: %s", since)
+        return bounded
 
     async def _wait_until_covered(self, since: SyncToken) -> bool:
         deadline = time.monotonic() + self._catch_up_wait_s

@@ -135,3 +135,34 @@ async def test_a_long_poll_wakes_on_a_message(make_worker: MakeWorker, http: aio
     await alice.send(room, "m.room.message", {"body": "wake"}, via="p1")
     result = await asyncio.wait_for(poll, 10)
     assert [e["content"]["body"] for e in timeline_events(result)] == ["wake"]
+
+
+async def test_a_since_from_the_future_is_answered_never_refused_and_tokens_never_go_back(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """Ahead of this worker but possible: it waits (bounded) and answers once it has caught up.
+    Beyond every sequence (a restored database, a forgery): answered from what exists, counted;
+    the client's next token is never below the one it sent."""
+    from idgen import SyncToken
+    from workers.handlers.sync import SYNC_STREAMS
+
+    persister = await make_worker("p1", ["p1"])
+    reader = await make_worker("r1", ["p1"])
+    alice = client_for(http, [persister, reader], ["p1"])
+    await alice.register("alice")
+    room = await alice.create_room("public", via="p1")
+    ahead = (await alice.sync("p1"))["next_batch"]  # p1's token: r1 may not have it yet
+    result = await alice.sync("r1", ahead, 5000)
+    stream = lambda text: SyncToken.parse_ids(text, SYNC_STREAMS)["events"][0]  # noqa: E731
+    assert stream(result["next_batch"]) >= stream(ahead)
+    await alice.send(room, "m.room.message", {"body": "x"}, via="r1")
+    forged = "s900000000000_s900000000000"
+    for worker in ("r1", "p1"):
+        answer = await alice.sync(worker, forged, 0)
+        assert stream(answer["next_batch"]) >= stream(ahead)
+    assert reader.registry.get_sample_value("fanout_sync_tokens_clamped_total") >= 1
+    # The stream moves on, and a client that kept the clamped token still gets the next events.
+    clamped = (await alice.sync("r1", forged, 0))["next_batch"]
+    await alice.send(room, "m.room.message", {"body": "after"}, via="r1")
+    later = await alice.sync("r1", clamped, 2000)
+    assert [e["content"]["body"] for e in timeline_events(later)] == ["after"]
