@@ -60,6 +60,15 @@ class Messages:
     def _sync_position(self, room_id: str, token: SyncToken) -> int:
         return token.get("events").get_stream_pos_for_instance(writer_for_room(room_id, self._writers))
 
+    async def event(self, user_id: str, room_id: str, event_id: str) -> Event | None:
+        """The event, if it is in `room_id` and `user_id` may see it."""
+        async with self._pool.acquire() as conn:
+            event = (await store.events_by_ids(conn, [event_id])).get(event_id)
+        if event is None or event.room_id != room_id:
+            return None
+        user_rooms = await self._caches.rooms_for_user.get(user_id)
+        return event if _visible_now(event, user_id, user_rooms.history.get(room_id)) else None
+
     async def page(
         self,
         user_id: str,
@@ -112,6 +121,13 @@ class Messages:
         if not exhausted:
             body["end"] = pagination_token(cursor)
         return body
+
+
+def _visible_now(event: Event, user_id: str, history: Sequence[tuple[int, str]] | None) -> bool:
+    """`_visible` for a user with this membership history in the room (none: never a member)."""
+    if not history:
+        return False
+    return _visible(event, user_id, history, history[-1][1] == "join")
 
 
 def _visible(event: Event, user_id: str, history: Sequence[tuple[int, str]], joined_now: bool) -> bool:

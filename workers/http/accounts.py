@@ -54,6 +54,8 @@ class Accounts:
             web.post(f"{CLIENT}/logout", self.logout),
             web.post(f"{CLIENT}/logout/all", self.logout_all),
             web.get(f"{CLIENT}/account/whoami", self.whoami),
+            web.get(f"{CLIENT}/profile/{{user_id}}", self.profile),
+            web.get(f"{CLIENT}/profile/{{user_id}}/{{field}}", self.profile),
             web.get("/_synapse/admin/v1/register", self.admin_nonce),
             web.post("/_synapse/admin/v1/register", self.admin_register),
         ]
@@ -190,6 +192,16 @@ class Accounts:
         if who.device_id is not None:
             body["device_id"] = who.device_id
         return web.json_response(body)
+
+    async def profile(self, request: web.Request) -> web.Response:
+        """A user's profile: the cluster stores no display names or avatars yet, so an existing
+        user's profile is empty (the spec's fields are optional) and a field is not found."""
+        user_id = request.match_info["user_id"]
+        async with self._pool.acquire() as conn:
+            exists = await users.user_exists(conn, user_id)
+        if not exists or "field" in request.match_info:
+            raise ApiError(404, "M_NOT_FOUND", f"no profile {'field ' if exists else ''}for {user_id}")
+        return web.json_response({})
 
     def _admin_secret(self) -> bytes:
         secret = self.settings.registration_shared_secret

@@ -54,6 +54,7 @@ class RoomRoutes:
             web.get(f"{ROOM}/state/{{event_type}}", self.get_state_event),
             web.get(f"{ROOM}/state/{{event_type}}/{{state_key:.*}}", self.get_state_event),
             web.get(f"{ROOM}/messages", self.messages),
+            web.get(f"{ROOM}/event/{{event_id}}", self.event),
             web.get(f"{ROOM}/joined_members", self.joined_members),
             web.get(f"{CLIENT}/joined_rooms", self.joined_rooms),
             web.get(f"{CLIENT}/directory/room/{{alias}}", self.resolve_alias),
@@ -222,6 +223,18 @@ class RoomRoutes:
         except ValueError as e:  # a malformed token (InvalidTokenError is one)
             raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
         return web.json_response(body)
+
+    async def event(self, request: web.Request) -> web.Response:
+        """One event, when the requester may see it (/messages' rules); 404 otherwise, so an id
+        tells nothing about a room one cannot read."""
+        who = await requester(self._pool, request)
+        room_id = self._room_id(request)
+        self._reads()
+        assert self._messages is not None
+        found = await self._messages.event(who.user_id, room_id, request.match_info["event_id"])
+        if found is None:
+            raise ApiError(404, "M_NOT_FOUND", "no such event, or not one you may see")
+        return web.json_response(found.matrix())
 
     async def joined_members(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)

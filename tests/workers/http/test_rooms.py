@@ -204,3 +204,25 @@ async def test_power_levels_decide_who_may_kick_ban_and_change_state(
     state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room, via="r1")}
     assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "ban"
     assert state[("m.room.member", "@carol:localhost")]["content"]["membership"] == "leave"
+
+
+async def test_one_event_and_profiles_answer_only_what_the_requester_may_see(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker("p1", ["p1"])
+    alice, mallory = client_for(http, [worker], ["p1"]), client_for(http, [worker], ["p1"])
+    await alice.register("alice")
+    await mallory.register("mallory")
+    room = await alice.create_room("invite")
+    sent = await alice.send(room, "m.room.message", {"body": "mine"})
+    url = f"{alice.urls['p1']}/_matrix/client/v3/rooms/{room}/event/{sent['event_id']}"
+    assert (await alice._call("GET", url))["content"] == {"body": "mine"}
+    with pytest.raises(RequestRefused) as hidden:
+        await mallory._call("GET", url)
+    assert (hidden.value.status, hidden.value.errcode) == (404, "M_NOT_FOUND")
+    profile = f"{alice.urls['p1']}/_matrix/client/v3/profile"
+    assert await mallory._call("GET", f"{profile}/@alice:localhost") == {}
+    for missing in ("@nobody:localhost", "@alice:localhost/displayname"):
+        with pytest.raises(RequestRefused) as absent:
+            await mallory._call("GET", f"{profile}/{missing}")
+        assert absent.value.errcode == "M_NOT_FOUND"
