@@ -284,6 +284,10 @@ class Worker:
         app.middlewares.insert(0, request_timing(self.registry))
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         self.room_writes.forwarder = self.ephemeral.requests
+        self.sync.ephemeral = self.ephemeral
+        api.deps.ephemeral.typing = self.ephemeral.typing
+        api.deps.ephemeral.presence = self.ephemeral.presence
+        api.deps.ephemeral.sync_tracker = self.ephemeral.sync_tracker if self.config.serve_reads else None
         app.add_routes(self.ephemeral.internal.room_routes(self.room_writes))
         limits = runner_limits(
             self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes

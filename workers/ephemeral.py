@@ -199,6 +199,16 @@ class Ephemeral:
 
     # -- hooks for /sync ------------------------------------------------------------------------
 
+    def ephemeral_tokens(self) -> tuple[int, int]:
+        """The (typing, presence) components of this worker's sync token."""
+        return self.typing.current_token(), self.presence.current_token()
+
+    def typing_events(self, room_ids: Iterable[str], since: int | None) -> dict[str, dict[str, Any]]:
+        return self.typing.typing_section(room_ids, since)
+
+    async def presence_events(self, user_id: str, since: int | None, upto: int) -> list[dict[str, Any]]:
+        return await self.presence_section(user_id, since, upto)
+
     async def presence_section(
         self, user_id: str, since: int | None, upto: int | None
     ) -> list[dict[str, Any]]:

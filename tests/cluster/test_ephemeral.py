@@ -10,11 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import pytest
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.conftest import MakeCluster
 from workers.harness.cluster import LocalCluster
+from workers.harness.cluster_client import RequestRefused
 
 WRITER = "background1"
 FAST_PRESENCE = {
@@ -165,3 +167,57 @@ async def test_the_users_of_a_killed_syncing_process_go_offline_after_the_expiry
 
 async def _is(value: Any, expected: str) -> bool:
     return bool(await value == expected)
+
+
+async def test_typing_and_presence_through_the_matrix_api_reach_sync_on_another_worker(
+    make_cluster: MakeCluster,
+) -> None:
+    """Alice types on sync1; bob, long-polling on sync2, gets m.typing in the room's ephemeral
+    events, then the typing stop. Syncing makes alice online for bob (USER_SYNC to the presence
+    writer), and her status message arrives as an m.presence event."""
+    from workers.harness.cluster_client import ClusterClient
+
+    cluster = await ephemeral_cluster(make_cluster)
+    async with aiohttp.ClientSession() as session:
+        alice, bob = ClusterClient(session, cluster.urls), ClusterClient(session, cluster.urls)
+        await alice.register("alice", via="sync1")
+        await bob.register("bob", via="sync2")
+        room = await alice.create_room("public", via="sync1")
+        await bob.membership(room, "join", via="sync2")
+        since = (await bob.sync("sync2"))["next_batch"]
+        typing_url = f"{cluster.url('sync1')}/_matrix/client/v3/rooms/{room}/typing/{alice.user_id}"
+        await alice._call("PUT", typing_url, {"typing": True, "timeout": 30_000})
+
+        async def typing_seen(expected: list[str]) -> bool:
+            nonlocal since
+            result = await bob.sync("sync2", since, 2000)
+            since = result["next_batch"]
+            room_body = result["rooms"]["join"].get(room, {})
+            events = room_body.get("ephemeral", {}).get("events", [])
+            return any(e["type"] == "m.typing" and e["content"]["user_ids"] == expected for e in events)
+
+        assert await eventually(lambda: typing_seen([str(alice.user_id)]))
+        await alice._call("PUT", typing_url, {"typing": False})
+        assert await eventually(lambda: typing_seen([]))
+        with pytest.raises(RequestRefused) as other:  # only your own typing
+            await bob._call("PUT", typing_url, {"typing": True, "timeout": 1000})
+        assert other.value.status == 403
+
+        await alice.sync("sync1")  # a sync: alice is online
+        status_url = f"{cluster.url('sync1')}/_matrix/client/v3/presence/{alice.user_id}/status"
+        await alice._call("PUT", status_url, {"presence": "online", "status_msg": "tea"})
+
+        async def presence_seen() -> bool:
+            nonlocal since
+            result = await bob.sync("sync2", since, 2000)
+            since = result["next_batch"]
+            return any(
+                e["type"] == "m.presence"
+                and e["sender"] == alice.user_id
+                and e["content"].get("status_msg") == "tea"
+                for e in result["presence"]["events"]
+            )
+
+        assert await eventually(presence_seen)
+        seen = await bob._call("GET", status_url.replace(cluster.url("sync1"), cluster.url("sync2")))
+        assert seen["presence"] == "online" and seen["status_msg"] == "tea"

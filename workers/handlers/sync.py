@@ -22,9 +22,9 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -40,7 +40,24 @@ from workers.storage import events as store
 log = logging.getLogger(__name__)
 
 #: The streams a sync token has a component for, in text order.
-SYNC_STREAMS = ("events", "caches")
+SYNC_STREAMS = ("events", "caches", "typing", "presence")
+#: The components that order tokens (waits, bounds): the in-memory streams' tokens restart with
+#: their writer, so, as in Synapse, they say nothing about which token came first.
+ORDERED_STREAMS = ("events", "caches")
+
+
+class EphemeralSource(Protocol):
+    """Typing and presence for /sync (`workers.ephemeral.Ephemeral` is one)."""
+
+    def ephemeral_tokens(self) -> tuple[int, int]:
+        """(typing, presence) current tokens."""
+        ...
+
+    def typing_events(self, room_ids: Iterable[str], since: int | None) -> dict[str, dict[str, Any]]: ...
+
+    async def presence_events(self, user_id: str, since: int | None, upto: int) -> list[dict[str, Any]]: ...
+
+
 CATCH_UP_WAIT_S = 10.0
 #: The state events an invitee is shown (with the member events, filtered to theirs).
 STRIPPED_STATE = frozenset(
@@ -94,13 +111,17 @@ class SyncHandler:
         self._max_events = max_events
         self.syncs = 0
         self.behind_timeouts = 0
+        #: Typing and presence, set once the worker has built them (None: empty sections).
+        self.ephemeral: EphemeralSource | None = None
         self._ratelog = RateLimitedLog(log)
         self.closing = False
 
     def current_token(self) -> SyncToken:
-        return SyncToken(
-            {s: MultiWriterStreamToken.from_generator(self._generators[s]) for s in SYNC_STREAMS}
-        )
+        tokens = {s: MultiWriterStreamToken.from_generator(self._generators[s]) for s in ORDERED_STREAMS}
+        if self.ephemeral is not None:
+            typing, presence = self.ephemeral.ephemeral_tokens()
+            tokens |= {"typing": MultiWriterStreamToken(typing), "presence": MultiWriterStreamToken(presence)}
+        return SyncToken(tokens)
 
     async def encode(self, token: SyncToken) -> str:
         return await self._instance_map.encode_sync_token(token, SYNC_STREAMS)
@@ -142,12 +163,14 @@ class SyncHandler:
             user_rooms = await self._caches.rooms_for_user.get(user_id)
             with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
                 events, now = await self._events_between(user_id, user_rooms, since, now, sync_filter)
+                typing, presence = await self._ephemeral(user_id, user_rooms, sync_filter, since, now)
                 remaining = deadline - time.monotonic()
-                if events or full_state or remaining <= 0 or self.closing:
+                if events or typing or presence or full_state or remaining <= 0 or self.closing:
                     sections = RoomSections(user_id, sync_filter.timeline_limit)
                     sections.add_window(events)
                     if full_state:
                         sections.want_full_state(r for r in _joined(user_rooms) if sync_filter.includes(r))
+                    sections.add_ephemeral(typing, presence)
                     await sections.load_state(self._state_events, self._invite_state)
                     body = sections.response(await self.encode(now))
                     if woken_at is not None and events:
@@ -185,8 +208,28 @@ class SyncHandler:
                         limit=sync_filter.timeline_limit + 1,
                     )  # fmt: skip
                     sections.add_joined_room(room_id, recent[::-1])
+        sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
         await sections.load_state(self._state_events, self._invite_state)
         return sections.response(await self.encode(now))
+
+    async def _ephemeral(
+        self,
+        user_id: str,
+        user_rooms: UserRooms,
+        sync_filter: SyncFilter,
+        since: SyncToken | None,
+        now: SyncToken,
+    ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+        """Typing per joined room and presence events that changed after `since` (all current
+        ones when None), up to `now`."""
+        if self.ephemeral is None:
+            return {}, []
+        rooms = [r for r in _joined(user_rooms) if sync_filter.includes(r)]
+        typing = self.ephemeral.typing_events(rooms, None if since is None else since.get("typing").stream)
+        presence = await self.ephemeral.presence_events(
+            user_id, None if since is None else since.get("presence").stream, now.get("presence").stream
+        )
+        return typing, presence
 
     async def _state_events(self, room_id: str) -> list[Event]:
         """The room's current state as events."""
@@ -211,9 +254,9 @@ class SyncHandler:
     async def _bounded(self, since: SyncToken) -> SyncToken:
         """Clamp components beyond anything ever allocated (a forged or pre-reset token)."""
         now = self.current_token()
-        if since.is_before_or_eq(now):
+        if _ordered(since).is_before_or_eq(_ordered(now)):
             return since
-        maxima = {s: await self._generators[s].get_max_allocated_token() for s in SYNC_STREAMS}
+        maxima = {s: await self._generators[s].get_max_allocated_token() for s in ORDERED_STREAMS}
         bounded = since.bound(maxima)
         if bounded != since:
             # Never a 400: after a database restore every client holds such a token. Answer from
@@ -224,7 +267,7 @@ class SyncHandler:
 
     async def _wait_until_covered(self, since: SyncToken) -> bool:
         deadline = time.monotonic() + self._catch_up_wait_s
-        while not since.is_before_or_eq(self.current_token()):
+        while not _ordered(since).is_before_or_eq(_ordered(self.current_token())):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -284,3 +327,7 @@ def _visible(event: Event, user_id: str, history: dict[str, tuple[tuple[int, str
 
 def _joined(user_rooms: UserRooms) -> list[str]:
     return [r for r, history in user_rooms.history.items() if history and history[-1][1] == "join"]
+
+
+def _ordered(token: SyncToken) -> SyncToken:
+    return SyncToken({s: token.get(s) for s in ORDERED_STREAMS})

@@ -48,6 +48,7 @@ class _Room:
     skipped_state: dict[tuple[str, str], Event] = field(default_factory=dict)
     full_state: bool = False
     state: list[Event] = field(default_factory=list)
+    ephemeral: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RoomSections:
@@ -57,6 +58,7 @@ class RoomSections:
         self.join: dict[str, _Room] = {}
         self.leave: dict[str, _Room] = {}
         self.invite: dict[str, list[Event]] = {}
+        self.presence: list[dict[str, Any]] = []
 
     def add_window(self, events: Sequence[Event]) -> None:
         """The visible events of an incremental sync's window, in stream order."""
@@ -83,6 +85,14 @@ class RoomSections:
 
     def add_invite(self, room_id: str) -> None:
         self.invite[room_id] = []
+
+    def add_ephemeral(self, typing: dict[str, dict[str, Any]], presence: list[dict[str, Any]]) -> None:
+        """`m.typing` events of joined rooms (a room with nothing else new is listed for them) and
+        `m.presence` events; typing for rooms the user has just left or not joined is dropped."""
+        for room_id, event in typing.items():
+            if room_id not in self.leave and room_id not in self.invite:
+                self.join.setdefault(room_id, _Room()).ephemeral.append(event)
+        self.presence = list(presence)
 
     def want_full_state(self, room_ids: Iterable[str]) -> None:
         for room_id in room_ids:
@@ -123,7 +133,7 @@ class RoomSections:
         for room_id, room in self.join.items():
             rooms["join"][room_id] = {
                 **self._room_body(room),
-                "ephemeral": {"events": []},
+                "ephemeral": {"events": room.ephemeral},
                 "account_data": {"events": []},
                 "unread_notifications": {"highlight_count": 0, "notification_count": 0},
                 "summary": {},
@@ -132,6 +142,7 @@ class RoomSections:
             rooms["leave"][room_id] = {**self._room_body(room), "account_data": {"events": []}}
         for room_id, stripped in self.invite.items():
             rooms["invite"][room_id] = {"invite_state": {"events": [e.stripped() for e in stripped]}}
+        body["presence"]["events"] = self.presence
         return body
 
     @staticmethod

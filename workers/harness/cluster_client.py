@@ -148,6 +148,18 @@ class ClusterClient:
             result = await self._call("POST", f"{base}/{op}", {"user_id": self.user(target)})
         return result
 
+    async def typing(
+        self, room_id: str, typing: bool, timeout_ms: int = 5000, via: str | None = None
+    ) -> None:
+        url = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}/typing/{_q(str(self.user_id))}"
+        await self._call("PUT", url, {"typing": typing, "timeout": timeout_ms})
+
+    async def set_presence(
+        self, presence: str, status_msg: str | None = None, via: str | None = None
+    ) -> None:
+        url = f"{self._url(via)}{CLIENT}/presence/{_q(str(self.user_id))}/status"
+        await self._call("PUT", url, {"presence": presence, "status_msg": status_msg})
+
     async def backfill(self, room_id: str, events: list[dict[str, Any]], via: str | None = None) -> list[int]:
         url = f"{self._url(via)}/_fanout/admin/v1/rooms/{_q(room_id)}/backfill"
         data = await self._call("POST", url, {"events": events})

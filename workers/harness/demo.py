@@ -2,8 +2,9 @@
 
 With no URLs it starts the embedded PostgreSQL and Redis; then it launches 2 persisters, 2 sync
 workers and 1 background worker as subprocesses, drives users joining and leaving rooms, sending
-messages and changing state (progress on stderr), and checks that every sync client saw every
-event of its rooms exactly once and in token order. It prints a summary (events/s,
+messages, changing state, typing and setting presence (progress on stderr), and checks that every
+sync client saw every event of its rooms exactly once and in token order, and that typing and
+presence reached the readers. It prints a summary (events/s,
 persist-to-visible latency on every sync worker, invalidation messages vs per-key invalidation),
 runs the invalidation audit on the demo's data, and exits 1 if any check failed.
 """
@@ -87,12 +88,16 @@ async def run_demo(
     cluster = LocalCluster(
         database_url, redis_url, workdir / "workers", channel_prefix=f"demo-{uuid.uuid4().hex[:8]}",
         announce_interval_s=args.announce_interval,
+        stream_writers={"typing": ["background1"], "presence": ["background1"]},
     )  # fmt: skip
     say(f"starting {len(cluster.workers)} workers ({', '.join(cluster.workers)}); logs in {cluster.workdir}")
     started = time.monotonic()
     await cluster.start()
     say(f"cluster ready in {time.monotonic() - started:.1f}s")
-    plan = LoadPlan(users=args.users, rooms=args.rooms, actions=args.actions, concurrency=args.concurrency)
+    plan = LoadPlan(
+        users=args.users, rooms=args.rooms, actions=args.actions, concurrency=args.concurrency,
+        expect_ephemeral=True,
+    )  # fmt: skip
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             driver = LoadDriver(
@@ -155,6 +160,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"  persist-to-visible on every sync worker  p50 {summary['latency_p50_ms']} ms,"
         f" p99 {summary['latency_p99_ms']} ms ({summary['latency_samples']} messages)",
         f"  syncs checked                {summary['syncs']}",
+        f"  typing / presence            {summary['typing_updates_sent']} / "
+        f"{summary['presence_updates_sent']} sent; {summary['typing_notifications_seen']} / "
+        f"{summary['presence_events_seen']} seen in /sync",
         f"  invalidation messages        {summary['invalidation_messages']} sent; per-key invalidation would"
         f" have sent {summary['per_key_invalidation_messages']} ({saved} saved)",
         f"  verification                 {'PASSED' if summary['verified'] else 'FAILED'}",

@@ -38,6 +38,8 @@ class LoadPlan:
     concurrency: int = 16
     sync_timeout_ms: int = 2000
     seed: int = 7
+    #: The cluster has typing and presence writers: their notifications must reach the readers.
+    expect_ephemeral: bool = False
 
 
 @dataclass
@@ -52,6 +54,10 @@ class LoadReport:
     problems: list[str] = field(default_factory=list)
     invalidation_rows: int = 0
     per_key_invalidations: int = 0
+    typing_sent: int = 0
+    presence_sent: int = 0
+    typing_seen: int = 0
+    presence_seen: int = 0
 
     @property
     def events_per_s(self) -> float:
@@ -76,6 +82,10 @@ class LoadReport:
             "latency_p50_ms": round(self.percentile(50), 1),
             "latency_p99_ms": round(self.percentile(99), 1),
             "latency_samples": len(self.latency_ms),
+            "typing_updates_sent": self.typing_sent,
+            "typing_notifications_seen": self.typing_seen,
+            "presence_updates_sent": self.presence_sent,
+            "presence_events_seen": self.presence_seen,
             "invalidation_messages": self.invalidation_rows,
             "per_key_invalidation_messages": self.per_key_invalidations,
             "verified": not self.problems,
@@ -92,6 +102,7 @@ class _Reader:
         self.switch_every = switch_every
         self.records: list[SyncRecord] = []
         self.arrivals: dict[str, float] = {}
+        self.typing_seen = self.presence_seen = 0
         self.token: str | None = None
 
     async def initial(self) -> None:
@@ -110,6 +121,13 @@ class _Reader:
             for event in events:
                 self.arrivals.setdefault(event["event_id"], now)
             self.records.append(SyncRecord(worker, self.token, result["next_batch"], ids))
+            self.typing_seen += sum(
+                1
+                for room in result["rooms"]["join"].values()
+                for e in room["ephemeral"]["events"]
+                if e["type"] == "m.typing"
+            )
+            self.presence_seen += len(result["presence"]["events"])
             self.token = result["next_batch"]
 
 
@@ -178,7 +196,8 @@ class LoadDriver:
     def _next_action(self) -> tuple[str, ClusterClient]:
         client = self.rng.choice(self.clients)
         roll = self.rng.random()
-        kind = "message" if roll < 0.7 else "state" if roll < 0.8 else "join" if roll < 0.9 else "leave"
+        kinds = ((0.66, "message"), (0.76, "state"), (0.85, "join"), (0.93, "leave"), (0.97, "typing"))
+        kind = next((k for bound, k in kinds if roll < bound), "presence")
         return kind, client
 
     async def _act(self, kind: str, client: ClusterClient) -> None:
@@ -199,6 +218,14 @@ class LoadDriver:
                     await client.set_state(
                         self.rng.choice(mine), "m.room.topic", "", {"topic": f"t{time.time()}"}
                     )
+                elif kind == "typing" and mine:
+                    await client.typing(self.rng.choice(mine), self.rng.random() < 0.7)
+                    self.report.typing_sent += 1
+                    return
+                elif kind == "presence":
+                    await client.set_presence(self.rng.choice(["online", "unavailable"]), f"s{time.time()}")
+                    self.report.presence_sent += 1
+                    return
                 elif mine:
                     await client.send(
                         self.rng.choice(mine), "m.room.message", {"body": f"hello {time.time()}"}
@@ -296,6 +323,18 @@ class LoadDriver:
             arrivals = [p.arrivals.get(event_id) for p in self.probes]
             if all(a is not None for a in arrivals):
                 self.report.latency_ms.append(max(0.0, (max(a for a in arrivals if a) - ts / 1000) * 1000))
+        readers = self.readers + self.probes
+        self.report.typing_seen = sum(r.typing_seen for r in readers)
+        self.report.presence_seen = sum(r.presence_seen for r in readers)
+        if self.plan.expect_ephemeral:
+            # Ephemeral by nature (a typing start may be over before anyone syncs), so no exactly-once:
+            # but what was sent must have reached someone.
+            if self.report.typing_sent and not self.report.typing_seen:
+                self.report.problems.append(
+                    f"{self.report.typing_sent} typing updates sent, none seen in /sync"
+                )
+            if self.report.presence_sent and not self.report.presence_seen:
+                self.report.problems.append(f"{self.report.presence_sent} presence updates sent, none seen")
         # One cs_cache_fake row covers each of its rooms' two caches plus each member's room list.
         self.report.invalidation_rows = int(cache_rows[0]["rows"])
         self.report.per_key_invalidations = int(cache_rows[0]["per_key"])

@@ -1,5 +1,6 @@
 """The client HTTP API of a worker: the Matrix client-server API subset the cluster serves
-(docs/api.md lists every endpoint), Synapse's shared-secret registration, our admin paths, and
+(docs/api.md lists every endpoint: accounts, rooms, sync, typing and presence), Synapse's
+shared-secret registration, our admin paths, and
 health and metrics.
 
 Any worker serves any of these: writes reach a room's persister by worker request
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -27,6 +28,7 @@ from workers.handlers.sync import SyncHandler
 from workers.http.accounts import Accounts, AccountSettings
 from workers.http.admin import AdminRoutes
 from workers.http.auth import requester
+from workers.http.ephemeral_routes import EphemeralRoutes, EphemeralServices
 from workers.http.errors import ApiError, api_error_for, unavailable
 from workers.http.health import health_routes
 from workers.http.rooms import RoomRoutes
@@ -69,6 +71,8 @@ class ApiDeps:
     metrics: CollectorRegistry
     health: Callable[[], tuple[bool, dict[str, Any]]]
     accepting: Callable[[], bool]
+    #: Typing and presence, filled in once the worker has built them.
+    ephemeral: EphemeralServices = field(default_factory=EphemeralServices)
 
 
 class ClientApi:
@@ -86,7 +90,8 @@ class ClientApi:
                 web.get(f"{CLIENT}/pushrules/", self.push_rules),
                 *Accounts(deps.pool, deps.accounts).routes(),
                 *RoomRoutes(deps.pool, deps.writes, deps.sync, deps.messages).routes(),
-                *SyncRoutes(deps.pool, deps.sync).routes(),
+                *SyncRoutes(deps.pool, deps.sync, deps.ephemeral).routes(),
+                *EphemeralRoutes(deps.pool, deps.ephemeral).routes(),
                 *AdminRoutes(deps.pool, deps.writes).routes(),
                 *health_routes(deps.health, deps.metrics),
             ]

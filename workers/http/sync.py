@@ -2,11 +2,12 @@
 
 Parameters as the spec has them: `since` (a `next_batch`; malformed: 400 M_INVALID_PARAM),
 `timeout` (ms, capped at `MAX_SYNC_TIMEOUT_MS`), `full_state`, `filter` (inline JSON or the id of an
-uploaded filter), `set_presence` (accepted; presence comes with the presence issue).
+uploaded filter), `set_presence` (`offline`: this sync does not count the user as online).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import asyncpg
@@ -17,6 +18,7 @@ from workers.handlers.sync import SyncHandler
 from workers.handlers.sync_filter import SyncFilter
 from workers.http.auth import requester
 from workers.http.bodies import json_body
+from workers.http.ephemeral_routes import EphemeralServices
 from workers.http.errors import ApiError, unavailable
 from workers.storage import users
 
@@ -25,9 +27,10 @@ MAX_SYNC_TIMEOUT_MS = 60_000
 
 
 class SyncRoutes:
-    def __init__(self, pool: asyncpg.Pool, sync: SyncHandler | None) -> None:
+    def __init__(self, pool: asyncpg.Pool, sync: SyncHandler | None, services: EphemeralServices) -> None:
         self._pool = pool
         self._sync = sync
+        self._services = services
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -50,13 +53,18 @@ class SyncRoutes:
         if full_state not in ("true", "false"):
             raise ApiError(400, "M_INVALID_PARAM", "full_state is true or false")
         sync_filter = await self._filter(who.user_id, query.get("filter"))
-        try:
-            result = await self._sync.sync(
-                who.user_id, query.get("since"), timeout_ms / 1000,
-                full_state=full_state == "true", sync_filter=sync_filter,
-            )  # fmt: skip
-        except InvalidTokenError as e:
-            raise ApiError(400, "M_INVALID_PARAM", f"since: {e}") from None
+        async with contextlib.AsyncExitStack() as stack:
+            tracker = self._services.sync_tracker
+            if tracker is not None and query.get("set_presence") != "offline":
+                # The user is syncing here: presence counts them online until their last sync ends.
+                await stack.enter_async_context(tracker.sync_request(who.user_id, who.device_id))
+            try:
+                result = await self._sync.sync(
+                    who.user_id, query.get("since"), timeout_ms / 1000,
+                    full_state=full_state == "true", sync_filter=sync_filter,
+                )  # fmt: skip
+            except InvalidTokenError as e:
+                raise ApiError(400, "M_INVALID_PARAM", f"since: {e}") from None
         return web.json_response(result)
 
     async def _filter(self, user_id: str, value: str | None) -> SyncFilter | None:
