@@ -49,6 +49,7 @@ from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import LruCache, SyncCaches
+from workers.handlers.device_lists import DEVICE_LISTS, DeviceLists
 from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
 from workers.handlers.notifier import Notifier
@@ -59,6 +60,7 @@ from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler, SyncObservers
 from workers.http.accounts import AccountSettings
 from workers.http.client_api import ApiDeps, ClientApi
+from workers.http.federation_client import FederationClient
 from workers.http.health import CacheCollector, ReadinessCollector, health_routes
 from workers.http.limits import runner_limits
 from workers.http.timing import request_timing
@@ -262,6 +264,13 @@ class Worker:
             self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
         )  # fmt: skip
         reads = config.serve_reads
+        device_writers = config.writers_of(DEVICE_LISTS)
+        if len(device_writers) > 1:
+            raise ConfigError(f"stream_writers.{DEVICE_LISTS}: one writer only, got {device_writers}")
+        self.device_lists = DeviceLists(
+            self.name, device_writers[0] if device_writers else None, self.pool,
+            FederationClient(config.remote_servers).user_devices,
+        )  # fmt: skip
         api = ClientApi(
             ApiDeps(
                 pool=self.pool,
@@ -278,6 +287,7 @@ class Worker:
                 metrics=self.registry,
                 health=self.health,
                 accepting=lambda: self._accepting,
+                device_lists=self.device_lists,
             )
         )
         app = api.application()
@@ -289,6 +299,8 @@ class Worker:
         api.deps.ephemeral.presence = self.ephemeral.presence
         api.deps.ephemeral.sync_tracker = self.ephemeral.sync_tracker if self.config.serve_reads else None
         app.add_routes(self.ephemeral.internal.room_routes(self.room_writes))
+        app.add_routes(self.ephemeral.internal.device_routes(self.device_lists))
+        self.device_lists.forwarder = self.ephemeral.requests
         limits = runner_limits(
             self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes
         )

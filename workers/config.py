@@ -121,6 +121,11 @@ class WorkerConfig(BaseSettings):
         description="instance name -> base URL of its HTTP listener (http://host:port): where worker"
         " requests to the owner of a stream or duty go",
     )
+    remote_servers: dict[str, str] = Field(
+        default_factory=dict,
+        description="server name -> base URL of its federation API: where the device-list writer"
+        " fetches a remote user's devices (a stand-in for federation's server discovery)",
+    )
     worker_secret: str | None = Field(
         None,
         min_length=16,

@@ -221,3 +221,59 @@ async def test_typing_and_presence_through_the_matrix_api_reach_sync_on_another_
         assert await eventually(presence_seen)
         seen = await bob._call("GET", status_url.replace(cluster.url("sync1"), cluster.url("sync2")))
         assert seen["presence"] == "online" and seen["status_msg"] == "tea"
+
+
+async def test_keys_query_for_a_remote_user_goes_through_the_device_list_writer(
+    make_cluster: MakeCluster,
+) -> None:
+    """A reader never fetches a remote user's devices itself: it asks the device-list writer, which
+    asks the user's server (a stand-in for federation, run here) once, stores the list, and answers.
+    A stale mark makes the next query resync it."""
+    from aiohttp import web
+
+    from workers.harness.cluster_client import ClusterClient
+    from workers.services import free_port
+
+    fetched: list[str] = []
+
+    async def user_devices(request: web.Request) -> web.Response:
+        fetched.append(request.match_info["user_id"])
+        keys = {"user_id": "@bob:remote.test", "device_id": "BOBPHONE", "algorithms": ["m.olm.v1"],
+                "keys": {"ed25519:BOBPHONE": "key"}}  # fmt: skip
+        return web.json_response({"user_id": "@bob:remote.test", "stream_id": 1,
+                                  "devices": [{"device_id": "BOBPHONE", "keys": keys}]})  # fmt: skip
+
+    remote = web.Application()
+    remote.router.add_get("/_matrix/federation/v1/user/devices/{user_id}", user_devices)
+    runner = web.AppRunner(remote)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        cluster = await make_cluster(
+            persisters=1, sync_workers=2, background_workers=1,
+            stream_writers={"device_lists": [WRITER]},
+            extra_config={"remote_servers": {"remote.test": f"http://127.0.0.1:{port}"}},
+        )  # fmt: skip
+        async with aiohttp.ClientSession() as session:
+            alice = ClusterClient(session, cluster.urls)
+            await alice.register("alice", via="sync1")
+            query = {"device_keys": {"@bob:remote.test": [], "@nobody:elsewhere.test": []}}
+            url = "/_matrix/client/v3/keys/query"
+            first = await alice._call("POST", cluster.url("sync1") + url, query)
+            assert first["device_keys"]["@bob:remote.test"]["BOBPHONE"]["keys"] == {"ed25519:BOBPHONE": "key"}
+            assert (
+                "elsewhere.test" in first["failures"] and first["device_keys"]["@nobody:elsewhere.test"] == {}
+            )
+            again = await alice._call("POST", cluster.url("sync2") + url, query)
+            assert again["device_keys"]["@bob:remote.test"] == first["device_keys"]["@bob:remote.test"]
+            assert fetched == ["@bob:remote.test"]  # once, cached for the second reader
+            stale = f"{cluster.url('sync2')}/_fanout/admin/v1/device_lists/@bob:remote.test/stale"
+            await alice._call("POST", stale, {})
+            await alice._call("POST", cluster.url("sync2") + url, query)
+            assert fetched == ["@bob:remote.test"] * 2
+        # Every resync went through the writer: bob twice, the unreachable user on each of 3 queries.
+        assert await metric(cluster, WRITER, "fanout_internal_requests_total", endpoint="device_resync") == 5
+        assert await metric(cluster, "sync1", "fanout_worker_requests_total", endpoint="device_resync") == 2
+    finally:
+        await runner.cleanup()

@@ -4,6 +4,8 @@
   import history into a room the caller (an access token) is joined to. The events get negative
   stream orderings: older than anything live, never in /sync, shown by /messages. Answers
   `{"stream_orderings": [...]}`. Forwarded to the room's persister like any room write.
+* `POST /_fanout/admin/v1/device_lists/{userId}/stale`: mark a remote user's cached device list
+  stale, as a device-list update from its server would; the next /keys/query resyncs it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from workers.handlers.room_writes import RoomWrites
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError
+from workers.storage import devices
 
 ADMIN = "/_fanout/admin/v1"
 
@@ -26,7 +29,18 @@ class AdminRoutes:
         self._writes = writes
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post(f"{ADMIN}/rooms/{{room_id}}/backfill", self.backfill)]
+        return [
+            web.post(f"{ADMIN}/rooms/{{room_id}}/backfill", self.backfill),
+            web.post(f"{ADMIN}/device_lists/{{user_id}}/stale", self.mark_stale),
+        ]
+
+    async def mark_stale(self, request: web.Request) -> web.Response:
+        """Mark a remote user's cached device list stale (what a device-list update from its server
+        would do): the next /keys/query resyncs it through the device-list writer."""
+        await requester(self._pool, request)
+        async with self._pool.acquire() as conn:
+            await devices.mark_remote_stale(conn, request.match_info["user_id"])
+        return web.json_response({})
 
     async def backfill(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)

@@ -21,6 +21,7 @@ import asyncpg
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from workers.handlers.device_lists import DeviceLists
 from workers.handlers.messages import Messages
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import DEFAULT_ROOM_VERSION, SUPPORTED_ROOM_VERSIONS
@@ -31,6 +32,7 @@ from workers.http.auth import requester
 from workers.http.ephemeral_routes import EphemeralRoutes, EphemeralServices
 from workers.http.errors import ApiError, api_error_for, unavailable
 from workers.http.health import health_routes
+from workers.http.keys import KeyRoutes
 from workers.http.rooms import RoomRoutes
 from workers.http.sync import SyncRoutes
 
@@ -73,6 +75,7 @@ class ApiDeps:
     accepting: Callable[[], bool]
     #: Typing and presence, filled in once the worker has built them.
     ephemeral: EphemeralServices = field(default_factory=EphemeralServices)
+    device_lists: DeviceLists | None = None
 
 
 class ClientApi:
@@ -92,6 +95,7 @@ class ClientApi:
                 *RoomRoutes(deps.pool, deps.writes, deps.sync, deps.messages).routes(),
                 *SyncRoutes(deps.pool, deps.sync, deps.ephemeral).routes(),
                 *EphemeralRoutes(deps.pool, deps.ephemeral).routes(),
+                *KeyRoutes(deps.pool, deps.accounts.server_name, deps.device_lists).routes(),
                 *AdminRoutes(deps.pool, deps.writes).routes(),
                 *health_routes(deps.health, deps.metrics),
             ]

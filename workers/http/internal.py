@@ -21,6 +21,8 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
 * `POST /rooms/{room_id}/create`             body `{"events": [...]}` -> the same, of the last event
 * `POST /rooms/{room_id}/backfill`           body `{"sender", "events": [{type, content}, ...]}` ->
   `{"stream_orderings": [...]}`
+* `POST /devices/{user_id}/resync`            -> `{"devices": [...]}` (the device-list writer fetched
+  and stored the remote user's list) or `{"error"}` when the user's server could not be asked
 Room routes answer a room rule's refusal with the client's errcode (M_FORBIDDEN, M_NOT_FOUND, ...),
 which the forwarding worker passes on; a refused secret answers `IO.FANOUT.WORKER_AUTH`, which it
 does not (the client gets a 503: the cluster is misconfigured, not the request).
@@ -39,6 +41,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from pubsub.ratelog import RateLimitedLog
+from workers.handlers.device_lists import DeviceLists, RemoteUnreachable
 from workers.handlers.forwarding import WORKER_AUTH_ERRCODE
 from workers.handlers.room_writes import RoomWrites, event_from_json
 from workers.http.errors import api_error_for
@@ -117,6 +120,18 @@ class InternalApi:
             web.put(f"{PREFIX}/presence/{{user_id}}", self._wrap("presence_set", self.put_presence)),
             web.get(f"{PREFIX}/presence/{{user_id}}", self._wrap("presence_get", self.get_presence)),
         ]
+
+    def device_routes(self, lists: DeviceLists) -> list[web.RouteDef]:
+        """The device-list writer's side of `DeviceLists.remote_devices`."""
+
+        async def resync(request: web.Request) -> web.Response:
+            try:
+                devices = await lists.resync_here(request.match_info["user_id"])
+            except RemoteUnreachable as e:  # an answer, not a failure of this request: no retries
+                return web.json_response({"error": str(e)})
+            return web.json_response({"devices": devices})
+
+        return [web.post(f"{PREFIX}/devices/{{user_id}}/resync", self._wrap("device_resync", resync))]
 
     def room_routes(self, writes: RoomWrites) -> list[web.RouteDef]:
         """The owner's side of `RoomWrites` forwarding."""

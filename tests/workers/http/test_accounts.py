@@ -106,3 +106,37 @@ async def test_closed_registration_and_shared_secret_registration(
         "password": "pw",
     }
     assert (await call(http, "POST", f"{base}{C}/login", login))[0] == 200
+
+
+async def test_device_keys_upload_and_query_for_local_users(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker("p1", ["p1"])
+    base = f"http://127.0.0.1:{worker.http_port}{C}"
+    body = {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}, "device_id": "LAPTOP"}
+    status, alice = await call(http, "POST", f"{base}/register", body)
+    assert status == 200
+    keys = {"user_id": "@alice:localhost", "device_id": "LAPTOP", "algorithms": ["m.olm.v1"],
+            "keys": {"ed25519:LAPTOP": "abc"}, "signatures": {}}  # fmt: skip
+    assert await call(http, "POST", f"{base}/keys/upload", {"device_keys": keys}, alice["access_token"]) == (
+        200, {"one_time_key_counts": {}},
+    )  # fmt: skip
+    forged = {**keys, "user_id": "@bob:localhost"}
+    status, refused = await call(
+        http, "POST", f"{base}/keys/upload", {"device_keys": forged}, alice["access_token"]
+    )
+    assert (status, refused["errcode"]) == (400, "M_INVALID_PARAM")
+    status, found = await call(
+        http, "POST", f"{base}/keys/query", {"device_keys": {"@alice:localhost": []}}, alice["access_token"]
+    )
+    assert status == 200 and found["device_keys"]["@alice:localhost"]["LAPTOP"]["keys"] == {
+        "ed25519:LAPTOP": "abc"
+    }
+    status, only = await call(
+        http,
+        "POST",
+        f"{base}/keys/query",
+        {"device_keys": {"@alice:localhost": ["OTHER"]}},
+        alice["access_token"],
+    )
+    assert only["device_keys"] == {"@alice:localhost": {}}

@@ -1,0 +1,92 @@
+"""Device keys (`/_matrix/client/v3/keys/...`).
+
+* `POST /keys/upload` `{"device_keys"?: {...}}` -> `{"one_time_key_counts": {}}`: the requester's
+  own device's identity keys (user_id and device_id must be the requester's). One-time and
+  fallback keys are accepted and not stored (no key claiming is served).
+* `POST /keys/query` `{"device_keys": {"@user:server": [device ids] or []}}` -> `{"device_keys":
+  {user: {device: keys}}, "failures": {server: {...}}}`. Local users from their uploaded keys;
+  remote users through `DeviceLists` (the cached list, or a resync by the device-list writer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from workers import identifiers
+from workers.handlers.device_lists import DeviceLists, RemoteUnreachable
+from workers.handlers.forwarding import OwnerUnavailable
+from workers.http.auth import requester
+from workers.http.bodies import json_body
+from workers.http.errors import ApiError
+from workers.storage import devices as store
+
+CLIENT = "/_matrix/client/v3"
+MAX_QUERIED_USERS = 1000
+
+
+class KeyRoutes:
+    def __init__(self, pool: asyncpg.Pool, server_name: str, lists: DeviceLists | None = None) -> None:
+        self._pool = pool
+        self._server_name = server_name
+        self.lists = lists
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(f"{CLIENT}/keys/upload", self.upload), web.post(f"{CLIENT}/keys/query", self.query)]
+
+    async def upload(self, request: web.Request) -> web.Response:
+        who = await requester(self._pool, request)
+        body = await json_body(request)
+        keys = body.get("device_keys")
+        if keys is not None:
+            if (
+                not isinstance(keys, dict)
+                or keys.get("user_id") != who.user_id
+                or keys.get("device_id") != who.device_id
+            ):
+                raise ApiError(400, "M_INVALID_PARAM", "device_keys must name your own user_id and device_id")
+            async with self._pool.acquire() as conn:
+                if not await store.set_device_keys(conn, who.user_id, str(who.device_id), keys):
+                    raise ApiError(400, "M_INVALID_PARAM", "this access token has no device")
+        return web.json_response({"one_time_key_counts": {}})
+
+    async def query(self, request: web.Request) -> web.Response:
+        await requester(self._pool, request)
+        body = await json_body(request)
+        wanted = body.get("device_keys")
+        if not isinstance(wanted, dict) or len(wanted) > MAX_QUERIED_USERS:
+            raise ApiError(
+                400, "M_BAD_JSON", f"device_keys maps up to {MAX_QUERIED_USERS} user ids to device id lists"
+            )
+        for user_id, device_ids in wanted.items():
+            try:
+                identifiers.check_user_id(user_id)
+            except ValueError as e:
+                raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+            if not isinstance(device_ids, list) or not all(isinstance(d, str) for d in device_ids):
+                raise ApiError(400, "M_BAD_JSON", f"device_keys[{user_id!r}] must be a list of device ids")
+        local = [u for u in wanted if u.partition(":")[2] == self._server_name]
+        async with self._pool.acquire() as conn:
+            found: dict[str, dict[str, Any]] = await store.local_device_keys(conn, local)
+        failures: dict[str, Any] = {}
+        for user_id in wanted:
+            if user_id in local:
+                continue
+            server = user_id.partition(":")[2]
+            try:
+                if self.lists is None:
+                    raise RemoteUnreachable("device lists are not served here")
+                devices = await self.lists.remote_devices(user_id)
+            except (RemoteUnreachable, OwnerUnavailable) as e:
+                failures[server] = {"status": 503, "message": str(e)}
+                continue
+            found[user_id] = {d["device_id"]: d.get("keys", {}) for d in devices}
+        answer = {
+            user_id: {
+                d: keys for d, keys in found.get(user_id, {}).items() if not device_ids or d in device_ids
+            }
+            for user_id, device_ids in wanted.items()
+        }
+        return web.json_response({"device_keys": answer, "failures": failures})
