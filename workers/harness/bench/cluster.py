@@ -415,7 +415,7 @@ def main(argv: list[str]) -> int:
         help="concurrent senders per persister on the write path (enough to keep its batches in flight full)",
     )  # fmt: skip
     p.add_argument("--http-concurrency", type=int, default=256, help="concurrent HTTP senders")
-    p.add_argument("--rate", type=float, default=300.0, help="offered events/s in the latency phase")
+    p.add_argument("--rate", type=float, default=1000.0, help="offered events/s in the latency phase")
     p.add_argument("--rss-events", type=int, default=1_000_000, help="events for the memory phase (0: skip)")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="fanout-bench-cluster-"))

@@ -39,6 +39,7 @@ from aiohttp import web
 
 from workers import event_loop
 from workers.harness.bench._common import Figure, progress, scratch_database
+from workers.harness.bench.profile import Profiles, profile
 from workers.harness.cluster import LocalCluster
 from workers.routing import writer_for_room
 from workers.services import free_port, given_or_embedded
@@ -185,6 +186,8 @@ async def _cluster_run(
         token, rooms = await _setup_user_and_rooms(cluster.url("sync1"), args.rooms)
         writers = cluster.event_writers
         progress(f"  direct: {persisters} wrk run(s) at once, each on the rooms its persister owns")
+        pids = {name: spec.process.pid for name, spec in cluster.workers.items() if spec.process}
+        profiles = _profile(args, pids, f"{persisters}p-direct")
         runs = [
             _wrk(
                 cluster.url(w),
@@ -195,8 +198,11 @@ async def _cluster_run(
             for w in writers
         ]
         direct = [_wrk_result(run) for run in runs]
+        _report(profiles)
         progress("  forwarded: the same load sent to a sync worker")
+        profiles = _profile(args, pids, f"{persisters}p-forwarded")
         forwarded = _wrk_result(_wrk(cluster.url("sync1"), token, [_room_path(r) for r in rooms], args))
+        _report(profiles)
     finally:
         await cluster.stop()
     return {
@@ -206,6 +212,18 @@ async def _cluster_run(
         "direct": direct,
         "forwarded": forwarded,
     }
+
+
+def _profile(args: argparse.Namespace, pids: dict[str, int], run: str) -> Profiles | None:
+    if args.profile is None:
+        return None
+    return profile(pids, max(1, args.seconds - 1), Path(args.profile) / run)
+
+
+def _report(profiles: Profiles | None) -> None:
+    if profiles is not None:
+        for path in profiles.wait():
+            progress(f"  profile: {path}")
 
 
 async def _run(args: argparse.Namespace, admin_url: str, redis_url: str) -> dict[str, Any]:
@@ -255,6 +273,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seconds", type=int, default=5, help="duration of each wrk run")
     p.add_argument("--connections", type=int, default=64, help="open connections per wrk run")
     p.add_argument("--threads", type=int, default=2, help="wrk threads")
+    p.add_argument(
+        "--profile", metavar="DIR", help="record each worker with py-spy during the runs; summaries in DIR"
+    )
     p.add_argument("--rooms", type=int, default=16, help="rooms the sends are spread over")
     args = p.parse_args(argv)
     if shutil.which("wrk") is None:

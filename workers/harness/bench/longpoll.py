@@ -43,6 +43,7 @@ from aiohttp import web
 
 from workers import event_loop
 from workers.harness.bench._common import Figure, percentile, progress, scratch_database
+from workers.harness.bench.profile import profile
 from workers.harness.cluster import LocalCluster
 from workers.services import free_port, given_or_embedded
 
@@ -334,6 +335,10 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> d
                 progress(f"  {held:,.0f} polls held; idle for {args.idle_seconds} s ...")
                 await asyncio.sleep(args.idle_seconds)
                 _, cpu_end = _proc(sync_pid)
+                profiles = None
+                if args.profile is not None:  # the wake only: a few seconds from just before the send
+                    profiles = profile({"sync1": sync_pid}, 3, Path(args.profile) / "wake")
+                    await asyncio.sleep(0.3)
                 path = f"{CLIENT}/rooms/{quote(room, safe='')}/send/m.room.message/wake{uuid.uuid4().hex}"
                 headers = {"Authorization": f"Bearer {creator}"}
                 async with http.put(
@@ -342,6 +347,8 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> d
                     r.raise_for_status()
                     sent = time.monotonic()
             wake = _wake_ms(clients.arrivals(60), sent)
+            for path_written in profiles.wait() if profiles is not None else []:
+                progress(f"  profile: {path_written}")
         finally:
             clients.close()
     finally:
@@ -404,6 +411,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--client-processes", type=int, default=4)
     p.add_argument("--idle-seconds", type=float, default=10.0)
+    p.add_argument("--profile", metavar="DIR", help="record the sync worker with py-spy during the wake")
     args = p.parse_args(argv)
     if args.room_members > args.polls:
         p.error("--room-members cannot exceed --polls")
