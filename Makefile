@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench venv jdbc redis-server docker-compose wrk audit-zip clean lock
+.PHONY: demo test lint bench chaos venv jdbc redis-server docker-compose wrk audit-zip clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,14 @@ demo: $(STAMP) jdbc
 
 test: $(STAMP) jdbc redis-server docker-compose
 	$(BIN)/pytest -q
+
+# The fault scenarios with larger loads and longer outages than CI (tests/cluster/test_scenarios.py),
+# then their table: scenario, events acknowledged and checked, lost, duplicated, reordered, recovery.
+CHAOS_SCALE ?= 5
+chaos: $(STAMP)
+	@mkdir -p out && rm -f out/chaos.jsonl
+	FANOUT_CHAOS_SCALE=$(CHAOS_SCALE) FANOUT_CHAOS_REPORT=out/chaos.jsonl $(BIN)/pytest -q tests/cluster/test_scenarios.py
+	$(BIN)/python -m workers.harness.chaos out/chaos.jsonl
 
 lint: $(STAMP)
 	$(BIN)/ruff check idgen pubsub workers analytics tests

@@ -162,7 +162,7 @@ class Worker:
         with self._phase("hold_instance_name"):
             self.lease = await InstanceLease.acquire(
                 config.database_url, config.channel_prefix, self.name, config.instance_lease_s,
-                self._lost_instance_name,
+                self._lost_instance_name, retake_s=config.startup_retry_s,
             )  # fmt: skip
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)

@@ -27,6 +27,7 @@ async def make_worker(database_url: str, redis_url: str, channel_prefix: str) ->
     ports: dict[str, int] = {}
 
     async def make(name: str, writers: list[str], **fields: Any) -> Worker:
+        drop_filter = fields.pop("drop_filter", None)  # the publish hook, not a setting
         for known in (name, *writers):
             ports.setdefault(known, free_port())
         fields.setdefault("instance_map", {n: f"http://127.0.0.1:{p}" for n, p in ports.items()})
@@ -41,7 +42,7 @@ async def make_worker(database_url: str, redis_url: str, channel_prefix: str) ->
             position_announce_interval_s=0.2,
             **fields,
         )
-        worker = Worker(config)
+        worker = Worker(config, drop_filter=drop_filter)
         started.append(worker)
         await worker.start()
         return worker

@@ -150,7 +150,7 @@ def check(event: NewEvent, view: RoomView) -> None:
     if event.type != MEMBER_EVENT:
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
-        if event.type == JOIN_RULES_EVENT and event.content.get("join_rule") not in JOIN_RULES:
+        if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
             raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
         _allowed(power.may_send(event.sender, event.type, event.state_key is not None))
         if event.type == POWER_LEVELS_EVENT and event.state_key == "":
@@ -185,6 +185,11 @@ def check(event: NewEvent, view: RoomView) -> None:
             _allowed(power.may_act_on("kick", event.sender, target))
         else:
             raise Forbidden(f"{target} is not in {event.room_id}")
+
+
+def _one_of(value: Any, allowed: Iterable[str]) -> bool:
+    """`value in allowed` for a client's value, which may be any JSON (a list is unhashable)."""
+    return isinstance(value, str) and value in allowed
 
 
 def _allowed(refusal: str | None) -> None:
@@ -248,7 +253,7 @@ def plan_room(body: dict[str, Any], creator: str, room_id: str, server_name: str
     if visibility not in ("public", "private"):
         raise BadEvent("visibility must be public or private")
     preset = body.get("preset", "public_chat" if visibility == "public" else "private_chat")
-    if preset not in PRESETS:
+    if not _one_of(preset, PRESETS):
         raise BadEvent(f"preset must be one of {sorted(PRESETS)}")
     version = body.get("room_version", DEFAULT_ROOM_VERSION)
     if version not in SUPPORTED_ROOM_VERSIONS:
@@ -328,7 +333,7 @@ def plan_room(body: dict[str, Any], creator: str, room_id: str, server_name: str
                 raise BadEvent(f"{key} must be a string")
             events.append(state(kind, {field_name: value}))
     for event in events:
-        if event.type == JOIN_RULES_EVENT and event.content.get("join_rule") not in JOIN_RULES:
+        if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
             raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
     is_direct = body.get("is_direct") is True
     for user in dict.fromkeys(invites):

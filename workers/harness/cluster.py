@@ -57,8 +57,11 @@ class LocalCluster:
         log_level: str = "INFO",
         stream_writers: dict[str, list[str]] | None = None,
         write_only_persisters: bool = False,
+        worker_config: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.write_only_persisters = write_only_persisters
+        #: Per worker, settings over everything else (e.g. one worker's Redis through a fault proxy).
+        self.worker_config = worker_config or {}
         self.database_url = database_url
         self.redis_url = redis_url
         self.workdir = workdir
@@ -118,6 +121,7 @@ class LocalCluster:
             "serve_reads": not (spec.writes_events and self.write_only_persisters),
             "log_level": self.log_level,
             **self.extra_config,
+            **self.worker_config.get(spec.name, {}),
         }
         self.config_path(spec.name).write_text(yaml.safe_dump(config, sort_keys=False))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from workers.services import free_port
 
@@ -148,3 +149,18 @@ class FaultProxy:
             f"<FaultProxy :{self.port} -> {self.target_host}:{self.target_port} {state}"
             f" delay={self._delay_s}s rate={self._rate} links={len(self._links)}>"
         )
+
+
+def target_of(url: str) -> tuple[str, int]:
+    """(host, port) of a `postgresql://` or `redis://` URL (a TCP one: a proxy cannot sit on a socket)."""
+    parts = urlsplit(url)
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"{url!r} names no TCP host and port")
+    return parts.hostname, parts.port
+
+
+def through(url: str, proxy: FaultProxy) -> str:
+    """`url` pointed at the proxy instead of its server (user, password, path and query kept)."""
+    parts = urlsplit(url)
+    credentials, at, _ = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{credentials}{at}127.0.0.1:{proxy.port}"))

@@ -54,6 +54,7 @@ class LoadReport:
     problems: list[str] = field(default_factory=list)
     invalidation_rows: int = 0
     per_key_invalidations: int = 0
+    events_checked: int = 0
     typing_sent: int = 0
     presence_sent: int = 0
     typing_seen: int = 0
@@ -103,6 +104,7 @@ class _Reader:
         self.records: list[SyncRecord] = []
         self.arrivals: dict[str, float] = {}
         self.typing_seen = self.presence_seen = 0
+        self.failed_syncs = 0
         self.token: str | None = None
 
     async def initial(self) -> None:
@@ -114,7 +116,15 @@ class _Reader:
         while not (stop.is_set() and caught_up(self.token)):
             worker = self.workers[(count // self.switch_every) % len(self.workers)]
             count += 1
-            result = await self.client.sync(worker, self.token, timeout_ms if not stop.is_set() else 200)
+            try:
+                result = await self.client.sync(worker, self.token, timeout_ms if not stop.is_set() else 200)
+            except (RequestRefused, aiohttp.ClientError, TimeoutError) as e:
+                if isinstance(e, RequestRefused) and e.status < 500:
+                    raise
+                # A worker or its database is down (a fault scenario): ask again, same token.
+                self.failed_syncs += 1
+                await asyncio.sleep(0.2)
+                continue
             now = time.time()
             events = timeline_events(result)
             ids = tuple(e["event_id"] for e in events)
@@ -324,6 +334,9 @@ class LoadDriver:
             if all(a is not None for a in arrivals):
                 self.report.latency_ms.append(max(0.0, (max(a for a in arrivals if a) - ts / 1000) * 1000))
         readers = self.readers + self.probes
+        self.report.events_checked = sum(
+            len({i for r in reader.records for i in r.event_ids}) for reader in readers
+        )
         self.report.typing_seen = sum(r.typing_seen for r in readers)
         self.report.presence_seen = sum(r.presence_seen for r in readers)
         if self.plan.expect_ephemeral:

@@ -221,7 +221,7 @@ class Accounts:
         password = self._password(body.get("password"), required=True)
         assert password is not None
         admin = body.get("admin") is True
-        if not isinstance(nonce, str) or not isinstance(mac, str):
+        if not isinstance(nonce, str) or not isinstance(mac, str) or not nonce.isprintable():
             raise ApiError(400, "M_BAD_JSON", "nonce and mac are required strings")
         local = self._localpart(username)
         expected = hmac.new(secret, digestmod=hashlib.sha1)

@@ -115,6 +115,11 @@ class ClientApi:
             ("/health", "/metrics", "/_fanout/internal")
         ):
             return unavailable("this worker is shutting down", 2).response()
+        if _unprintable(request.path) or any(_unprintable(v) for v in request.query.values()):
+            # No id, token or name has a control character; PostgreSQL would refuse a NUL in text.
+            return ApiError(
+                400, "M_INVALID_PARAM", "a path or query value holds a control character"
+            ).response()
         try:
             return await handler(request)
         except web.HTTPException as e:
@@ -157,3 +162,7 @@ class ClientApi:
     async def push_rules(self, request: web.Request) -> web.Response:
         await requester(self.deps.pool, request)
         return web.json_response({"global": {}})
+
+
+def _unprintable(text: str) -> bool:
+    return not text.isprintable()

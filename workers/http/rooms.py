@@ -172,7 +172,8 @@ class RoomRoutes:
         except ValueError as e:
             raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
         content = await json_body(request)
-        if event_type == MEMBER_EVENT and content.get("membership") not in MEMBERSHIPS:
+        membership = content.get("membership")
+        if event_type == MEMBER_EVENT and not (isinstance(membership, str) and membership in MEMBERSHIPS):
             raise ApiError(400, "M_BAD_JSON", "content.membership must be join, leave, invite or ban")
         event = NewEvent(rooms.new_event_id(), room_id, event_type, who.user_id, content, state_key)
         written = await self.writes.send(event)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -12,25 +11,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from workers.harness.faultproxy import FaultProxy
-
-
-def _through(url: str, proxy: FaultProxy) -> str:
-    parts = urlsplit(url)
-    netloc = parts.netloc.rpartition("@")
-    auth = netloc[0] + "@" if netloc[1] else ""
-    return urlunsplit(parts._replace(netloc=f"{auth}127.0.0.1:{proxy.port}"))
-
-
-def _target(url: str) -> tuple[str, int]:
-    parts = urlsplit(url)
-    assert parts.hostname and parts.port
-    return parts.hostname, parts.port
+from workers.harness.faultproxy import FaultProxy, target_of, through
 
 
 async def test_redis_through_the_proxy_cut_then_restored(redis_url: str) -> None:
-    async with FaultProxy(*_target(redis_url)) as proxy:
-        client = aioredis.from_url(_through(redis_url, proxy), socket_timeout=2, retry_on_timeout=False)
+    async with FaultProxy(*target_of(redis_url)) as proxy:
+        client = aioredis.from_url(through(redis_url, proxy), socket_timeout=2, retry_on_timeout=False)
         try:
             assert await client.ping()
             proxy.cut()
@@ -44,8 +30,8 @@ async def test_redis_through_the_proxy_cut_then_restored(redis_url: str) -> None
 
 
 async def test_silenced_link_stays_open_but_answers_nothing(redis_url: str) -> None:
-    async with FaultProxy(*_target(redis_url)) as proxy:
-        client = aioredis.from_url(_through(redis_url, proxy), socket_timeout=0.5)
+    async with FaultProxy(*target_of(redis_url)) as proxy:
+        client = aioredis.from_url(through(redis_url, proxy), socket_timeout=0.5)
         try:
             assert await client.ping()
             proxy.silence()
@@ -54,14 +40,14 @@ async def test_silenced_link_stays_open_but_answers_nothing(redis_url: str) -> N
             assert proxy.open_connections >= 1  # silent, not closed
             proxy.restore()
             await asyncio.sleep(0)
-            assert await aioredis.from_url(_through(redis_url, proxy)).ping()
+            assert await aioredis.from_url(through(redis_url, proxy)).ping()
         finally:
             await client.aclose()
 
 
 async def test_delay_holds_each_round_trip(redis_url: str) -> None:
-    async with FaultProxy(*_target(redis_url)) as proxy:
-        client = aioredis.from_url(_through(redis_url, proxy))
+    async with FaultProxy(*target_of(redis_url)) as proxy:
+        client = aioredis.from_url(through(redis_url, proxy))
         try:
             await client.ping()
             proxy.delay(0.2)
@@ -77,8 +63,8 @@ async def test_delay_holds_each_round_trip(redis_url: str) -> None:
 
 
 async def test_throttle_bounds_the_rate(redis_url: str) -> None:
-    async with FaultProxy(*_target(redis_url)) as proxy:
-        client = aioredis.from_url(_through(redis_url, proxy))
+    async with FaultProxy(*target_of(redis_url)) as proxy:
+        client = aioredis.from_url(through(redis_url, proxy))
         try:
             await client.set("fanout-test-proxy", b"x" * 200_000)
             proxy.throttle(200_000)
@@ -91,17 +77,17 @@ async def test_throttle_bounds_the_rate(redis_url: str) -> None:
 
 
 async def test_postgres_connection_cut_mid_session_and_a_new_one_after_restore(database_url: str) -> None:
-    async with FaultProxy(*_target(database_url)) as proxy:
-        conn = await asyncpg.connect(_through(database_url, proxy))
+    async with FaultProxy(*target_of(database_url)) as proxy:
+        conn = await asyncpg.connect(through(database_url, proxy))
         try:
             assert await conn.fetchval("SELECT 1") == 1
             proxy.cut()
             with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)):
                 await conn.fetchval("SELECT 1", timeout=5)
             with pytest.raises((OSError, asyncpg.PostgresConnectionError, asyncio.TimeoutError)):
-                await asyncpg.connect(_through(database_url, proxy), timeout=2)
+                await asyncpg.connect(through(database_url, proxy), timeout=2)
             proxy.restore()
-            again = await asyncpg.connect(_through(database_url, proxy))
+            again = await asyncpg.connect(through(database_url, proxy))
             assert await again.fetchval("SELECT 2") == 2
             await again.close()
         finally:

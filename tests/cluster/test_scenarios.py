@@ -1,0 +1,275 @@
+"""Fault scenarios: a cluster under load, a fault mid-load, then every reader's history checked.
+
+Each scenario runs real worker processes (in-process workers where the fault is a hook: dropped
+publishes) behind fault proxies (`workers.harness.faultproxy`) where it needs one, drives the load
+generator, applies the fault while the load runs, and ends with the history check (each event of
+a reader's rooms exactly once, in order per room, tokens never backwards) and the time until every
+worker was ready again. CI runs them small; `make chaos` runs them with larger loads and longer
+outages (`FANOUT_CHAOS_SCALE`) and prints the table (`workers.harness.chaos`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from tests.cluster.conftest import MakeCluster
+from tests.conftest import Servers
+from tests.workers.conftest import MakeWorker, make_worker
+from workers.harness import chaos
+from workers.harness.cluster import LocalCluster
+from workers.harness.faultproxy import FaultProxy, target_of, through
+from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
+
+__all__ = ["make_worker"]  # the in-process worker fixture, shared with tests/workers
+
+SCALE = chaos.scale()
+OUTAGE_S = 2.0 * SCALE
+WRITERS = ["persister1", "persister2"]
+
+
+def plan() -> LoadPlan:
+    return LoadPlan(
+        users=6, rooms=4, rooms_per_user=2, actions=300 * SCALE, concurrency=6, sync_timeout_ms=500
+    )
+
+
+@pytest.fixture
+async def proxies() -> AsyncIterator[Callable[[str], Awaitable[FaultProxy]]]:
+    started: list[FaultProxy] = []
+
+    async def make(url: str) -> FaultProxy:
+        proxy = await FaultProxy(*target_of(url)).start()
+        started.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in started:
+        await proxy.stop()
+
+
+async def under_load(
+    scenario: str,
+    urls: dict[str, str],
+    sync_workers: list[str],
+    database_url: str,
+    fault: Callable[[], Awaitable[None]],
+    ready: Callable[[], Awaitable[None]],
+) -> LoadReport:
+    """Run the load, apply `fault` once a third of it is done, wait for `ready`; check, record."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        driver = LoadDriver(session, urls, WRITERS, sync_workers, database_url, plan())
+        await driver.setup()
+        load = asyncio.create_task(driver.run())
+        deadline = time.monotonic() + 120
+        while driver.report.events_sent < plan().actions // 3 and not load.done():
+            assert time.monotonic() < deadline, "the load did not start"
+            await asyncio.sleep(0.05)
+        await fault()
+        ended = time.monotonic()
+        await ready()
+        recovery = time.monotonic() - ended
+        report = await load
+    chaos.record(scenario, report.events_sent, report.events_checked, report.problems, recovery)
+    assert report.problems == [], report.problems[:10]
+    assert report.events_sent > 0 and report.events_checked > 0
+    return report
+
+
+async def proxied_cluster(
+    make_cluster: MakeCluster, worker_config: dict[str, dict[str, Any]], **options: Any
+) -> LocalCluster:
+    return await make_cluster(background_workers=0, worker_config=worker_config, **options)
+
+
+async def test_postgres_outage_mid_load(
+    make_cluster: MakeCluster, database_url: str, proxies: Callable[[str], Awaitable[FaultProxy]]
+) -> None:
+    """Every worker loses PostgreSQL (what a restart looks like to them) for the outage."""
+    proxy = await proxies(database_url)
+    url = through(database_url, proxy)
+    cluster = await make_cluster(
+        background_workers=0, extra_config={"database_url": url, "startup_retry_s": 60}
+    )
+
+    async def fault() -> None:
+        proxy.cut()
+        await asyncio.sleep(OUTAGE_S)
+        proxy.restore()
+
+    await under_load(
+        "postgres outage", cluster.urls, cluster.sync_workers, database_url, fault,
+        lambda: cluster.wait_ready(list(cluster.workers)),
+    )  # fmt: skip
+
+
+async def test_a_sync_workers_redis_link_cut_then_delayed(
+    make_cluster: MakeCluster,
+    database_url: str,
+    redis_url: str,
+    proxies: Callable[[str], Awaitable[FaultProxy]],
+) -> None:
+    proxy = await proxies(redis_url)
+    cluster = await proxied_cluster(make_cluster, {"sync1": {"redis_url": through(redis_url, proxy)}})
+
+    async def fault() -> None:
+        proxy.cut()
+        await asyncio.sleep(OUTAGE_S)
+        proxy.restore()
+        proxy.delay(0.2)
+        await asyncio.sleep(OUTAGE_S)
+        proxy.restore()
+
+    await under_load(
+        "sync worker's Redis cut, then delayed 200 ms", cluster.urls, cluster.sync_workers, database_url,
+        fault, lambda: cluster.wait_ready(["sync1"]),
+    )  # fmt: skip
+
+
+async def test_a_persisters_postgres_link_cut_mid_batch(
+    make_cluster: MakeCluster, database_url: str, proxies: Callable[[str], Awaitable[FaultProxy]]
+) -> None:
+    proxy = await proxies(database_url)
+    cluster = await proxied_cluster(
+        make_cluster, {"persister1": {"database_url": through(database_url, proxy), "startup_retry_s": 60}}
+    )
+
+    async def fault() -> None:
+        proxy.cut()  # whatever batch is in flight loses its connection
+        await asyncio.sleep(OUTAGE_S)
+        proxy.restore()
+
+    await under_load(
+        "persister's PostgreSQL cut mid-batch", cluster.urls, cluster.sync_workers, database_url, fault,
+        lambda: cluster.wait_ready(["persister1"]),
+    )  # fmt: skip
+
+
+async def test_a_silent_but_open_redis_connection(
+    make_cluster: MakeCluster,
+    database_url: str,
+    redis_url: str,
+    proxies: Callable[[str], Awaitable[FaultProxy]],
+) -> None:
+    """The proxy stops forwarding without closing anything: sync1's Redis is alive but mute."""
+    proxy = await proxies(redis_url)
+    cluster = await proxied_cluster(make_cluster, {"sync1": {"redis_url": through(redis_url, proxy)}})
+
+    async def fault() -> None:
+        proxy.silence()
+        await asyncio.sleep(OUTAGE_S)
+        proxy.restore()
+
+    await under_load(
+        "silent Redis connection", cluster.urls, cluster.sync_workers, database_url, fault,
+        lambda: cluster.wait_ready(["sync1"]),
+    )  # fmt: skip
+
+
+async def test_a_slow_subscriber_cut_off_by_the_output_buffer_limit(
+    make_cluster: MakeCluster,
+    database_url: str,
+    redis_url: str,
+    proxies: Callable[[str], Awaitable[FaultProxy]],
+) -> None:
+    """sync1 reads through a throttled link while the server's pub/sub output limit is tiny: Redis
+    disconnects it, and it must catch up from PostgreSQL."""
+    proxy = await proxies(redis_url)
+    cluster = await proxied_cluster(make_cluster, {"sync1": {"redis_url": through(redis_url, proxy)}})
+    admin = aioredis.from_url(redis_url)
+    old = await admin.config_get("client-output-buffer-limit")
+
+    async def fault() -> None:
+        await admin.config_set("client-output-buffer-limit", "pubsub 16kb 8kb 1")
+        proxy.throttle(4_000)
+        await asyncio.sleep(OUTAGE_S)
+        proxy.restore()
+        await admin.config_set("client-output-buffer-limit", old["client-output-buffer-limit"])
+
+    try:
+        await under_load(
+            "slow subscriber over the output-buffer limit", cluster.urls, cluster.sync_workers, database_url,
+            fault, lambda: cluster.wait_ready(["sync1"]),
+        )  # fmt: skip
+    finally:
+        await admin.config_set("client-output-buffer-limit", old["client-output-buffer-limit"])
+        await admin.aclose()
+
+
+async def test_sigkill_of_every_process_in_turn(make_cluster: MakeCluster, database_url: str) -> None:
+    cluster = await make_cluster(background_workers=0)
+
+    async def fault() -> None:
+        for name in list(cluster.workers):
+            cluster.kill(name)
+            await asyncio.sleep(0.3 * SCALE)
+            await cluster.start([name])
+
+    await under_load(
+        "SIGKILL of every process in turn", cluster.urls, cluster.sync_workers, database_url, fault,
+        lambda: cluster.wait_ready(list(cluster.workers)),
+    )  # fmt: skip
+
+
+async def test_two_writers_starting_at_once_on_an_empty_database(
+    make_cluster: MakeCluster, servers: Servers
+) -> None:
+    """No schema at all: both persisters (and the readers) migrate and take IDs at once."""
+    name = f"empty_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(servers.admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    empty_url = servers.database_url(name)
+    try:
+        cluster = await make_cluster(background_workers=0, extra_config={"database_url": empty_url})
+
+        async def nothing() -> None:
+            return None
+
+        await under_load(
+            "two writers starting at once on an empty database", cluster.urls, cluster.sync_workers,
+            empty_url, nothing, lambda: cluster.wait_ready(list(cluster.workers)),
+        )  # fmt: skip
+        await cluster.stop()
+    finally:
+        await servers.drop_database(name)
+
+
+async def test_one_in_three_published_messages_dropped(make_worker: MakeWorker, database_url: str) -> None:
+    """Every third line each worker publishes never reaches Redis: the readers find every gap
+    (numbered rows, POSITION) and fetch it from PostgreSQL. In-process workers: the drop is a hook."""
+    dropped = {"n": 0}
+    rng = random.Random(
+        3
+    )  # at random: every third line in turn would hit one stream's idle POSITION each tick
+
+    def every_third(_n: int) -> bool:
+        if rng.random() < 1 / 3:
+            dropped["n"] += 1
+            return True
+        return False
+
+    workers = [await make_worker(n, WRITERS, drop_filter=every_third) for n in (*WRITERS, "sync1", "sync2")]
+    urls = {w.name: f"http://127.0.0.1:{w.http_port}" for w in workers}
+
+    async def nothing() -> None:
+        return None
+
+    async def ready() -> None:
+        return None
+
+    await under_load(
+        "1 in 3 published messages dropped", urls, ["sync1", "sync2"], database_url, nothing, ready
+    )
+    assert dropped["n"] > 30
