@@ -294,6 +294,7 @@ class Worker:
         app.middlewares.insert(0, request_timing(self.registry))
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         self.room_writes.forwarder = self.ephemeral.requests
+        self.room_writes.hears = lambda writer: self.replication.handler.is_connected(EVENTS, writer)
         self.sync.ephemeral = self.ephemeral
         api.deps.ephemeral.typing = self.ephemeral.typing
         api.deps.ephemeral.presence = self.ephemeral.presence

@@ -5,8 +5,9 @@ and friends run on whichever worker the client reached:
 * on the room's persister, the event is checked against the room's rules and persisted here;
 * elsewhere it is forwarded to the owner (`Forwarder`, an authenticated worker request), and the
   answer waits until this worker's own token covers the event, so a client that sends and then
-  syncs on the same worker sees its event (read-your-writes). After `VISIBLE_WAIT_S` the answer
-  goes out anyway, counted in `late_answers`.
+  syncs on the same worker sees its event (read-your-writes). After `VISIBLE_WAIT_S`, or at once
+  while this worker does not hear the owner live (its Redis link is down), the answer goes out
+  anyway, counted in `late_answers`.
 
 Idempotency: a send with a client transaction id gets an event id derived from (room, sender,
 device, txn) (`rooms.txn_event_id`). A retry that arrives while the first try is in flight shares
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -117,6 +118,9 @@ class RoomWrites:
         self._notifier = notifier
         self.server_name = server_name
         self.forwarder: Forwarder | None = None
+        #: Whether this worker currently hears a writer's events live (replication connected and
+        #: its first POSITION seen); while it does not, waiting to see an event is pointless.
+        self.hears: Callable[[str], bool] = lambda _writer: True
         self._in_flight: dict[str, asyncio.Future[Written]] = {}
         self.forwarded = 0
         self.late_answers = 0
@@ -191,7 +195,7 @@ class RoomWrites:
         deadline = time.monotonic() + VISIBLE_WAIT_S
         while self._events.get_current_token_for_writer(written.instance_name) < written.stream_ordering:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or not self.hears(written.instance_name):
                 self.late_answers += 1
                 break
             await self._notifier.wait_for_position(min(remaining, 0.5))
