@@ -220,6 +220,31 @@ async def test_sigkill_of_every_process_in_turn(make_cluster: MakeCluster, datab
     )  # fmt: skip
 
 
+async def test_a_writer_removed_and_added_back_by_rolling_restarts(
+    make_cluster: MakeCluster, database_url: str
+) -> None:
+    """The procedure docs/operations.md gives, twice, mid-load: stop the persisters, change the
+    writer list everywhere, start them, restart the sync workers. persister2 leaves (its rooms move
+    to persister1), then comes back (they move back)."""
+    cluster = await make_cluster(background_workers=0)
+
+    async def fault() -> None:
+        for writes in (False, True):
+            codes = await cluster.stop(names=["persister1", "persister2"])
+            assert all(code == 0 for code in codes.values()), codes
+            cluster.workers["persister2"].writes_events = writes
+            await cluster.start(["persister1", "persister2"])
+            for name in cluster.sync_workers:
+                await cluster.stop(names=[name])
+                await cluster.start([name])
+            await asyncio.sleep(0.5 * SCALE)
+
+    await under_load(
+        "a writer removed, then added back (rolling restarts)", cluster.urls, cluster.sync_workers,
+        database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)),
+    )  # fmt: skip
+
+
 async def test_two_writers_starting_at_once_on_an_empty_database(
     make_cluster: MakeCluster, servers: Servers
 ) -> None:

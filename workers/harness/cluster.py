@@ -184,9 +184,11 @@ class LocalCluster:
         self.kill(name)
         await self.start([name], timeout_s)
 
-    async def stop(self, timeout_s: float = 30.0) -> dict[str, int | None]:
-        """SIGTERM every worker (sync and background first, persisters last); returns exit codes."""
-        order = sorted(self.workers.values(), key=lambda s: s.writes_events)
+    async def stop(self, timeout_s: float = 30.0, names: list[str] | None = None) -> dict[str, int | None]:
+        """SIGTERM the named workers (default: all; sync and background first, persisters last) and
+        wait for them; returns their exit codes."""
+        chosen = [self.workers[n] for n in names] if names is not None else list(self.workers.values())
+        order = sorted(chosen, key=lambda s: s.writes_events)
         for spec in order:
             if spec.process is not None and spec.process.poll() is None:
                 spec.process.send_signal(signal.SIGTERM)
