@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from redis.exceptions import RedisError
 
 from pubsub import keys
 from pubsub.handler import ReplicationHandler, UserSyncListener
 from pubsub.metrics import ReplicationMetrics
 from pubsub.publisher import StreamPublisher
-from pubsub.redis_transport import RedisTransport
+from pubsub.redis_transport import LINK_ERRORS, RedisTransport
 from pubsub.streams import ApplyCallback, Stream, StreamRegistry
 from pubsub.tasks import cancel_and_wait
 from pubsub.types import DropFilter, PositionListener, Row
@@ -212,7 +211,7 @@ class ReplicationClient:
     async def _after_subscribe(self) -> None:
         try:
             await self.send(REPLICATE)
-        except (RedisError, OSError) as e:
+        except LINK_ERRORS as e:
             log.warning("could not send REPLICATE (%s); periodic POSITIONs will still arrive", e)
         self.publisher.request_announce_all()
 

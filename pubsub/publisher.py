@@ -31,13 +31,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from pubsub import keys
 from pubsub.errors import LateRowsError, StreamConfigError
 from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
-from pubsub.redis_transport import RedisTransport
+from pubsub.redis_transport import LINK_ERRORS, RedisTransport
 from pubsub.streams import Stream
 from pubsub.tasks import cancel_and_wait
 from pubsub.types import Row
@@ -209,7 +207,7 @@ class StreamPublisher:
             return
         try:
             await self.transport.publish_many(lines)
-        except (RedisError, OSError) as e:
+        except LINK_ERRORS as e:
             self.metrics.publish_errors += 1
             self._ratelog.warning(
                 "publish", "publish failed (%s): %d lines lost; readers will catch up", e, len(lines)
@@ -226,7 +224,7 @@ class StreamPublisher:
             pipe.set(keys.heartbeat_key(self.prefix, self.instance_name), json.dumps(beat),
                      px=max(1, int(self.heartbeat_ttl_s * 1000)))  # fmt: skip
             await pipe.execute()
-        except (RedisError, OSError) as e:
+        except LINK_ERRORS as e:
             self._ratelog.warning("hints", "could not refresh position hints (%s)", e)
 
     def positions(self) -> dict[str, int]:

@@ -44,6 +44,9 @@ from pubsub.types import DropFilter
 
 log = logging.getLogger(__name__)
 
+#: What a lost or refused Redis link raises: redis-py's errors, the socket's, and uvloop's
+#: RuntimeError for a write on a transport that closed under the client.
+LINK_ERRORS: tuple[type[Exception], ...] = (RedisError, OSError, RuntimeError)
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 5.0
 SUBSCRIBER_READ_BYTES = 8 * 1024
@@ -238,7 +241,7 @@ class RedisTransport:
                 await self._read_loop(pubsub, loop)
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as e:
+            except LINK_ERRORS as e:
                 delay = backoff_delay(attempt)
                 attempt += 1
                 log.warning("redis subscriber connection lost (%s); retrying in %.2fs", e, delay)
@@ -305,5 +308,5 @@ class RedisTransport:
             elif quiet > self.watchdog_s:
                 try:
                     await pubsub.ping()
-                except (RedisError, OSError):
+                except LINK_ERRORS:
                     await connection.disconnect(nowait=True)
