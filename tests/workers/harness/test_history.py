@@ -75,3 +75,17 @@ def test_visibility_follows_membership_in_stream_order() -> None:
         _event(-1, "p1", "$backfilled"),
     ]
     assert [e.event_id for e in visible_events(ALICE, stored)] == ["$join", "$during", "$leave"]
+
+
+def test_the_chaos_table_counts_each_kind_of_finding() -> None:
+    """`make chaos` sorts the checker's findings into lost, duplicated and reordered: planted faults
+    land in their columns."""
+    from workers.harness.chaos import classify
+
+    lost = check_history(ALICE, [_record("s0", "s4", "$join", "$a", "$c")], STORED, IDS)
+    twice = check_history(ALICE, [_record("s0", "s4", "$join", "$a", "$a", "$b", "$c")], STORED, IDS)
+    reordered = check_history(ALICE, [_record("s0", "s4", "$join", "$b", "$a", "$c")], STORED, IDS)
+    assert classify(lost)["lost"] == 1
+    assert classify(twice)["duplicated"] == 1
+    assert classify(reordered)["reordered"] >= 1
+    assert classify([]) == {"lost": 0, "duplicated": 0, "reordered": 0, "other": 0}
