@@ -283,7 +283,7 @@ def plan_room(body: dict[str, Any], creator: str, room_id: str, server_name: str
     join_rule, guest_access = PRESETS[preset]
     users = {creator: 100}
     if preset == "trusted_private_chat":
-        users |= {user: 100 for user in invites}
+        users |= {user: 100 for user in invites if user != creator}
     power = {
         "users": users, "users_default": 0, "events_default": 0, "state_default": 50,
         "ban": 50, "kick": 50, "redact": 50, "invite": 0, "notifications": {"room": 50},
@@ -336,7 +336,7 @@ def plan_room(body: dict[str, Any], creator: str, room_id: str, server_name: str
         if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
             raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
     is_direct = body.get("is_direct") is True
-    for user in dict.fromkeys(invites):
+    for user in dict.fromkeys(u for u in invites if u != creator):  # the creator is joined already
         invite: dict[str, Any] = {"membership": "invite"}
         if is_direct:
             invite["is_direct"] = True

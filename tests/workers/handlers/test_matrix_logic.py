@@ -144,3 +144,9 @@ def test_identifiers_accept_the_spec_grammar_and_nothing_replication_would_refus
             identifiers.check_room_id(bad)
     with pytest.raises(ValueError):
         identifiers.check_localpart("Alice", "hs")
+
+
+def test_a_creator_in_its_own_invite_list_stays_joined() -> None:
+    plan = rooms.plan_room({"invite": ["@a:hs", "@b:hs", "@b:hs"]}, "@a:hs", "!r:hs", "hs")
+    members = [(e.state_key, e.content["membership"]) for e in plan.events if e.type == MEMBER_EVENT]
+    assert members == [("@a:hs", "join"), ("@b:hs", "invite")]
