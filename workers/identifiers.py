@@ -36,17 +36,7 @@ def check_localpart(localpart: str, server_name: str) -> str:
 
 def check_user_id(text: str) -> str:
     """A syntactically valid user id `@localpart:server` (historical localparts allowed)."""
-    local, sep, server = text[1:].partition(":")
-    if (
-        not text.startswith("@")
-        or not sep
-        or not local
-        or not _OPAQUE.match(local)
-        or not _SERVER.match(server)
-        or len(text) > MAX_ID_LENGTH
-    ):
-        raise ValueError(f"{text[:80]!r} is not a user id (@name:server)")
-    return text
+    return _sigil_id(text, "@", "a user id (@name:server)")
 
 
 def localpart_of(user: str, server_name: str) -> str | None:
@@ -58,30 +48,25 @@ def localpart_of(user: str, server_name: str) -> str | None:
 
 
 def check_room_id(text: str) -> str:
-    local, sep, server = text[1:].partition(":")
-    if (
-        not text.startswith("!")
-        or not sep
-        or not local
-        or not _OPAQUE.match(local)
-        or not _SERVER.match(server)
-        or len(text) > MAX_ID_LENGTH
-    ):
-        raise ValueError(f"{text[:80]!r} is not a room id (!opaque:server)")
-    return text
+    return _sigil_id(text, "!", "a room id (!opaque:server)")
 
 
 def check_alias(text: str) -> str:
+    return _sigil_id(text, "#", "a room alias (#name:server)")
+
+
+def _sigil_id(text: str, sigil: str, what: str) -> str:
+    """`text` if it is `<sigil><opaque>:<server>` within the length limit; ValueError naming `what`."""
     local, sep, server = text[1:].partition(":")
     if (
-        not text.startswith("#")
+        not text.startswith(sigil)
         or not sep
         or not local
         or not _OPAQUE.match(local)
         or not _SERVER.match(server)
         or len(text) > MAX_ID_LENGTH
     ):
-        raise ValueError(f"{text[:80]!r} is not a room alias (#name:server)")
+        raise ValueError(f"{text[:80]!r} is not {what}")
     return text
 
 

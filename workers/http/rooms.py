@@ -7,6 +7,7 @@ worker request; the client never learns which worker owns a room. Reads (`state`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -67,17 +68,11 @@ class RoomRoutes:
 
     @staticmethod
     def _room_id(request: web.Request) -> str:
-        try:
-            return identifiers.check_room_id(request.match_info["room_id"])
-        except ValueError as e:
-            raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+        return _checked(identifiers.check_room_id, request.match_info["room_id"])
 
     @staticmethod
     def _event_type(request: web.Request) -> str:
-        try:
-            return identifiers.check_event_type(request.match_info["event_type"])
-        except ValueError as e:
-            raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+        return _checked(identifiers.check_event_type, request.match_info["event_type"])
 
     async def create_room(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
@@ -116,10 +111,7 @@ class RoomRoutes:
             if room_id is None:
                 raise ApiError(404, "M_NOT_FOUND", f"no room has the alias {target}")
         else:
-            try:
-                room_id = identifiers.check_room_id(target)
-            except ValueError as e:
-                raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+            room_id = _checked(identifiers.check_room_id, target)
         await self._membership(room_id, who.user_id, who.user_id, "join", body)
         return web.json_response({"room_id": room_id})
 
@@ -137,10 +129,7 @@ class RoomRoutes:
             target = body.get("user_id")
             if not isinstance(target, str):
                 raise ApiError(400, "M_MISSING_PARAM", "user_id is required")
-            try:
-                identifiers.check_user_id(target)
-            except ValueError as e:
-                raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+            _checked(identifiers.check_user_id, target)
             if request.path.endswith("/unban"):
                 await self._check_banned(room_id, target)
             await self._membership(room_id, who.user_id, target, membership, body)
@@ -167,10 +156,7 @@ class RoomRoutes:
     async def put_state(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
         room_id, event_type = self._room_id(request), self._event_type(request)
-        try:
-            state_key = identifiers.check_state_key(request.match_info.get("state_key", ""))
-        except ValueError as e:
-            raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
+        state_key = _checked(identifiers.check_state_key, request.match_info.get("state_key", ""))
         content = await json_body(request)
         membership = content.get("membership")
         if event_type == MEMBER_EVENT and not (isinstance(membership, str) and membership in MEMBERSHIPS):
@@ -259,3 +245,11 @@ class RoomRoutes:
         if room_id is None:
             raise ApiError(404, "M_NOT_FOUND", f"no room has the alias {alias}")
         return web.json_response({"room_id": room_id, "servers": [self.writes.server_name]})
+
+
+def _checked(check: Callable[[str], str], value: str) -> str:
+    """`check(value)`, its ValueError as the client's 400 M_INVALID_PARAM."""
+    try:
+        return check(value)
+    except ValueError as e:
+        raise ApiError(400, "M_INVALID_PARAM", str(e)) from None
