@@ -85,6 +85,17 @@ async def under_load(
     return report
 
 
+def outage(proxy: FaultProxy, begin: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    """A fault: `begin` (cut, silence) on the proxy for OUTAGE_S, then the plain link again."""
+
+    async def fault() -> None:
+        begin()
+        await asyncio.sleep(OUTAGE_S)
+        proxy.restore()
+
+    return fault
+
+
 async def proxied_cluster(
     make_cluster: MakeCluster, worker_config: dict[str, dict[str, Any]], **options: Any
 ) -> LocalCluster:
@@ -101,13 +112,8 @@ async def test_postgres_outage_mid_load(
         background_workers=0, extra_config={"database_url": url, "startup_retry_s": 60}
     )
 
-    async def fault() -> None:
-        proxy.cut()
-        await asyncio.sleep(OUTAGE_S)
-        proxy.restore()
-
     await under_load(
-        "postgres outage", cluster.urls, cluster.sync_workers, database_url, fault,
+        "postgres outage", cluster.urls, cluster.sync_workers, database_url, outage(proxy, proxy.cut),
         lambda: cluster.wait_ready(list(cluster.workers)),
     )  # fmt: skip
 
@@ -143,13 +149,9 @@ async def test_a_persisters_postgres_link_cut_mid_batch(
         make_cluster, {"persister1": {"database_url": through(database_url, proxy), "startup_retry_s": 60}}
     )
 
-    async def fault() -> None:
-        proxy.cut()  # whatever batch is in flight loses its connection
-        await asyncio.sleep(OUTAGE_S)
-        proxy.restore()
-
     await under_load(
-        "persister's PostgreSQL cut mid-batch", cluster.urls, cluster.sync_workers, database_url, fault,
+        "persister's PostgreSQL cut mid-batch", cluster.urls, cluster.sync_workers, database_url,
+        outage(proxy, proxy.cut),  # whatever batch is in flight loses its connection
         lambda: cluster.wait_ready(["persister1"]),
     )  # fmt: skip
 
@@ -164,13 +166,9 @@ async def test_a_silent_but_open_redis_connection(
     proxy = await proxies(redis_url)
     cluster = await proxied_cluster(make_cluster, {"sync1": {"redis_url": through(redis_url, proxy)}})
 
-    async def fault() -> None:
-        proxy.silence()
-        await asyncio.sleep(OUTAGE_S)
-        proxy.restore()
-
     await under_load(
-        "silent Redis connection", cluster.urls, cluster.sync_workers, database_url, fault,
+        "silent Redis connection", cluster.urls, cluster.sync_workers, database_url,
+        outage(proxy, proxy.silence),
         lambda: cluster.wait_ready(["sync1"]),
     )  # fmt: skip
 
