@@ -49,10 +49,10 @@ from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
 from workers.handlers.caches import LruCache, SyncCaches
-from workers.handlers.device_lists import DEVICE_LISTS, DeviceLists
+from workers.handlers.federation_sender import FederationSenderStandIn
 from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
-from workers.handlers.notifier import Notifier
+from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_writes import RoomWrites
@@ -71,6 +71,8 @@ from workers.startup_retry import connect_with_retry
 from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
+from workers.stored import NAMES as STORED_STREAMS
+from workers.stored import StoredStreams
 from workers.streams.caches import CACHES, CacheRow, caches_stream
 from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream
 from workers.worker_metrics import WorkerMetrics
@@ -112,6 +114,7 @@ class Worker:
         self.backfill_persister: EventPersister | None = None
         self.room_stats: RoomStatsTask | None = None
         self.retention: InvalidationRetentionTask | None = None
+        self.federation_sender: FederationSenderStandIn | None = None
         self.applied: AppliedRangesRecorder | None = None
         self.generators: dict[str, MultiWriterIdGenerator] = {}
         self.lease: InstanceLease | None = None
@@ -133,8 +136,8 @@ class Worker:
     def writers(self, stream: str) -> list[str]:
         if stream in (BACKFILL,):
             return self.config.writers_of(EVENTS)
-        if stream == CACHES:
-            return self.config.writers_of(CACHES) or self.config.writers_of(EVENTS)
+        if stream == CACHES or stream in STORED_STREAMS:
+            return self.config.writers_of(stream) or self.config.writers_of(EVENTS)
         return self.config.writers_of(stream)
 
     async def start(self) -> None:
@@ -185,6 +188,10 @@ class Worker:
                     track_positions_table=False,
                 ),
             }  # fmt: skip
+            self.stored = await StoredStreams.load(
+                self.pool, config, self.writers, FederationClient(config.remote_servers).user_devices
+            )
+            self.generators.update(self.stored.generators)
         self.caches = SyncCaches(
             self._load_rooms_for_user,
             self._load_joined_members,
@@ -199,10 +206,14 @@ class Worker:
             ),
         )  # fmt: skip
         self.room_views = RoomViews(self.pool, config.cache_max_entries)
+        self._event_wakes = DeferredWakes(
+            self.notifier, lambda: self.generators[EVENTS].get_current_token_for_writer(self.name)
+        )
         streams: list[Stream[Any]] = [
             events_stream(self.pool, self.generators[EVENTS], self.writers(EVENTS)),
             backfill_stream(self.pool, self.generators[BACKFILL], self.writers(BACKFILL)),
             caches_stream(self.pool, self.generators[CACHES], self.writers(CACHES)),
+            *self.stored.streams(),
         ]
         # What this run applies of the caches stream, for the audit's reconciliation of what readers
         # applied; a worker that serves no reads applies no invalidation that matters and keeps none.
@@ -220,6 +231,10 @@ class Worker:
                 registry=self.registry,
             )
             self.replication.add_position_listener(self._position_moved)
+            self.stored.bind(
+                self.replication, self.caches, self.notifier, self.replication.handler.is_connected
+            )
+            self.sync.stored = self.stored.sections
             await self.replication.start()
         with self._phase("catch_up"):
             await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
@@ -246,6 +261,9 @@ class Worker:
         if "prune_invalidations" in config.background_tasks:
             self.retention = InvalidationRetentionTask(self.pool, config.invalidation_retention_days)
             self.retention.start()
+        if "federation_sender" in config.background_tasks:
+            self.federation_sender = FederationSenderStandIn(self.pool, self.registry)
+            self.federation_sender.start()
         self._postgres_probe = PostgresProbe(self.pool, config.position_announce_interval_s)
         self._postgres_probe.start()
         with self._phase("serve_http"):
@@ -264,13 +282,6 @@ class Worker:
             self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
         )  # fmt: skip
         reads = config.serve_reads
-        device_writers = config.writers_of(DEVICE_LISTS)
-        if len(device_writers) > 1:
-            raise ConfigError(f"stream_writers.{DEVICE_LISTS}: one writer only, got {device_writers}")
-        self.device_lists = DeviceLists(
-            self.name, device_writers[0] if device_writers else None, self.pool,
-            FederationClient(config.remote_servers).user_devices,
-        )  # fmt: skip
         api = ClientApi(
             ApiDeps(
                 pool=self.pool,
@@ -287,7 +298,10 @@ class Worker:
                 metrics=self.registry,
                 health=self.health,
                 accepting=lambda: self._accepting,
-                device_lists=self.device_lists,
+                account_data=self.stored.account_data,
+                device_lists=self.stored.device_lists,
+                to_device=self.stored.to_device,
+                default_room_version=config.default_room_version,
             )
         )
         app = api.application()
@@ -300,8 +314,8 @@ class Worker:
         api.deps.ephemeral.presence = self.ephemeral.presence
         api.deps.ephemeral.sync_tracker = self.ephemeral.sync_tracker if self.config.serve_reads else None
         app.add_routes(self.ephemeral.internal.room_routes(self.room_writes))
-        app.add_routes(self.ephemeral.internal.device_routes(self.device_lists))
-        self.device_lists.forwarder = self.ephemeral.requests
+        app.add_routes(self.ephemeral.internal.stream_write_routes(self.stored.writes))
+        self.stored.set_forwarder(self.ephemeral.requests)
         limits = runner_limits(
             self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes
         )
@@ -334,7 +348,7 @@ class Worker:
         handler = self.replication.handler
         return {
             (stream, writer)
-            for stream in (EVENTS, BACKFILL, CACHES)
+            for stream in (EVENTS, BACKFILL, CACHES, *STORED_STREAMS)
             for writer in self.writers(stream)
             if writer != self.name and not handler.is_connected(stream, writer)
         }
@@ -358,6 +372,10 @@ class Worker:
             now_ms = time.time() * 1000
             for row in cache_rows:
                 self.metrics.commit_to_applied.observe(max(0.0, now_ms - row.invalidation_ts) / 1000)
+        elif stream.name in STORED_STREAMS:
+            woken_rooms, woken_users = await self.stored.apply(stream.name, token, rows)
+            rooms |= woken_rooms
+            users |= woken_users
 
     def _position_moved(self, stream: str, instance: str, token: int) -> None:
         if stream == CACHES and self.applied is not None:
@@ -365,6 +383,7 @@ class Worker:
         rooms, users = self._woken.pop(stream, (set(), set()))
         if rooms or users:
             self.notifier.notify(rooms, users)
+        self._event_wakes.release()  # held behind an own batch that failed, if any
         self.notifier.position_moved()
 
     def _committed(
@@ -401,8 +420,10 @@ class Worker:
             self.applied.advanced(self.name, self.generators[CACHES].get_current_token_for_writer(self.name))
         self.metrics.persisted.inc(len(events))
         if events and events[0].stream_ordering > 0:  # a batch is all live or all backfill
-            self.notifier.notify(
-                {e.room_id for e in events}, {e.state_key for e in events if e.state_key and e.membership}
+            self._event_wakes.add(
+                events[-1].stream_ordering,
+                {e.room_id for e in events},
+                {e.state_key for e in events if e.state_key and e.membership},
             )
         self.notifier.position_moved()
 
@@ -510,6 +531,8 @@ class Worker:
             steps.append(("stop_background", self.room_stats.stop))
         if self.retention is not None:
             steps.append(("stop_retention", self.retention.stop))
+        if self.federation_sender is not None:
+            steps.append(("stop_federation_sender", self.federation_sender.stop))
         if hasattr(self, "replication"):
             steps.append(("announce_and_unsubscribe", self.replication.stop))
         if self.applied is not None:

@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from workers.errors import WorkerError
+from workers.model import DEFAULT_ROOM_VERSION, SUPPORTED_ROOM_VERSIONS
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 ENV_PREFIX = "FANOUT_"
@@ -99,7 +100,12 @@ class WorkerConfig(BaseSettings):
         description="Serve /sync and room state, applying every writer's rows; false for a"
         " persister that only writes (it then follows the other writers' positions only)",
     )
-    background_tasks: list[Literal["room_stats", "prune_invalidations"]] = Field(
+    default_room_version: str = Field(
+        DEFAULT_ROOM_VERSION,
+        description="Room version of createRoom when the request names none"
+        f" ({', '.join(SUPPORTED_ROOM_VERSIONS)})",
+    )
+    background_tasks: list[Literal["room_stats", "prune_invalidations", "federation_sender"]] = Field(
         default_factory=list, description="Background tasks this instance runs"
     )
     invalidation_retention_days: int = Field(
@@ -180,6 +186,13 @@ class WorkerConfig(BaseSettings):
             urlsplit(value).port  # noqa: B018 - parsing is the check (bad IPv6 brackets, port)
         except ValueError as e:
             raise ValueError(f"malformed URL: {e}") from None
+        return value
+
+    @field_validator("default_room_version")
+    @classmethod
+    def _room_version(cls, value: str) -> str:
+        if value not in SUPPORTED_ROOM_VERSIONS:
+            raise ValueError(f"must be one of {', '.join(SUPPORTED_ROOM_VERSIONS)}")
         return value
 
     @field_validator("redis_url")

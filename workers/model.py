@@ -9,6 +9,12 @@ from typing import Any, NamedTuple
 import pydantic_core
 
 MEMBER_EVENT = "m.room.member"
+CREATE_EVENT = "m.room.create"
+#: The version of a room whose m.room.create content names none (the spec's default for that case).
+IMPLICIT_ROOM_VERSION = "1"
+#: The room versions this server creates rooms in and accepts invites to.
+SUPPORTED_ROOM_VERSIONS = ("10", "11")
+DEFAULT_ROOM_VERSION = "10"
 MEMBERSHIPS = frozenset({"join", "leave", "invite", "ban"})
 # Rows of the caches stream whose keys are room ids, each followed by the members whose membership
 # moved in it ([!room, @member, ..., !room2, ...]; the sigil tells them apart): one row covers
@@ -39,6 +45,12 @@ def membership_of(event_type: str, content: dict[str, Any]) -> str | None:
         return None
     value = content.get("membership")
     return value if isinstance(value, str) and value in MEMBERSHIPS else None
+
+
+def room_version_of(create_content: dict[str, Any]) -> str:
+    """The room version an m.room.create event's content declares."""
+    version = create_content.get("room_version", IMPLICIT_ROOM_VERSION)
+    return version if isinstance(version, str) else IMPLICIT_ROOM_VERSION
 
 
 class NewEvent(NamedTuple):

@@ -112,3 +112,41 @@ class Notifier:
     @property
     def waiting(self) -> int:
         return sum(len(w) for w in self._by_user.values())
+
+
+class DeferredWakes:
+    """A writer's wake-ups for its own writes, held until its position covers them.
+
+    Writes may finish out of order: the writer's position stops below one still in flight, so a
+    reader woken for a later write would find nothing new and sleep again, and nothing would wake
+    it once the earlier write finished. Each wake-up waits here until `position()` reaches its
+    write's highest id, then goes out with every other one it reached."""
+
+    __slots__ = ("_held", "_notifier", "_position")
+
+    def __init__(self, notifier: Notifier, position: Callable[[], int]) -> None:
+        self._notifier = notifier
+        self._position = position
+        self._held: list[tuple[int, set[str], set[str]]] = []
+
+    def add(self, upto: int, rooms: Iterable[str], users: Iterable[str]) -> None:
+        """Wake `rooms` and `users` once the position reaches `upto` (now, if it has)."""
+        self._held.append((upto, set(rooms), set(users)))
+        self.release()
+
+    def release(self) -> None:
+        """Send every held wake-up the position now covers."""
+        if not self._held:
+            return
+        position = self._position()
+        ready = [h for h in self._held if h[0] <= position]
+        if not ready:
+            return
+        self._held = [h for h in self._held if h[0] > position]
+        rooms: set[str] = set()
+        users: set[str] = set()
+        for _, held_rooms, held_users in ready:
+            rooms |= held_rooms
+            users |= held_users
+        if rooms or users:
+            self._notifier.notify(rooms, users)

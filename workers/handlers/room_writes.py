@@ -5,9 +5,8 @@ and friends run on whichever worker the client reached:
 * on the room's persister, the event is checked against the room's rules and persisted here;
 * elsewhere it is forwarded to the owner (`Forwarder`, an authenticated worker request), and the
   answer waits until this worker's own token covers the event, so a client that sends and then
-  syncs on the same worker sees its event (read-your-writes). After `VISIBLE_WAIT_S`, or at once
-  while this worker does not hear the owner live (its Redis link is down), the answer goes out
-  anyway, counted in `late_answers`.
+  syncs on the same worker sees its event (read-your-writes, `workers.handlers.visibility`);
+  an answer that goes out before that is counted in `late_answers`.
 
 Idempotency: a send with a client transaction id gets an event id derived from (room, sender,
 device, txn) (`rooms.txn_event_id`). A retry that arrives while the first try is in flight shares
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,11 +32,11 @@ from workers.handlers import rooms
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
-from workers.model import MEMBER_EVENT, Event, NewEvent
+from workers.handlers.visibility import wait_visible
+from workers.model import CREATE_EVENT, MEMBER_EVENT, Event, NewEvent
 from workers.routing import writer_for_room
 from workers.storage import events as store
 
-VISIBLE_WAIT_S = 10.0
 MAX_BACKFILL = 500
 
 
@@ -192,13 +190,10 @@ class RoomWrites:
 
     async def _visible(self, written: Written) -> Written:
         """Wait until this worker's token covers `written` (bounded; counted when it is not)."""
-        deadline = time.monotonic() + VISIBLE_WAIT_S
-        while self._events.get_current_token_for_writer(written.instance_name) < written.stream_ordering:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.hears(written.instance_name):
-                self.late_answers += 1
-                break
-            await self._notifier.wait_for_position(min(remaining, 0.5))
+        if not await wait_visible(
+            self._events, written.instance_name, written.stream_ordering, self._notifier, self.hears
+        ):
+            self.late_answers += 1
         return written
 
     # -- the room's owner -----------------------------------------------------------------------
@@ -249,7 +244,7 @@ class RoomWrites:
     async def create_here(self, events: list[NewEvent]) -> Written:
         persister = self._persister_here()
         room_id = events[0].room_id
-        if events[0].type != rooms.CREATE_EVENT or any(e.room_id != room_id for e in events):
+        if events[0].type != CREATE_EVENT or any(e.room_id != room_id for e in events):
             raise rooms.BadEvent("a new room starts with m.room.create, all events in the room")
         if (await self._views.rooms.get(room_id)).exists:
             stored = await self._stored(events[-1].event_id)

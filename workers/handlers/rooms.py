@@ -23,10 +23,16 @@ from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers.caches import EventLike, LruCache
 from workers.handlers.power_levels import PowerLevels
-from workers.model import MEMBER_EVENT, MEMBERSHIPS, NewEvent
+from workers.model import (
+    CREATE_EVENT,
+    DEFAULT_ROOM_VERSION,
+    MEMBER_EVENT,
+    MEMBERSHIPS,
+    SUPPORTED_ROOM_VERSIONS,
+    NewEvent,
+)
 from workers.storage import Conn
 
-CREATE_EVENT = "m.room.create"
 JOIN_RULES_EVENT = "m.room.join_rules"
 POWER_LEVELS_EVENT = "m.room.power_levels"
 JOIN_RULES = frozenset({"public", "invite"})
@@ -214,8 +220,6 @@ def txn_event_id(room_id: str, sender: str, device_id: str | None, txn_id: str) 
     return "$" + hashlib.blake2b(key, digest_size=16, person=b"fanout-txn").hexdigest()
 
 
-SUPPORTED_ROOM_VERSIONS = ("10", "11")
-DEFAULT_ROOM_VERSION = "10"
 #: createRoom presets: (join rule, guest access).
 PRESETS = {
     "private_chat": ("invite", "can_join"),
@@ -246,7 +250,13 @@ def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def plan_room(body: dict[str, Any], creator: str, room_id: str, server_name: str) -> RoomPlan:
+def plan_room(
+    body: dict[str, Any],
+    creator: str,
+    room_id: str,
+    server_name: str,
+    default_version: str = DEFAULT_ROOM_VERSION,
+) -> RoomPlan:
     """The events of a createRoom request body (the spec's order: create, the creator's join, power
     levels, alias, preset, initial_state, name, topic, invites). Raises BadEvent."""
     visibility = body.get("visibility", "private")
@@ -255,7 +265,7 @@ def plan_room(body: dict[str, Any], creator: str, room_id: str, server_name: str
     preset = body.get("preset", "public_chat" if visibility == "public" else "private_chat")
     if not _one_of(preset, PRESETS):
         raise BadEvent(f"preset must be one of {sorted(PRESETS)}")
-    version = body.get("room_version", DEFAULT_ROOM_VERSION)
+    version = body.get("room_version", default_version)
     if version not in SUPPORTED_ROOM_VERSIONS:
         raise UnsupportedRoomVersion(
             f"room version {version!r} is not one of {list(SUPPORTED_ROOM_VERSIONS)}"

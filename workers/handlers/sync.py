@@ -34,16 +34,18 @@ from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
 from workers.handlers.sync_filter import SyncFilter
 from workers.handlers.sync_rooms import RoomSections, empty_response
+from workers.handlers.sync_stored import STORED_STREAMS, StoredSections, StoredUpdates
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import events as store
 
 log = logging.getLogger(__name__)
 
-#: The streams a sync token has a component for, in text order.
-SYNC_STREAMS = ("events", "caches", "typing", "presence")
+#: The streams a sync token has a component for, in text order (a token from before a stream was
+#: added has no component for it, which reads as the stream's start).
+SYNC_STREAMS = ("events", "caches", "typing", "presence", *STORED_STREAMS)
 #: The components that order tokens (waits, bounds): the in-memory streams' tokens restart with
 #: their writer, so, as in Synapse, they say nothing about which token came first.
-ORDERED_STREAMS = ("events", "caches")
+ORDERED_STREAMS = ("events", "caches", *STORED_STREAMS)
 
 
 class EphemeralSource(Protocol):
@@ -113,11 +115,17 @@ class SyncHandler:
         self.behind_timeouts = 0
         #: Typing and presence, set once the worker has built them (None: empty sections).
         self.ephemeral: EphemeralSource | None = None
+        #: Account data, to-device and device lists, set once the worker has built them.
+        self.stored: StoredSections | None = None
         self._ratelog = RateLimitedLog(log)
         self.closing = False
 
     def current_token(self) -> SyncToken:
-        tokens = {s: MultiWriterStreamToken.from_generator(self._generators[s]) for s in ORDERED_STREAMS}
+        tokens = {
+            s: MultiWriterStreamToken.from_generator(self._generators[s])
+            for s in ORDERED_STREAMS
+            if s in self._generators
+        }
         if self.ephemeral is not None:
             typing, presence = self.ephemeral.ephemeral_tokens()
             tokens |= {"typing": MultiWriterStreamToken(typing), "presence": MultiWriterStreamToken(presence)}
@@ -138,13 +146,15 @@ class SyncHandler:
         *,
         full_state: bool = False,
         sync_filter: SyncFilter | None = None,
+        device_id: str | None = None,
     ) -> dict[str, Any]:
-        """The Matrix /sync body: what changed after `since` (waiting up to `timeout_s` for
-        something), or, without `since`, the initial sync. InvalidTokenError for a malformed token."""
+        """The Matrix /sync body of `user_id`'s `device_id`: what changed after `since` (waiting up
+        to `timeout_s` for something), or, without `since`, the initial sync. InvalidTokenError for
+        a malformed token."""
         self.syncs += 1
         sync_filter = sync_filter or SyncFilter()
         if since_text is None:
-            return await self._initial(user_id, sync_filter)
+            return await self._initial(user_id, device_id, sync_filter)
         since = await self.decode(since_text)
         since = await self._bounded(since)
         if not await self._wait_until_covered(since):
@@ -164,13 +174,15 @@ class SyncHandler:
             with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
                 events, now = await self._events_between(user_id, user_rooms, since, now, sync_filter)
                 typing, presence = await self._ephemeral(user_id, user_rooms, sync_filter, since, now)
+                stored, now = await self._stored(user_id, device_id, user_rooms, since, now, events)
                 remaining = deadline - time.monotonic()
-                if events or typing or presence or full_state or remaining <= 0 or self.closing:
+                if events or typing or presence or stored or full_state or remaining <= 0 or self.closing:
                     sections = RoomSections(user_id, sync_filter.timeline_limit)
                     sections.add_window(events)
                     if full_state:
                         sections.want_full_state(r for r in _joined(user_rooms) if sync_filter.includes(r))
                     sections.add_ephemeral(typing, presence)
+                    sections.add_stored(stored, sync_filter.includes)
                     await sections.load_state(self._state_events, self._invite_state)
                     body = sections.response(await self.encode(now))
                     if woken_at is not None and events:
@@ -186,7 +198,7 @@ class SyncHandler:
         for event in events:
             self.observers.visible(max(0.0, now_ms - event.received_ts) / 1000)
 
-    async def _initial(self, user_id: str, sync_filter: SyncFilter) -> dict[str, Any]:
+    async def _initial(self, user_id: str, device_id: str | None, sync_filter: SyncFilter) -> dict[str, Any]:
         """Every joined room with its recent timeline (from the user's latest join on) and state,
         and every pending invite, as of the current token."""
         now = self.current_token()
@@ -209,8 +221,23 @@ class SyncHandler:
                     )  # fmt: skip
                     sections.add_joined_room(room_id, recent[::-1])
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
+        stored, now = await self._stored(user_id, device_id, user_rooms, None, now, [])
+        sections.add_stored(stored, sync_filter.includes)
         await sections.load_state(self._state_events, self._invite_state)
         return sections.response(await self.encode(now))
+
+    async def _stored(
+        self,
+        user_id: str,
+        device_id: str | None,
+        user_rooms: UserRooms,
+        since: SyncToken | None,
+        now: SyncToken,
+        events: list[Event],
+    ) -> tuple[StoredUpdates, SyncToken]:
+        if self.stored is None:
+            return StoredUpdates(), now
+        return await self.stored.collect(user_id, device_id, user_rooms, since, now, events)
 
     async def _ephemeral(
         self,

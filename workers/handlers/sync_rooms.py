@@ -10,7 +10,9 @@ stream order (or, for an initial sync, each joined room's recent events) and dec
 A timeline longer than the filter's limit (an initial sync's room; an incremental window is paged
 by the sync handler instead) keeps its last events, says `limited`, and carries the state events it
 skipped (the last of each (type, state_key)) in `state`, so a client's view of the room stays right.
-`prev_batch` is a room pagination token for /messages (`workers.handlers.messages`).
+`prev_batch` is a room pagination token for /messages (`workers.handlers.messages`). The stored
+streams' sections (`workers.handlers.sync_stored`) go in as they come, a joined room's account data
+listing that room.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.handlers.sync_stored import StoredUpdates
 from workers.model import MEMBER_EVENT, Event
 
 StateLoader = Callable[[str], Awaitable[list[Event]]]
@@ -49,6 +52,7 @@ class _Room:
     full_state: bool = False
     state: list[Event] = field(default_factory=list)
     ephemeral: list[dict[str, Any]] = field(default_factory=list)
+    account_data: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RoomSections:
@@ -59,6 +63,7 @@ class RoomSections:
         self.leave: dict[str, _Room] = {}
         self.invite: dict[str, list[Event]] = {}
         self.presence: list[dict[str, Any]] = []
+        self.stored = StoredUpdates()
 
     def add_window(self, events: Sequence[Event]) -> None:
         """The visible events of an incremental sync's window, in stream order."""
@@ -93,6 +98,14 @@ class RoomSections:
             if room_id not in self.leave and room_id not in self.invite:
                 self.join.setdefault(room_id, _Room()).ephemeral.append(event)
         self.presence = list(presence)
+
+    def add_stored(self, updates: StoredUpdates, includes: Callable[[str], bool]) -> None:
+        """Account data, to-device messages and device lists; a joined room whose account data
+        changed is listed for it (rooms the filter leaves out are not)."""
+        self.stored = updates
+        for room_id, events in updates.room_account_data.items():
+            if includes(room_id) and room_id not in self.leave and room_id not in self.invite:
+                self.join.setdefault(room_id, _Room()).account_data.extend(events)
 
     def want_full_state(self, room_ids: Iterable[str]) -> None:
         for room_id in room_ids:
@@ -134,7 +147,7 @@ class RoomSections:
             rooms["join"][room_id] = {
                 **self._room_body(room),
                 "ephemeral": {"events": room.ephemeral},
-                "account_data": {"events": []},
+                "account_data": {"events": room.account_data},
                 "unread_notifications": {"highlight_count": 0, "notification_count": 0},
                 "summary": {},
             }
@@ -143,6 +156,9 @@ class RoomSections:
         for room_id, stripped in self.invite.items():
             rooms["invite"][room_id] = {"invite_state": {"events": [e.stripped() for e in stripped]}}
         body["presence"]["events"] = self.presence
+        body["account_data"]["events"] = self.stored.account_data
+        body["to_device"]["events"] = self.stored.to_device
+        body["device_lists"] = {"changed": self.stored.changed, "left": self.stored.left}
         return body
 
     @staticmethod

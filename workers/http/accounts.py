@@ -4,7 +4,8 @@
   `m.login.dummy` (a first call without `auth` gets the 401 with the flows and a session, as the
   spec says); `GET /register/available` checks a name. Off (403) when `enable_registration` is false.
 * `GET /login` lists `m.login.password`; `POST /login` checks the password (argon2id) and makes a
-  device and a token. `POST /logout` ends the token and its device; `/logout/all` every one.
+  device (on the user's device_lists writer, which records the change) and a token. `POST /logout`
+  ends the token and its device; `/logout/all` every one.
 * `GET|POST /_synapse/admin/v1/register`: a nonce, then an HMAC-SHA1 of
   `nonce\\0user\\0password\\0admin|notadmin` under `registration_shared_secret` (the grammar of
   Synapse's `register_new_matrix_user`), for scripts; works when open registration is off.
@@ -22,10 +23,11 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
+from workers.handlers.device_lists import DeviceLists
 from workers.handlers.passwords import hash_password, verify_password
 from workers.http.auth import access_token, requester
 from workers.http.bodies import json_body
-from workers.http.errors import ApiError
+from workers.http.errors import ApiError, unavailable
 from workers.storage import users
 
 CLIENT = "/_matrix/client/v3"
@@ -41,9 +43,10 @@ class AccountSettings:
 
 
 class Accounts:
-    def __init__(self, pool: asyncpg.Pool, settings: AccountSettings) -> None:
+    def __init__(self, pool: asyncpg.Pool, settings: AccountSettings, devices: DeviceLists | None) -> None:
         self._pool = pool
         self.settings = settings
+        self._devices = devices
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -134,8 +137,27 @@ class Accounts:
                 raise ApiError(400, "M_USER_IN_USE", f"{user_id} is already registered") from None
             if inhibit_login:
                 return {"user_id": user_id, "home_server": self.settings.server_name}
-            session = await users.new_session(conn, user_id, device_id, display_name)
+        try:
+            session = await self._new_session(user_id, device_id, display_name)
+        except BaseException:
+            # No token was handed out: take the account back, so that the client's retry of the
+            # same registration can succeed.
+            async with self._pool.acquire() as conn:
+                await users.delete_user(conn, user_id)
+            raise
         return _session_body(session, self.settings.server_name)
+
+    async def _new_session(
+        self, user_id: str, device_id: str | None, display_name: str | None
+    ) -> users.Session:
+        """A device (created on the user's device_lists writer, which records the change) and a new
+        access token on it."""
+        device = device_id or users.new_device_id()
+        if self._devices is None:
+            raise unavailable("devices are not served by this worker", 10)
+        await self._devices.ensure_device(user_id, device, display_name)
+        async with self._pool.acquire() as conn:
+            return await users.new_session(conn, user_id, device, display_name)
 
     async def available(self, request: web.Request) -> web.Response:
         local = self._localpart(request.query.get("username"))
@@ -167,21 +189,23 @@ class Accounts:
             stored = await users.password_hash(conn, user_id) if local else None
         if not await verify_password(password, stored):
             raise ApiError(403, "M_FORBIDDEN", "invalid user name or password")
-        async with self._pool.acquire() as conn:
-            session = await users.new_session(conn, user_id, device_id, display_name)
+        session = await self._new_session(user_id, device_id, display_name)
         return web.json_response(_session_body(session, self.settings.server_name))
 
     async def logout(self, request: web.Request) -> web.Response:
-        token = access_token(request)
-        async with self._pool.acquire() as conn:
-            if await users.log_out(conn, token) is None:
-                raise ApiError(
-                    401, "M_UNKNOWN_TOKEN", "unknown or logged-out access token", soft_logout=False
-                )
+        who = await requester(self._pool, request)
+        if who.device_id is not None and self._devices is not None:
+            # The device goes with its tokens, recorded on the device_lists stream.
+            await self._devices.delete(who.user_id, [who.device_id])
+        else:
+            async with self._pool.acquire() as conn:
+                await users.log_out(conn, access_token(request))
         return web.json_response({})
 
     async def logout_all(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
+        if self._devices is not None:
+            await self._devices.delete(who.user_id, None)
         async with self._pool.acquire() as conn:
             await users.log_out_all(conn, who.user_id)
         return web.json_response({})

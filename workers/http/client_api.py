@@ -21,20 +21,24 @@ import asyncpg
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from workers.handlers.account_data import AccountData
 from workers.handlers.device_lists import DeviceLists
 from workers.handlers.messages import Messages
 from workers.handlers.room_writes import RoomWrites
-from workers.handlers.rooms import DEFAULT_ROOM_VERSION, SUPPORTED_ROOM_VERSIONS
 from workers.handlers.sync import SyncHandler
+from workers.handlers.to_device import ToDeviceInbox
+from workers.http.account_data import AccountDataRoutes
 from workers.http.accounts import Accounts, AccountSettings
 from workers.http.admin import AdminRoutes
 from workers.http.auth import requester
+from workers.http.devices import DeviceRoutes
 from workers.http.ephemeral_routes import EphemeralRoutes, EphemeralServices
 from workers.http.errors import ApiError, api_error_for, unavailable
 from workers.http.health import health_routes
 from workers.http.keys import KeyRoutes
 from workers.http.rooms import RoomRoutes
 from workers.http.sync import SyncRoutes
+from workers.model import DEFAULT_ROOM_VERSION, SUPPORTED_ROOM_VERSIONS
 
 log = logging.getLogger(__name__)
 CLIENT = "/_matrix/client/v3"
@@ -75,7 +79,11 @@ class ApiDeps:
     accepting: Callable[[], bool]
     #: Typing and presence, filled in once the worker has built them.
     ephemeral: EphemeralServices = field(default_factory=EphemeralServices)
+    #: The stored user streams (None in tests that build only the routes).
+    account_data: AccountData | None = None
     device_lists: DeviceLists | None = None
+    to_device: ToDeviceInbox | None = None
+    default_room_version: str = DEFAULT_ROOM_VERSION
 
 
 class ClientApi:
@@ -91,16 +99,28 @@ class ClientApi:
                 web.get("/.well-known/matrix/client", self.well_known),
                 web.get(f"{CLIENT}/capabilities", self.capabilities),
                 web.get(f"{CLIENT}/pushrules/", self.push_rules),
-                *Accounts(deps.pool, deps.accounts).routes(),
-                *RoomRoutes(deps.pool, deps.writes, deps.sync, deps.messages).routes(),
+                *Accounts(deps.pool, deps.accounts, deps.device_lists).routes(),
+                *RoomRoutes(
+                    deps.pool, deps.writes, deps.sync, deps.messages, deps.default_room_version
+                ).routes(),
                 *SyncRoutes(deps.pool, deps.sync, deps.ephemeral).routes(),
                 *EphemeralRoutes(deps.pool, deps.ephemeral).routes(),
                 *KeyRoutes(deps.pool, deps.accounts.server_name, deps.device_lists).routes(),
+                *self._stored_routes(),
                 *AdminRoutes(deps.pool, deps.writes).routes(),
                 *health_routes(deps.health, deps.metrics),
             ]
         )
         return app
+
+    def _stored_routes(self) -> list[web.RouteDef]:
+        deps = self.deps
+        routes: list[web.RouteDef] = []
+        if deps.account_data is not None:
+            routes += AccountDataRoutes(deps.pool, deps.account_data).routes()
+        if deps.device_lists is not None and deps.to_device is not None:
+            routes += DeviceRoutes(deps.pool, deps.device_lists, deps.to_device).routes()
+        return routes
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -150,7 +170,7 @@ class ClientApi:
         return web.json_response(
             {
                 "capabilities": {
-                    "m.room_versions": {"default": DEFAULT_ROOM_VERSION, "available": versions},
+                    "m.room_versions": {"default": self.deps.default_room_version, "available": versions},
                     "m.change_password": {"enabled": False},
                     "m.set_displayname": {"enabled": False},
                     "m.set_avatar_url": {"enabled": False},

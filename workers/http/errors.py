@@ -7,6 +7,7 @@ routes answer the same failure the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -74,3 +75,11 @@ def api_error_for(error: Exception) -> ApiError | None:
             message if isinstance(message, str) else str(error),
         )
     return None
+
+
+def checked(check: Callable[[str], str], value: str) -> str:
+    """`check(value)` (an identifier check), its ValueError as the client's 400 M_INVALID_PARAM."""
+    try:
+        return check(value)
+    except ValueError as e:
+        raise ApiError(400, "M_INVALID_PARAM", str(e)) from None

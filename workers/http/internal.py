@@ -21,8 +21,11 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
 * `POST /rooms/{room_id}/create`             body `{"events": [...]}` -> the same, of the last event
 * `POST /rooms/{room_id}/backfill`           body `{"sender", "events": [{type, content}, ...]}` ->
   `{"stream_orderings": [...]}`
-* `POST /devices/{user_id}/resync`            -> `{"devices": [...]}` (the device-list writer fetched
-  and stored the remote user's list) or `{"error"}` when the user's server could not be asked
+* `POST /writes/{stream}/{op}`                body: the operation's arguments, with `user_id` ->
+  the operation's answer (`{"position": {"instance_name", "stream_id"}, ...}`): a write of the
+  account_data, device_lists or to_device stream on the user's writer
+  (`workers.handlers.stream_writes`; a remote user's device-list resync answers `{"devices"}` or
+  `{"error"}` when the user's server could not be asked)
 Room routes answer a room rule's refusal with the client's errcode (M_FORBIDDEN, M_NOT_FOUND, ...),
 which the forwarding worker passes on; a refused secret answers `IO.FANOUT.WORKER_AUTH`, which it
 does not (the client gets a 503: the cluster is misconfigured, not the request).
@@ -41,9 +44,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from pubsub.ratelog import RateLimitedLog
-from workers.handlers.device_lists import DeviceLists, RemoteUnreachable
 from workers.handlers.forwarding import WORKER_AUTH_ERRCODE
 from workers.handlers.room_writes import RoomWrites, event_from_json
+from workers.handlers.stream_writes import UserStreamWrites
 from workers.http.errors import api_error_for
 from workers.http.requests import POSITIONS_HEADER, parse_positions
 from workers.streams.presence import PRESENCE_STATES
@@ -121,17 +124,17 @@ class InternalApi:
             web.get(f"{PREFIX}/presence/{{user_id}}", self._wrap("presence_get", self.get_presence)),
         ]
 
-    def device_routes(self, lists: DeviceLists) -> list[web.RouteDef]:
-        """The device-list writer's side of `DeviceLists.remote_devices`."""
+    def stream_write_routes(self, streams: Mapping[str, UserStreamWrites]) -> list[web.RouteDef]:
+        """The writer's side of `UserStreamWrites.run`: one operation of a user-keyed stream."""
 
-        async def resync(request: web.Request) -> web.Response:
-            try:
-                devices = await lists.resync_here(request.match_info["user_id"])
-            except RemoteUnreachable as e:  # an answer, not a failure of this request: no retries
-                return web.json_response({"error": str(e)})
-            return web.json_response({"devices": devices})
+        async def write(request: web.Request) -> web.Response:
+            writes = streams.get(request.match_info["stream"])
+            if writes is None:
+                raise InternalError(404, "M_NOT_FOUND", f"no stream {request.match_info['stream']!r} here")
+            body = await _json_object(request)
+            return web.json_response(await writes.serve(request.match_info["op"], body))
 
-        return [web.post(f"{PREFIX}/devices/{{user_id}}/resync", self._wrap("device_resync", resync))]
+        return [web.post(f"{PREFIX}/writes/{{stream}}/{{op}}", self._wrap("stream_write", write))]
 
     def room_routes(self, writes: RoomWrites) -> list[web.RouteDef]:
         """The owner's side of `RoomWrites` forwarding."""

@@ -1,7 +1,8 @@
 """Device keys (`/_matrix/client/v3/keys/...`).
 
 * `POST /keys/upload` `{"device_keys"?: {...}}` -> `{"one_time_key_counts": {}}`: the requester's
-  own device's identity keys (user_id and device_id must be the requester's). One-time and
+  own device's identity keys (user_id and device_id must be the requester's), stored on the user's
+  device_lists writer, which records the change for the user's room-mates. One-time and
   fallback keys are accepted and not stored (no key claiming is served).
 * `POST /keys/query` `{"device_keys": {"@user:server": [device ids] or []}}` -> `{"device_keys":
   {user: {device: keys}}, "failures": {server: {...}}}`. Local users from their uploaded keys;
@@ -47,9 +48,10 @@ class KeyRoutes:
                 or keys.get("device_id") != who.device_id
             ):
                 raise ApiError(400, "M_INVALID_PARAM", "device_keys must name your own user_id and device_id")
-            async with self._pool.acquire() as conn:
-                if not await store.set_device_keys(conn, who.user_id, str(who.device_id), keys):
-                    raise ApiError(400, "M_INVALID_PARAM", "this access token has no device")
+            if self.lists is None or who.device_id is None:
+                raise ApiError(400, "M_INVALID_PARAM", "this access token has no device")
+            if not await self.lists.set_keys(who.user_id, who.device_id, keys):
+                raise ApiError(400, "M_INVALID_PARAM", "this access token has no device")
         return web.json_response({"one_time_key_counts": {}})
 
     async def query(self, request: web.Request) -> web.Response:

@@ -7,7 +7,6 @@ worker request; the client never learns which worker owns a room. Reads (`state`
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -20,8 +19,8 @@ from workers.handlers.room_writes import RoomWrites
 from workers.handlers.sync import SyncHandler
 from workers.http.auth import requester
 from workers.http.bodies import json_body
-from workers.http.errors import ApiError, unavailable
-from workers.model import MEMBER_EVENT, MEMBERSHIPS, NewEvent
+from workers.http.errors import ApiError, checked, unavailable
+from workers.model import DEFAULT_ROOM_VERSION, MEMBER_EVENT, MEMBERSHIPS, NewEvent
 from workers.storage import directory
 from workers.storage import events as store
 
@@ -31,12 +30,18 @@ ROOM = CLIENT + "/rooms/{room_id}"
 
 class RoomRoutes:
     def __init__(
-        self, pool: asyncpg.Pool, writes: RoomWrites, sync: SyncHandler | None, messages: Messages | None
+        self,
+        pool: asyncpg.Pool,
+        writes: RoomWrites,
+        sync: SyncHandler | None,
+        messages: Messages | None,
+        default_room_version: str = DEFAULT_ROOM_VERSION,
     ) -> None:
         self._pool = pool
         self.writes = writes
         self._sync = sync
         self._messages = messages
+        self._default_room_version = default_room_version
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -68,17 +73,19 @@ class RoomRoutes:
 
     @staticmethod
     def _room_id(request: web.Request) -> str:
-        return _checked(identifiers.check_room_id, request.match_info["room_id"])
+        return checked(identifiers.check_room_id, request.match_info["room_id"])
 
     @staticmethod
     def _event_type(request: web.Request) -> str:
-        return _checked(identifiers.check_event_type, request.match_info["event_type"])
+        return checked(identifiers.check_event_type, request.match_info["event_type"])
 
     async def create_room(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
         body = await json_body(request)
         room_id = self.writes.new_room_id()
-        plan = rooms.plan_room(body, who.user_id, room_id, self.writes.server_name)
+        plan = rooms.plan_room(
+            body, who.user_id, room_id, self.writes.server_name, self._default_room_version
+        )
         if plan.alias is not None:
             async with self._pool.acquire() as conn:
                 if not await directory.add_alias(conn, plan.alias, room_id, who.user_id):
@@ -111,7 +118,7 @@ class RoomRoutes:
             if room_id is None:
                 raise ApiError(404, "M_NOT_FOUND", f"no room has the alias {target}")
         else:
-            room_id = _checked(identifiers.check_room_id, target)
+            room_id = checked(identifiers.check_room_id, target)
         await self._membership(room_id, who.user_id, who.user_id, "join", body)
         return web.json_response({"room_id": room_id})
 
@@ -129,7 +136,7 @@ class RoomRoutes:
             target = body.get("user_id")
             if not isinstance(target, str):
                 raise ApiError(400, "M_MISSING_PARAM", "user_id is required")
-            _checked(identifiers.check_user_id, target)
+            checked(identifiers.check_user_id, target)
             if request.path.endswith("/unban"):
                 await self._check_banned(room_id, target)
             await self._membership(room_id, who.user_id, target, membership, body)
@@ -156,7 +163,7 @@ class RoomRoutes:
     async def put_state(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
         room_id, event_type = self._room_id(request), self._event_type(request)
-        state_key = _checked(identifiers.check_state_key, request.match_info.get("state_key", ""))
+        state_key = checked(identifiers.check_state_key, request.match_info.get("state_key", ""))
         content = await json_body(request)
         membership = content.get("membership")
         if event_type == MEMBER_EVENT and not (isinstance(membership, str) and membership in MEMBERSHIPS):
@@ -245,11 +252,3 @@ class RoomRoutes:
         if room_id is None:
             raise ApiError(404, "M_NOT_FOUND", f"no room has the alias {alias}")
         return web.json_response({"room_id": room_id, "servers": [self.writes.server_name]})
-
-
-def _checked(check: Callable[[str], str], value: str) -> str:
-    """`check(value)`, its ValueError as the client's 400 M_INVALID_PARAM."""
-    try:
-        return check(value)
-    except ValueError as e:
-        raise ApiError(400, "M_INVALID_PARAM", str(e)) from None

@@ -61,7 +61,7 @@ class SyncRoutes:
             try:
                 result = await self._sync.sync(
                     who.user_id, query.get("since"), timeout_ms / 1000,
-                    full_state=full_state == "true", sync_filter=sync_filter,
+                    full_state=full_state == "true", sync_filter=sync_filter, device_id=who.device_id,
                 )  # fmt: skip
             except InvalidTokenError as e:
                 raise ApiError(400, "M_INVALID_PARAM", f"since: {e}") from None

@@ -13,7 +13,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import asyncpg
 
-from workers.model import MEMBER_EVENT, CacheInvalidation, Event, UserRooms, membership_of
+from workers.model import (
+    CREATE_EVENT,
+    MEMBER_EVENT,
+    CacheInvalidation,
+    Event,
+    UserRooms,
+    membership_of,
+    room_version_of,
+)
 from workers.storage import Conn
 
 #: The columns of `events` that reads select and `copy_event_rows` writes, in this order.
@@ -47,9 +55,9 @@ async def insert_batch(
     instance_name: str,
 ) -> None:
     """Insert `events` (in stream order) with their stored JSON (`Event.json_texts`), fold their
-    state into current state and membership, and log the cache invalidations. Call inside a
-    transaction unless `needs_transaction` says one statement suffices (a batch of messages only:
-    one COPY is atomic on its own).
+    state into current state and membership, record new rooms with their version, and log the
+    cache invalidations. Call inside a transaction unless `needs_transaction` says one statement
+    suffices (a batch of messages only: one COPY is atomic on its own).
 
     Several persisters may write the same room: current state and membership keep the row with the
     highest stream ordering, whatever order the transactions commit in.
@@ -82,6 +90,15 @@ async def insert_batch(
             [e.event_id for e in rows],
             [e.membership for e in rows],
             [e.stream_ordering for e in rows],
+        )
+    created = [e for e in state.values() if e.type == CREATE_EVENT and e.state_key == ""]
+    if created:
+        await conn.execute(
+            "INSERT INTO rooms (room_id, room_version, creator) SELECT * FROM unnest($1::text[],"
+            " $2::text[], $3::text[]) ON CONFLICT (room_id) DO NOTHING",
+            [e.room_id for e in created],
+            [room_version_of(e.content) for e in created],
+            [e.sender for e in created],
         )
     members = sorted(
         (e for e in state.values() if e.type == MEMBER_EVENT and e.membership is not None),

@@ -58,6 +58,14 @@ async def create_user(conn: Conn, user_id: str, password_hash: str | None, admin
         raise UserExistsError(user_id)
 
 
+async def delete_user(conn: Conn, user_id: str) -> None:
+    """Remove an account that never got a session (a registration that could not finish)."""
+    async with conn.transaction():
+        await conn.execute("DELETE FROM access_tokens WHERE user_id = $1", user_id)
+        await conn.execute("DELETE FROM devices WHERE user_id = $1", user_id)
+        await conn.execute("DELETE FROM users WHERE user_id = $1", user_id)
+
+
 async def user_exists(conn: Conn, user_id: str) -> bool:
     return bool(await conn.fetchval("SELECT 1 FROM users WHERE user_id = $1", user_id))
 
@@ -92,6 +100,56 @@ async def new_session(
             device,
         )
     return Session(user_id, device, token)
+
+
+async def create_device(conn: Conn, user_id: str, device_id: str, display_name: str | None) -> bool:
+    """Create a device unless it exists; True when it is new."""
+    created = await conn.fetchval(
+        "INSERT INTO devices (user_id, device_id, display_name, created_ts) VALUES ($1, $2, $3, $4)"
+        " ON CONFLICT (user_id, device_id) DO NOTHING RETURNING 1",
+        user_id,
+        device_id,
+        display_name,
+        _now_ms(),
+    )
+    return created is not None
+
+
+async def rename_device(conn: Conn, user_id: str, device_id: str, display_name: str | None) -> bool:
+    """Set a device's display name; False when there is no such device."""
+    found = await conn.fetchval(
+        "UPDATE devices SET display_name = $3 WHERE user_id = $1 AND device_id = $2 RETURNING 1",
+        user_id,
+        device_id,
+        display_name,
+    )
+    return found is not None
+
+
+async def delete_devices(conn: Conn, user_id: str, device_ids: list[str] | None) -> list[str]:
+    """Delete devices (None: all of the user's) with their access tokens; the ids deleted."""
+    records = await conn.fetch(
+        "DELETE FROM devices WHERE user_id = $1 AND ($2::text[] IS NULL OR device_id = ANY($2::text[]))"
+        " RETURNING device_id",
+        user_id,
+        device_ids,
+    )
+    deleted = [r["device_id"] for r in records]
+    await conn.execute(
+        "DELETE FROM access_tokens"
+        " WHERE user_id = $1 AND ($2::text[] IS NULL OR device_id = ANY($2::text[]))",
+        user_id,
+        device_ids,
+    )
+    return deleted
+
+
+async def list_devices(conn: Conn, user_id: str) -> list[tuple[str, str | None]]:
+    """(device id, display name) of each of the user's devices."""
+    records = await conn.fetch(
+        "SELECT device_id, display_name FROM devices WHERE user_id = $1 ORDER BY device_id", user_id
+    )
+    return [(r["device_id"], r["display_name"]) for r in records]
 
 
 def new_device_id() -> str:

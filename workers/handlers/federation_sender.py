@@ -1,0 +1,81 @@
+"""A stand-in for a federation sender: it consumes what local writers queue for remote servers.
+
+The cluster speaks no federation. What a federation sender would send is still queued by the
+writers: device-list pokes (`device_lists_outbound_pokes`) and to-device messages for remote users
+(`device_federation_outbox`). This task, run by the instance that lists `federation_sender` in
+`background_tasks`, takes them oldest first in bounded batches, records the pokes as sent (the
+newest stream id per server and user, in `device_lists_outbound_sent`) and deletes what it took,
+so neither table grows without bound. Counted in `fanout_federation_stand_in_sent_total`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import asyncpg
+from prometheus_client import CollectorRegistry, Counter
+
+from pubsub.tasks import cancel_and_wait
+from workers.storage import device_lists as pokes
+from workers.storage import to_device as outbox
+
+log = logging.getLogger(__name__)
+TASK_NAME = "federation_sender"
+_DOWN = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+class FederationSenderStandIn:
+    def __init__(
+        self,
+        pool: asyncpg.Pool[Any],
+        registry: CollectorRegistry,
+        *,
+        batch: int = 500,
+        interval_s: float = 0.5,
+    ) -> None:
+        self._pool = pool
+        self._batch = batch
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self.sent = Counter(
+            "fanout_federation_stand_in_sent",
+            "Items the stand-in federation sender consumed, by kind (device-list pokes, to-device)",
+            ["kind"],
+            registry=registry,
+        )
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=TASK_NAME)
+
+    async def drain_once(self) -> tuple[int, int]:
+        """Consume everything queued now: (pokes, to-device messages for servers)."""
+        taken_pokes = taken_messages = 0
+        while True:
+            async with self._pool.acquire() as conn, conn.transaction():
+                found = len(await pokes.take_pokes(conn, self._batch))
+            taken_pokes += found
+            if found < self._batch:
+                break
+        while True:
+            async with self._pool.acquire() as conn:
+                found = len(await outbox.take_outbox(conn, self._batch))
+            taken_messages += found
+            if found < self._batch:
+                break
+        self.sent.labels("device_list_poke").inc(taken_pokes)
+        self.sent.labels("to_device").inc(taken_messages)
+        return taken_pokes, taken_messages
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.drain_once()
+            except _DOWN as e:
+                log.warning("federation sender stand-in: %s; retrying", e)
+            await asyncio.sleep(self._interval_s)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)

@@ -1,0 +1,202 @@
+"""Writes of the user-keyed stored streams (account data, device lists, to-device), from any worker.
+
+Each of these streams has its writers (`stream_writers.<stream>`). A user's writes go to one of
+them, chosen by a stable hash of the user id (`workers.routing.writer_for_user`): one user's
+changes keep the order they were made in, and the writers share the users.
+
+On the writer, `StreamWriter.write` runs one write:
+1. allocate the stream IDs from the stream's generator (shared sequence, `stream_positions`);
+2. one transaction: `body(conn, ids)` writes the rows and returns the stream rows `(id, row)` it
+   wrote (one per entity that changed: a user, a remote server);
+3. `committed(stream, rows)`: the worker applies them to its own caches and stages their RDATA;
+4. leave the ID block (the IDs finish, the position is upserted), then `finished(...)`: the
+   worker publishes and wakes its own readers (once its position covers the write).
+A failed transaction leaves its IDs as harmless gaps.
+
+Anywhere else, `UserStreamWrites.run` forwards the operation to the user's writer (a worker
+request to `/_fanout/internal/writes/{stream}/{op}`) and waits until this worker's token covers
+the write before answering (`workers.handlers.visibility`). Every operation is idempotent (a
+retried PUT writes the same value; sendToDevice carries a transaction id), so a forwarded request
+may be retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import asyncpg
+
+from idgen import MultiWriterIdGenerator
+from pubsub.types import Row
+from workers.handlers.forwarding import Forwarder, OwnerUnavailable
+from workers.handlers.notifier import Notifier
+from workers.handlers.visibility import wait_visible
+from workers.routing import writer_for_user
+from workers.storage import Conn
+
+#: (stream, [(stream id, row)]): the worker's hook after commit, before the IDs finish; it returns
+#: the (rooms, users) to wake.
+Committed = Callable[[str, Sequence[tuple[int, Row]]], Awaitable[tuple[set[str], set[str]]]]
+#: (stream, highest id, (rooms, users)): the worker's hook once the IDs finished (publish, wake).
+Finished = Callable[[str, int, tuple[set[str], set[str]]], None]
+#: Writes a write's rows on `conn` (inside its transaction) with the allocated `ids`.
+WriteBody = Callable[[Conn, list[int]], Awaitable[list[tuple[int, Row]]]]
+#: An operation on the writer: the request's JSON arguments -> the JSON answer.
+Operation = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPosition:
+    """Where a write landed: its writer and its (highest) stream id."""
+
+    instance_name: str
+    stream_id: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"instance_name": self.instance_name, "stream_id": self.stream_id}
+
+    @classmethod
+    def from_json(cls, value: Any) -> StreamPosition | None:
+        if not isinstance(value, dict):
+            return None
+        instance, stream_id = value.get("instance_name"), value.get("stream_id")
+        if not isinstance(instance, str) or not isinstance(stream_id, int) or isinstance(stream_id, bool):
+            return None
+        return cls(instance, stream_id)
+
+
+class StreamWriter:
+    """One stored stream's writes on one of its writers (see the module docstring for the order)."""
+
+    def __init__(
+        self,
+        stream: str,
+        instance_name: str,
+        generator: MultiWriterIdGenerator,
+        pool: asyncpg.Pool,
+        committed: Committed,
+        finished: Finished,
+    ) -> None:
+        self.stream = stream
+        self.name = instance_name
+        self._generator = generator
+        self._pool = pool
+        self._committed = committed
+        self._finished = finished
+        self.writes = 0
+
+    async def write(self, count: int, body: WriteBody) -> StreamPosition:
+        """Allocate `count` IDs, run `body` in one transaction, publish its rows; where it landed."""
+        try:
+            async with self._generator.get_next_mult(count) as ids:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    rows = await body(conn, ids)
+                woken = await self._committed(self.stream, rows)
+        except BaseException:
+            # The IDs finished as a gap; wake-ups held behind them may go now.
+            self._finished(self.stream, 0, (set(), set()))
+            raise
+        self._finished(self.stream, max(ids), woken)
+        self.writes += 1
+        return StreamPosition(self.name, max(ids))
+
+
+class UserStreamWrites:
+    """Runs a user's write of one stream on the writer that owns the user, from any worker.
+
+    `ops` are the operations the writer runs (registered by the stream's handler); each answers a
+    JSON object, with `"position"` (`StreamPosition.to_json`) when it wrote something."""
+
+    def __init__(
+        self,
+        stream: str,
+        instance_name: str,
+        writers: Sequence[str],
+        generator: MultiWriterIdGenerator,
+        writer: StreamWriter | None,
+        notifier: Notifier,
+    ) -> None:
+        self.stream = stream
+        self.name = instance_name
+        self.writers = list(writers)
+        self.generator = generator
+        self.writer = writer
+        self._notifier = notifier
+        self.ops: dict[str, Operation] = {}
+        self.forwarder: Forwarder | None = None
+        #: Whether this worker hears a writer of this stream live (see RoomWrites.hears).
+        self.hears: Callable[[str], bool] = lambda _writer: True
+        self.forwarded = 0
+        self.late_answers = 0
+
+    def owner(self, user_id: str) -> str:
+        return writer_for_user(user_id, self.writers, self.stream)
+
+    def here(self) -> StreamWriter:
+        """The writer, on a worker that writes this stream (OwnerUnavailable elsewhere)."""
+        if self.writer is None:
+            raise OwnerUnavailable(self.name, f"this worker does not write the {self.stream} stream")
+        return self.writer
+
+    async def run(self, user_id: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Run `op` for `user_id` on its writer. Raises OwnerUnavailable, ForwardRefused, or what
+        the operation raises when it runs here (ValueError for bad arguments)."""
+        if not self.writers:
+            raise OwnerUnavailable(f"{self.stream} writer", f"stream_writers.{self.stream} is empty", 30)
+        owner = self.owner(user_id)
+        if owner == self.name:
+            return await self.ops[op](args)
+        if self.forwarder is None:
+            raise OwnerUnavailable(owner, "worker requests are not set up on this worker")
+        self.forwarded += 1
+        path = f"/_fanout/internal/writes/{quote(self.stream, safe='')}/{quote(op, safe='')}"
+        answer = await self.forwarder.request(
+            owner, f"{self.stream}_{op}", "POST", path, body=args, idempotent=True
+        )
+        position = StreamPosition.from_json(answer.get("position"))
+        if position is not None and not await wait_visible(
+            self.generator, position.instance_name, position.stream_id, self._notifier, self.hears
+        ):
+            self.late_answers += 1
+        return answer
+
+    async def serve(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A forwarded operation, on the writer. ValueError for an unknown operation or bad
+        arguments; OwnerUnavailable when this worker does not own the user."""
+        run = self.ops.get(op)
+        if run is None:
+            raise ValueError(f"the {self.stream} stream has no operation {op!r}")
+        user_id = args.get("user_id")
+        if not isinstance(user_id, str):
+            raise ValueError("user_id is missing")
+        if self.owner(user_id) != self.name:
+            raise OwnerUnavailable(self.name, f"{user_id}'s {self.stream} writer is {self.owner(user_id)}")
+        return await run(args)
+
+
+def text_arg(args: dict[str, Any], key: str, *, optional: bool = False) -> Any:
+    """A forwarded operation's string argument (None allowed when `optional`); ValueError if not."""
+    value = args.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string")
+    return value
+
+
+def object_arg(args: dict[str, Any], key: str, *, optional: bool = False) -> Any:
+    """A forwarded operation's JSON object argument (None allowed when `optional`); ValueError if not."""
+    value = args.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be an object")
+    return value
+
+
+def written(position: StreamPosition) -> dict[str, Any]:
+    """The answer of an operation that wrote at `position`."""
+    return {"position": position.to_json()}

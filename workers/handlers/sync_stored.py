@@ -1,0 +1,163 @@
+"""The /sync sections of the stored user streams: account data, to-device messages, device lists.
+
+Each is read from the database between the client's `since` and the sync's `now` (per-writer
+windows of the stream's token component, `workers.storage.windows`). A `StreamChangeCache` per
+stream, fed by every row before the stream's position advances, answers "did anything change for
+this user since?" without a query in the common case.
+
+* account data: the user's global account data and the room account data (with `m.tag`) that
+  changed in the window; an initial sync gets all of it.
+* to-device: the syncing device's messages (`workers.handlers.to_device`); when more wait than one
+  sync carries, `now`'s to_device component stops before the first one left.
+* device lists (incremental syncs only): `changed` holds the users sharing a joined room with the
+  syncing user (themself included) whose device list changed in the window, and those who newly
+  share one (they joined a room of the user's, or the user joined theirs); `left` holds those who
+  no longer share any room after a leave in the window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from idgen import SyncToken
+from workers.handlers.caches import SyncCaches
+from workers.handlers.change_cache import StreamChangeCache
+from workers.handlers.to_device import ToDeviceInbox
+from workers.model import MEMBER_EVENT, Event, UserRooms
+from workers.storage import account_data as account_store
+from workers.storage import device_lists as device_store
+from workers.storage.windows import Window
+from workers.streams.account_data import ACCOUNT_DATA
+from workers.streams.device_lists import DEVICE_LISTS
+from workers.streams.to_device import TO_DEVICE
+
+#: The stored streams' components of a sync token.
+STORED_STREAMS = (ACCOUNT_DATA, DEVICE_LISTS, TO_DEVICE)
+MAX_UNACKED = 100_000
+
+
+@dataclass(slots=True)
+class StoredUpdates:
+    """What one sync carries of the stored streams."""
+
+    account_data: list[dict[str, Any]] = field(default_factory=list)
+    room_account_data: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    to_device: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.account_data or self.room_account_data or self.to_device or self.changed or self.left
+        )
+
+
+class StoredSections:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        caches: SyncCaches,
+        changes: dict[str, StreamChangeCache],
+        inbox: ToDeviceInbox,
+    ) -> None:
+        self._pool = pool
+        self._caches = caches
+        self._changes = changes
+        self._inbox = inbox
+        #: (user, device) -> the highest to-device id delivered here and not yet acknowledged: the
+        #: next sync of that device here deletes them even when nothing new arrived.
+        self._unacked: dict[tuple[str, str], int] = {}
+
+    async def collect(
+        self,
+        user_id: str,
+        device_id: str | None,
+        user_rooms: UserRooms,
+        since: SyncToken | None,
+        now: SyncToken,
+        events: list[Event],
+    ) -> tuple[StoredUpdates, SyncToken]:
+        """The sections for (since, now] (since None: an initial sync) and the token they reach."""
+        updates = StoredUpdates()
+        joined = {r for r, history in user_rooms.history.items() if history and history[-1][1] == "join"}
+        await self._account_data(updates, user_id, joined, since, now)
+        if device_id is not None:
+            now = await self._to_device(updates, user_id, device_id, since, now)
+        if since is not None:
+            await self._device_lists(updates, user_id, joined, since, now, events)
+        return updates, now
+
+    async def _account_data(
+        self, updates: StoredUpdates, user_id: str, joined: set[str], since: SyncToken | None, now: SyncToken
+    ) -> None:
+        low = None if since is None else since.get(ACCOUNT_DATA)
+        if low is not None and not self._changes[ACCOUNT_DATA].may_have_changed(user_id, low.stream):
+            return
+        async with self._pool.acquire() as conn:
+            found, rooms = await account_store.changed_for_user(
+                conn, user_id, Window.between(low, now.get(ACCOUNT_DATA))
+            )
+        updates.account_data = found
+        updates.room_account_data = {r: e for r, e in rooms.items() if r in joined}
+
+    async def _to_device(
+        self, updates: StoredUpdates, user_id: str, device_id: str, since: SyncToken | None, now: SyncToken
+    ) -> SyncToken:
+        low = None if since is None else since.get(TO_DEVICE)
+        key = (user_id, device_id)
+        if (
+            low is not None
+            and key not in self._unacked
+            and not self._changes[TO_DEVICE].may_have_changed(user_id, low.stream)
+        ):
+            return now
+        delivery = await self._inbox.deliver(user_id, device_id, low, now.get(TO_DEVICE))
+        self._unacked.pop(key, None)
+        if delivery.events:
+            if len(self._unacked) >= MAX_UNACKED:
+                self._unacked.pop(next(iter(self._unacked)))
+            self._unacked[key] = delivery.token.get_max_stream_pos()
+        updates.to_device = delivery.events
+        return SyncToken({**{s: now.get(s) for s in now.streams()}, TO_DEVICE: delivery.token})
+
+    async def _device_lists(
+        self,
+        updates: StoredUpdates,
+        user_id: str,
+        joined: set[str],
+        since: SyncToken,
+        now: SyncToken,
+        events: list[Event],
+    ) -> None:
+        sharing = {user_id}
+        for room_id in joined:
+            sharing |= await self._caches.joined_members.get(room_id)
+        newly: set[str] = set()
+        gone: set[str] = set()
+        for event in events:
+            if event.type != MEMBER_EVENT or event.state_key is None:
+                continue
+            if event.state_key == user_id and event.membership == "join":
+                newly |= await self._caches.joined_members.get(event.room_id)
+            elif event.membership == "join" and event.room_id in joined:
+                newly.add(event.state_key)
+            elif event.membership in ("leave", "ban"):
+                members = (
+                    await self._caches.joined_members.get(event.room_id)
+                    if event.state_key == user_id
+                    else {event.state_key}
+                )
+                gone |= members
+        low = since.get(DEVICE_LISTS)
+        candidates = self._changes[DEVICE_LISTS].any_may_have_changed(sorted(sharing), low.stream)
+        changed: set[str] = set()
+        if candidates:
+            async with self._pool.acquire() as conn:
+                changed = await device_store.changed_users(
+                    conn, candidates, Window.between(low, now.get(DEVICE_LISTS))
+                )
+        updates.changed = sorted((changed | newly) & sharing)
+        updates.left = sorted(gone - sharing)

@@ -1,0 +1,178 @@
+"""The stored user streams of a worker (account data, device lists, to-device), wired by `app.py`:
+
+    self.stored = await StoredStreams.load(pool, config, name, writers)   # with the ID generators
+    streams += self.stored.streams()                                       # replicated like events
+    self.stored.bind(replication, caches, notifier, hears)                 # once those exist
+    self.stored.set_forwarder(requests)                                    # with the HTTP side
+
+Each stream has one ID generator over its tables, its writers (`stream_writers.<stream>`, the
+events writers when unset), a `UserStreamWrites` that runs a user's writes on the user's writer,
+and a `StreamChangeCache` that /sync asks before it queries.
+
+Rows, local or replicated, go through `apply` before the stream's position advances: it records
+the change in the stream's change cache and says whom to wake (the user of an account-data or
+to-device row; everyone sharing a room with the user of a device-list row). A writer's own rows
+take the same path after commit (`committed`), are staged for RDATA there, and wake its readers
+once the IDs finished (`finished`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import asyncpg
+
+from idgen import MultiWriterIdGenerator
+from pubsub.client import ReplicationClient
+from pubsub.streams import Stream
+from pubsub.types import Row
+from workers.config import WorkerConfig
+from workers.handlers.account_data import AccountData
+from workers.handlers.caches import SyncCaches
+from workers.handlers.change_cache import StreamChangeCache
+from workers.handlers.device_lists import DeviceLists, RemoteDevices
+from workers.handlers.forwarding import Forwarder
+from workers.handlers.notifier import DeferredWakes, Notifier
+from workers.handlers.stream_writes import StreamWriter, UserStreamWrites
+from workers.handlers.sync_stored import StoredSections
+from workers.handlers.to_device import ToDeviceInbox
+from workers.streams import account_data, device_lists, to_device
+
+_Factory = Callable[[asyncpg.Pool, MultiWriterIdGenerator, Sequence[str]], Stream[Any]]
+#: name -> (tables, sequence, stream factory) of each stored stream.
+_STREAMS: dict[str, tuple[list[tuple[str, str, str]], str, _Factory]] = {
+    account_data.ACCOUNT_DATA: (account_data.TABLES, account_data.SEQUENCE, account_data.account_data_stream),
+    device_lists.DEVICE_LISTS: (device_lists.TABLES, device_lists.SEQUENCE, device_lists.device_lists_stream),
+    to_device.TO_DEVICE: (to_device.TABLES, to_device.SEQUENCE, to_device.to_device_stream),
+}
+NAMES = tuple(_STREAMS)
+
+
+class StoredStreams:
+    """The stored user streams of one worker; create with `await StoredStreams.load(...)`."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        config: WorkerConfig,
+        writers: Callable[[str], list[str]],
+        fetch_remote: RemoteDevices,
+        generators: dict[str, MultiWriterIdGenerator],
+    ) -> None:
+        self.name = config.instance_name
+        self._pool = pool
+        self._writers = writers
+        self._fetch_remote = fetch_remote
+        self._server_name = config.server_name
+        self.generators = generators
+        self.changes: dict[str, StreamChangeCache] = {}
+        for stream, generator in generators.items():
+            # Rows at or below every position known now were written before this process.
+            floor = max([generator.get_current_token(), *generator.get_positions().values()])
+            self.changes[stream] = StreamChangeCache(stream, floor, config.cache_max_entries * 10)
+        self.writes: dict[str, UserStreamWrites] = {}
+
+    @classmethod
+    async def load(
+        cls,
+        pool: asyncpg.Pool,
+        config: WorkerConfig,
+        writers: Callable[[str], list[str]],
+        fetch_remote: RemoteDevices,
+    ) -> StoredStreams:
+        """Load the streams' ID generators; the rest comes with `bind`."""
+        generators = {
+            stream: await MultiWriterIdGenerator.create(
+                pool,
+                stream_name=stream,
+                instance_name=config.instance_name,
+                tables=tables,
+                sequence_name=sequence,
+                writers=writers(stream),
+            )
+            for stream, (tables, sequence, _factory) in _STREAMS.items()
+        }
+        return cls(pool, config, writers, fetch_remote, generators)
+
+    def streams(self) -> list[Stream[Any]]:
+        return [
+            factory(self._pool, self.generators[stream], self._writers(stream))
+            for stream, (_tables, _sequence, factory) in _STREAMS.items()
+        ]
+
+    def bind(
+        self,
+        replication: ReplicationClient,
+        caches: SyncCaches,
+        notifier: Notifier,
+        hears: Callable[[str, str], bool],
+    ) -> None:
+        """Build the writes and handlers once the worker's replication and caches exist;
+        `hears(stream, writer)`: this worker hears the writer live."""
+        self._replication = replication
+        self._caches = caches
+        self._notifier = notifier
+        self._wakes = {s: DeferredWakes(notifier, self._own_position(s)) for s in _STREAMS}
+        for stream in _STREAMS:
+            writers = self._writers(stream)
+            writer = None
+            if self.name in writers:
+                writer = StreamWriter(
+                    stream, self.name, self.generators[stream], self._pool, self.committed, self.finished
+                )
+            writes = UserStreamWrites(stream, self.name, writers, self.generators[stream], writer, notifier)
+            writes.hears = lambda instance, s=stream: hears(s, instance)  # type: ignore[misc]
+            self.writes[stream] = writes
+        self.account_data = AccountData(self.writes[account_data.ACCOUNT_DATA], self._pool)
+        self.device_lists = DeviceLists(
+            self.writes[device_lists.DEVICE_LISTS], self._pool, self._server_name, self._fetch_remote
+        )
+        self.to_device = ToDeviceInbox(self.writes[to_device.TO_DEVICE], self._pool, self._server_name)
+        self.sections = StoredSections(self._pool, caches, self.changes, self.to_device)
+
+    async def apply(self, stream: str, token: int, rows: Sequence[Row]) -> tuple[set[str], set[str]]:
+        """Record `rows` (all at `token`) in the stream's change cache; (rooms, users) to wake."""
+        changes = self.changes[stream]
+        rooms: set[str] = set()
+        users: set[str] = set()
+        for row in rows:
+            entity: str = row[0]  # every stored stream's row starts with its entity (a user id or server)
+            if not entity.startswith("@"):
+                continue  # a remote server's queue: only the federation sender reads it
+            changes.changed(entity, token)
+            if stream == device_lists.DEVICE_LISTS:
+                rooms |= (await self._caches.rooms_for_user.get(entity)).rooms
+                users.add(entity)
+            else:
+                users.add(entity)
+        return rooms, users
+
+    async def committed(self, stream: str, rows: Sequence[tuple[int, Row]]) -> tuple[set[str], set[str]]:
+        """A local write committed: apply it here, stage its RDATA (inside the ID block); whom to
+        wake once it is visible."""
+        rooms: set[str] = set()
+        users: set[str] = set()
+        for token in sorted({t for t, _ in rows}):
+            woken_rooms, woken_users = await self.apply(stream, token, [r for t, r in rows if t == token])
+            rooms |= woken_rooms
+            users |= woken_users
+        if rows:
+            self._replication.stage_rows(stream, rows)
+        return rooms, users
+
+    def finished(self, stream: str, upto: int, woken: tuple[set[str], set[str]]) -> None:
+        """A local write's IDs finished: publish, then wake this worker's readers once its
+        position covers the write (writes may finish out of order)."""
+        self._replication.notify()
+        self._wakes[stream].add(upto, *woken)
+        self._notifier.position_moved()
+
+    def _own_position(self, stream: str) -> Callable[[], int]:
+        generator = self.generators[stream]
+        return lambda: generator.get_current_token_for_writer(self.name)
+
+    def set_forwarder(self, forwarder: Forwarder) -> None:
+        """How writes reach another worker (worker requests), once the HTTP side exists."""
+        for writes in self.writes.values():
+            writes.forwarder = forwarder
