@@ -55,6 +55,7 @@ from workers.handlers.messages import Messages
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.room_stats import RoomStatsTask
+from workers.handlers.room_versions import RoomVersions
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler, SyncObservers
@@ -198,8 +199,10 @@ class Worker:
             self._load_current_state,
             config.cache_max_entries,
         )
+        self.room_versions = RoomVersions(self.pool, config.cache_max_entries)
         self.sync = SyncHandler(
             self.pool, self.caches, self.notifier, self.generators, self.instance_map,
+            room_versions=self.room_versions,
             observers=SyncObservers(
                 self.metrics.sync_wake.observe, self.metrics.persist_to_visible.observe,
                 self.metrics.tokens_clamped.inc, self.metrics.behind_timeouts.inc,
@@ -245,11 +248,12 @@ class Worker:
                 self.persister = EventPersister(
                     self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
                     on_committed=self._committed, on_finished=self._finished,
-                    max_in_flight=config.persist_batches_in_flight,
+                    max_in_flight=config.persist_batches_in_flight, room_versions=self.room_versions,
                 )  # fmt: skip
                 self.backfill_persister = EventPersister(
                     self.pool, self.name, self.generators[BACKFILL], None,
                     on_committed=self._committed, on_finished=self._finished, backfill=True,
+                    room_versions=self.room_versions,
                 )  # fmt: skip
                 self.persister.start()
                 self.backfill_persister.start()
@@ -291,7 +295,12 @@ class Worker:
                 writes=self.room_writes,
                 sync=self.sync if reads else None,
                 messages=Messages(
-                    self.pool, self.caches, self.writers(EVENTS), self.sync.decode, self.sync.current_token
+                    self.pool,
+                    self.caches,
+                    self.writers(EVENTS),
+                    self.sync.decode,
+                    self.sync.current_token,
+                    self.room_versions,
                 )
                 if reads
                 else None,
@@ -302,6 +311,7 @@ class Worker:
                 device_lists=self.stored.device_lists,
                 to_device=self.stored.to_device,
                 default_room_version=config.default_room_version,
+                federation_secret=config.worker_secret,
             )
         )
         app = api.application()
@@ -360,6 +370,8 @@ class Worker:
         if stream.name == EVENTS:
             event_rows = cast("Sequence[EventRow]", rows)  # a stream's rows are of its row type
             self.caches.on_events(event_rows)
+            for event_row in event_rows:
+                self.room_versions.learn(event_row.room_id, event_row.room_version)
             self.metrics.events_applied.inc(len(event_rows))
             rooms.update([row.room_id for row in event_rows])
             users.update(

@@ -96,14 +96,15 @@ class Event(NamedTuple):
         """The stored JSON form: `client_dict()` as compact UTF-8 JSON (see `json_texts`)."""
         return self.json_texts()[0]
 
-    def json_texts(self) -> tuple[str, str]:
-        """(the stored JSON, the JSON array of the event's `events` stream row).
+    def json_texts(self, room_version: str | None = None) -> tuple[str, str]:
+        """(the stored JSON, the JSON array of the event's `events` stream row, which carries the
+        room's version).
 
         The persister needs both for every event, so they are built together, as text: each string
         is escaped once, by the standard library's C encoder, for both (escaping cost about 150 ns a
         string; building a dict and serialising it, three times as much), and the strings that
         repeat from event to event are looked up in `_LITERALS`. `tests/workers` checks the first
-        against `client_dict()` and the second against `EventRow.of(self)`."""
+        against `client_dict()` and the second against `EventRow.of`."""
         known, q = _LITERALS.get, encode_basestring
         room_id = known(self.room_id) or _literal(self.room_id)
         kind = known(self.type) or _literal(self.type)
@@ -120,9 +121,10 @@ class Event(NamedTuple):
             f'"content":{pydantic_core.to_json(self.content).decode()},"origin_server_ts":{self.received_ts},'
             f'"stream_ordering":{self.stream_ordering},"instance_name":{instance}{state}}}'
         )
+        version = "null" if room_version is None else known(room_version) or _literal(room_version)
         row = (
             f"[{event_id},{room_id},{kind},{sender},{state_key},"
-            f"{'null' if membership is None else _literal(membership)}]"
+            f"{'null' if membership is None else _literal(membership)},{version}]"
         )
         return stored, row
 

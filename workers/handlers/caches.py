@@ -62,6 +62,14 @@ class LruCache(Generic[K, V]):
                 self.evictions += 1
         return value
 
+    def put(self, key: K, value: V) -> None:
+        """Store a value learned elsewhere (one that cannot change: nothing invalidates it)."""
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        if len(self._entries) > self.max_size:
+            self._entries.popitem(last=False)
+            self.evictions += 1
+
     def invalidate(self, key: K) -> None:
         self._generation += 1
         self.invalidations += 1

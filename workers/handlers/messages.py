@@ -20,6 +20,7 @@ import asyncpg
 
 from idgen import SyncToken
 from workers.handlers.caches import SyncCaches
+from workers.handlers.room_versions import RoomVersions, render
 from workers.handlers.sync_rooms import pagination_token
 from workers.model import MEMBER_EVENT, Event
 from workers.routing import writer_for_room
@@ -43,8 +44,10 @@ class Messages:
         event_writers: Sequence[str],
         decode: Callable[[str], Awaitable[SyncToken]],
         current: Callable[[], SyncToken],
+        room_versions: RoomVersions,
     ) -> None:
         self._pool = pool
+        self._versions = room_versions
         self._caches = caches
         self._writers = list(event_writers)
         self._decode = decode
@@ -109,9 +112,10 @@ class Messages:
                     break
                 if len(chunk) >= limit:
                     break
+        version = await self._versions.get(room_id)
         body: dict[str, Any] = {
             "start": from_token if from_token is not None else pagination_token(start),
-            "chunk": [e.matrix() for e in chunk[:limit]],
+            "chunk": [render(e, version) for e in chunk[:limit]],
             "state": [],
         }
         if len(chunk) > limit:

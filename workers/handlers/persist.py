@@ -35,7 +35,8 @@ import asyncpg
 from idgen import MultiWriterIdGenerator
 from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
-from workers.model import CacheInvalidation, Event, NewEvent, StateChanges
+from workers.handlers.room_versions import RoomVersions
+from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
 from workers.storage.events import events_by_ids, insert_batch, needs_transaction
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class EventPersister:
         on_committed: BatchCallback,
         on_finished: BatchCallback,
         backfill: bool = False,
+        room_versions: RoomVersions | None = None,
         max_batch: int = MAX_BATCH,
         max_queue: int = 20_000,
         max_in_flight: int = 2,
@@ -84,6 +86,7 @@ class EventPersister:
         self._on_committed = on_committed
         self._on_finished = on_finished
         self._backfill = backfill
+        self._versions = room_versions
         self._max_batch = max_batch
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -248,6 +251,7 @@ class EventPersister:
                 if new.state_key is not None:
                     changes.add(new)
         invalidation_rows = changes.invalidations(now)
+        versions = await self._room_versions(batch)
         async with contextlib.AsyncExitStack() as stack:
             ids = await stack.enter_async_context(self._events_gen.get_next_mult(len(batch)))
             cache_ids: list[int] = []
@@ -259,7 +263,9 @@ class EventPersister:
             events = [new.persisted(i, me, now) for i, (new, _) in zip(ids, batch, strict=True)]
             allocated.set_result(None)
             invalidations = list(zip(cache_ids, invalidation_rows, strict=False))
-            stored, rows = zip(*[event.json_texts() for event in events], strict=True)
+            stored, rows = zip(
+                *[event.json_texts(versions.get(event.room_id)) for event in events], strict=True
+            )
             async with self._pool.acquire() as conn:
                 if needs_transaction(events, invalidations):
                     async with conn.transaction():
@@ -278,6 +284,16 @@ class EventPersister:
         for (_, future), event in zip(batch, events, strict=True):
             if not future.done():
                 future.set_result(event)
+
+    async def _room_versions(self, batch: list[_Pending]) -> dict[str, str]:
+        """The version of each room of the batch (a new room's from its create event), for the rows."""
+        if self._versions is None:
+            return {}
+        for new, _ in batch:
+            if new.type == CREATE_EVENT and new.state_key == "":
+                self._versions.learn(new.room_id, room_version_of(new.content))
+        known = await self._versions.of_rooms(new.room_id for new, _ in batch)
+        return {room_id: version.identifier for room_id, version in known.items()}
 
     @property
     def queued(self) -> int:

@@ -67,6 +67,14 @@ class PowerLevels:
             return f"{sender} (power {has}) cannot {action} {target} (power {self.user(target)})"
         return None
 
+    def may_redact(self, sender: str, target_sender: str | None) -> str | None:
+        """Redacting one's own event needs only the right to send the redaction; another's
+        event needs the `redact` level."""
+        needed, has = self.top["redact"], self.user(sender)
+        if target_sender == sender or has >= needed:
+            return None
+        return f"redacting another's event needs power {needed}, {sender} has {has}"
+
     def may_change_to(self, sender: str, new: PowerLevels) -> str | None:
         """A new `m.room.power_levels` from `sender`: no level it grants, removes or moves may be
         above the sender's own, and it may not touch users at or above its level (but itself)."""

@@ -32,12 +32,15 @@ from workers.handlers import rooms
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
+from workers.handlers.room_versions import REDACTION_EVENT
 from workers.handlers.visibility import wait_visible
-from workers.model import CREATE_EVENT, MEMBER_EVENT, Event, NewEvent
+from workers.model import CREATE_EVENT, MEMBER_EVENT, SUPPORTED_ROOM_VERSIONS, Event, NewEvent
 from workers.routing import writer_for_room
 from workers.storage import events as store
+from workers.storage import rooms as room_store
 
 MAX_BACKFILL = 500
+MAX_INVITE_STATE = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,54 @@ def event_from_json(body: Any) -> NewEvent:
     if state_key is not None and not isinstance(state_key, str):
         raise ValueError("state_key must be a string or null")
     return NewEvent(str(event_id), str(room_id), str(kind), str(sender), content, state_key)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteInvite:
+    """An invite from another server (federation's `PUT /invite/{roomId}/{eventId}` body, checked)."""
+
+    room_id: str
+    room_version: str
+    event: NewEvent
+    invite_state: list[dict[str, Any]]
+
+    @property
+    def invitee(self) -> str:
+        return str(self.event.state_key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "room_version": self.room_version,
+            "event": event_to_json(self.event),
+            "invite_room_state": self.invite_state,
+        }
+
+    @classmethod
+    def from_json(cls, room_id: str, event_id: str, body: dict[str, Any]) -> RemoteInvite:
+        """The invite of a request body; ValueError when it is not one."""
+        version, raw, state = body.get("room_version"), body.get("event"), body.get("invite_room_state", [])
+        if not isinstance(version, str) or not isinstance(raw, dict):
+            raise ValueError("an invite has room_version (a string) and event (an object)")
+        event = event_from_json({**raw, "event_id": event_id, "room_id": room_id})
+        if event.type != MEMBER_EVENT or event.membership != "invite" or event.state_key is None:
+            raise ValueError("the event must be an m.room.member invite with a state_key")
+        if (
+            not isinstance(state, list)
+            or len(state) > MAX_INVITE_STATE
+            or not all(
+                isinstance(e, dict)
+                and isinstance(e.get("type"), str)
+                and isinstance(e.get("state_key", ""), str)
+                for e in state
+            )
+        ):
+            raise ValueError(f"invite_room_state is a list of up to {MAX_INVITE_STATE} stripped state events")
+        stripped = [
+            {"type": e["type"], "state_key": e.get("state_key", ""), "content": e.get("content", {}),
+             "sender": e.get("sender", event.sender)}
+            for e in state
+        ]  # fmt: skip
+        return cls(room_id, version, event, stripped)
 
 
 class RoomWrites:
@@ -163,6 +214,17 @@ class RoomWrites:
         )
         return await self._visible(Written.from_json(answer))
 
+    async def remote_invite(self, invite: RemoteInvite) -> Written:
+        """Store an invite a remote server sent (the stand-in for federation's invite) on the
+        room's owner: the room's version, the state the invite showed, the invite event."""
+        owner = self.owner(invite.room_id)
+        if owner == self.name:
+            return await self.remote_invite_here(invite)
+        answer = await self._forward(
+            owner, "room_remote_invite", invite.room_id, "remote_invite", invite.to_json(), retry=True
+        )
+        return await self._visible(Written.from_json(answer))
+
     async def backfill(self, room_id: str, sender: str, items: Any) -> list[int]:
         """Import history (negative stream orderings) into a room `sender` is joined to."""
         owner = self.owner(room_id)
@@ -229,6 +291,8 @@ class RoomWrites:
         view = await self._views.view(event.room_id, event.sender, target)
         try:
             rooms.check(event, view)
+            if event.type == REDACTION_EVENT:
+                await self._check_redaction(event, view)
         except RoomRuleError:
             if txn:
                 stored = await self._stored(event.event_id)
@@ -236,6 +300,18 @@ class RoomWrites:
                     return Written.of(stored)
             raise
         return Written.of(await persister.persist(event))
+
+    async def _check_redaction(self, event: NewEvent, view: rooms.RoomView) -> None:
+        """A redaction names an event id in `content.redacts`; another sender's event (or one not
+        in this room) takes the room's `redact` level."""
+        redacts = event.content.get("redacts")
+        if not isinstance(redacts, str):
+            raise rooms.BadEvent("a redaction names the event it redacts in content.redacts")
+        target = await self._stored(redacts)
+        target_sender = target.sender if target is not None and target.room_id == event.room_id else None
+        refusal = view.power.may_redact(event.sender, target_sender)
+        if refusal is not None:
+            raise rooms.Forbidden(refusal)
 
     async def _stored(self, event_id: str) -> Event | None:
         async with self._pool.acquire() as conn:
@@ -253,6 +329,30 @@ class RoomWrites:
             raise rooms.Forbidden(f"{room_id} exists")
         persisted = await persister.persist_many(events)
         return Written.of(persisted[-1])
+
+    async def remote_invite_here(self, invite: RemoteInvite) -> Written:
+        persister = self._persister_here()
+        if invite.room_version not in SUPPORTED_ROOM_VERSIONS:
+            raise rooms.IncompatibleRoomVersion(
+                f"room version {invite.room_version!r} is not one of {list(SUPPORTED_ROOM_VERSIONS)}"
+            )
+        event = invite.event
+        if invite.invitee.partition(":")[2] != self.server_name:
+            raise rooms.BadEvent(f"{invite.invitee} is not a user of {self.server_name}")
+        if event.sender.partition(":")[2] == self.server_name:
+            raise rooms.Forbidden("an invite from a local user is sent with /invite, not over federation")
+        room = await self._views.rooms.get(invite.room_id)
+        if room.exists and room.remote_version is None:
+            raise rooms.Forbidden(f"{invite.room_id} lives on this server")
+        stored = await self._stored(event.event_id)
+        if stored is not None:  # a retried invite
+            return Written.of(stored)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await room_store.store_remote_invite(
+                conn, invite.room_id, invite.room_version, invite.invitee, event.event_id, invite.invite_state
+            )
+        self._views.rooms.invalidate(invite.room_id)
+        return Written.of(await persister.persist(event))
 
     async def backfill_here(self, room_id: str, sender: str, items: Any) -> list[int]:
         persister = self._persister_here(backfill=True)

@@ -32,6 +32,7 @@ from workers.model import (
     NewEvent,
 )
 from workers.storage import Conn
+from workers.storage import rooms as room_store
 
 JOIN_RULES_EVENT = "m.room.join_rules"
 POWER_LEVELS_EVENT = "m.room.power_levels"
@@ -52,11 +53,13 @@ class BadEvent(RoomRuleError):
 
 @dataclass(frozen=True, slots=True)
 class RoomRules:
-    """What the rules need of a room's own state: does it exist, its join rule, its power levels."""
+    """What the rules need of a room's own state: does it exist, its join rule, its power levels,
+    and (for a room that lives on another server, known here by an invite) its version."""
 
     exists: bool
     join_rule: str
     power: PowerLevels
+    remote_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,7 @@ class RoomView:
     sender_membership: str | None
     target_membership: str | None
     power: PowerLevels = field(default_factory=PowerLevels)
+    remote_version: str | None = None
 
 
 async def load_room(conn: Conn, room_id: str) -> RoomRules:
@@ -86,6 +90,12 @@ async def load_room(conn: Conn, room_id: str) -> RoomRules:
             join_rule = content.get("join_rule", "invite")
         else:
             power = content if isinstance(content, dict) else {}
+    if not exists:
+        # A room on another server that invited a local user: joinable by the invitee (the local
+        # stand-in for federation's join), under the version the invite named.
+        remote = await room_store.remote_room(conn, room_id)
+        if remote is not None:
+            return RoomRules(True, "invite", PowerLevels.from_state(None, None), remote)
     return RoomRules(
         exists, join_rule, PowerLevels.from_state(power, creator if isinstance(creator, str) else None)
     )
@@ -126,6 +136,7 @@ class RoomViews:
             await self.memberships.get((room_id, sender)),
             None if target is None else await self.memberships.get((room_id, target)),
             room.power,
+            room.remote_version,
         )
 
     def on_events(self, events: Iterable[EventLike]) -> None:
@@ -169,6 +180,8 @@ def check(event: NewEvent, view: RoomView) -> None:
     if membership == "join":
         if target != event.sender:
             raise Forbidden("only the user themself can join")
+        if view.remote_version is not None and view.remote_version not in SUPPORTED_ROOM_VERSIONS:
+            raise UnsupportedRoomVersion(f"{event.room_id} is of room version {view.remote_version}")
         if view.sender_membership == "ban":
             raise Forbidden(f"{event.sender} is banned from {event.room_id}")
         if view.join_rule != "public" and view.sender_membership not in ("invite", "join"):
@@ -232,6 +245,11 @@ HISTORY_VISIBILITY = "joined"
 
 class UnsupportedRoomVersion(BadEvent):
     """createRoom asked for a room version this server does not speak (400 M_UNSUPPORTED_ROOM_VERSION)."""
+
+
+class IncompatibleRoomVersion(BadEvent):
+    """A remote server invited a user to a room of a version this server does not speak
+    (400 M_INCOMPATIBLE_ROOM_VERSION, as federation's invite answers)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,11 +32,13 @@ from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, S
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
+from workers.handlers.room_versions import RoomVersions
 from workers.handlers.sync_filter import SyncFilter
 from workers.handlers.sync_rooms import RoomSections, empty_response
 from workers.handlers.sync_stored import STORED_STREAMS, StoredSections, StoredUpdates
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import events as store
+from workers.storage import rooms as room_store
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +103,10 @@ class SyncHandler:
         catch_up_wait_s: float = CATCH_UP_WAIT_S,
         max_events: int = 1000,
         observers: SyncObservers | None = None,
+        room_versions: RoomVersions | None = None,
     ) -> None:
         self.observers = observers or SyncObservers()
+        self.room_versions = room_versions or RoomVersions(pool, 10_000)
         self._pool = pool
         self._caches = caches
         self._notifier = notifier
@@ -184,7 +188,7 @@ class SyncHandler:
                     sections.add_ephemeral(typing, presence)
                     sections.add_stored(stored, sync_filter.includes)
                     await sections.load_state(self._state_events, self._invite_state)
-                    body = sections.response(await self.encode(now))
+                    body = await self._response(sections, now)
                     if woken_at is not None and events:
                         self._observe(woken_at, events)
                     return body
@@ -224,7 +228,11 @@ class SyncHandler:
         stored, now = await self._stored(user_id, device_id, user_rooms, None, now, [])
         sections.add_stored(stored, sync_filter.includes)
         await sections.load_state(self._state_events, self._invite_state)
-        return sections.response(await self.encode(now))
+        return await self._response(sections, now)
+
+    async def _response(self, sections: RoomSections, now: SyncToken) -> dict[str, Any]:
+        versions = await self.room_versions.of_rooms(sections.rooms())
+        return sections.response(await self.encode(now), versions)
 
     async def _stored(
         self,
@@ -265,11 +273,18 @@ class SyncHandler:
             found = await store.events_by_ids(conn, list(state.values()))
         return [found[i] for _, i in sorted(state.items()) if i in found]
 
-    async def _invite_state(self, room_id: str) -> list[Event]:
-        """The state an invitee may see of a room (`RoomSections` keeps only their own member event)."""
-        return [
-            e for e in await self._state_events(room_id) if e.type in STRIPPED_STATE or e.type == MEMBER_EVENT
+    async def _invite_state(self, room_id: str, user_id: str) -> list[dict[str, Any]]:
+        """The stripped state an invitee is shown: the room's own (its name, topic, ... and the
+        invitee's member event), and for a room on another server what its invite carried."""
+        here = [
+            e.stripped()
+            for e in await self._state_events(room_id)
+            if e.type in STRIPPED_STATE or (e.type == MEMBER_EVENT and e.state_key == user_id)
         ]
+        async with self._pool.acquire() as conn:
+            remote = await room_store.remote_invite_state(conn, user_id, room_id) or []
+        seen = {(e["type"], e["state_key"]) for e in here}
+        return [e for e in remote if (e.get("type"), e.get("state_key")) not in seen] + here
 
     async def room_state(self, user_id: str, room_id: str) -> list[Event] | None:
         """The room's current state, or None when the user is not joined."""

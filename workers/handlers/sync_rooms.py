@@ -17,14 +17,17 @@ listing that room.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.handlers.room_versions import RoomVersion, render
 from workers.handlers.sync_stored import StoredUpdates
 from workers.model import MEMBER_EVENT, Event
 
 StateLoader = Callable[[str], Awaitable[list[Event]]]
+#: (room, invitee) -> the stripped state events the invitee is shown.
+InviteStateLoader = Callable[[str, str], Awaitable[list[dict[str, Any]]]]
 
 
 def pagination_token(stream_ordering: int) -> str:
@@ -61,7 +64,7 @@ class RoomSections:
         self.limit = timeline_limit
         self.join: dict[str, _Room] = {}
         self.leave: dict[str, _Room] = {}
-        self.invite: dict[str, list[Event]] = {}
+        self.invite: dict[str, list[dict[str, Any]]] = {}
         self.presence: list[dict[str, Any]] = []
         self.stored = StoredUpdates()
 
@@ -123,7 +126,7 @@ class RoomSections:
         room.limited = room.limited or more_before
         return room
 
-    async def load_state(self, state: StateLoader, invite_state: StateLoader) -> None:
+    async def load_state(self, state: StateLoader, invite_state: InviteStateLoader) -> None:
         """Fill in the state of rooms that need it: full state, limited timelines, invites."""
         for room_id, room in self.join.items():
             if room.full_state:
@@ -134,27 +137,31 @@ class RoomSections:
         for room in self.leave.values():
             room.state = list(room.skipped_state.values())
         for room_id in self.invite:
-            self.invite[room_id] = [
-                e
-                for e in await invite_state(room_id)
-                if e.type != MEMBER_EVENT or e.state_key == self.user_id
-            ]
+            self.invite[room_id] = await invite_state(room_id, self.user_id)
 
-    def response(self, next_batch: str) -> dict[str, Any]:
+    def rooms(self) -> set[str]:
+        """The rooms whose events the response renders."""
+        return set(self.join) | set(self.leave)
+
+    def response(self, next_batch: str, versions: Mapping[str, RoomVersion]) -> dict[str, Any]:
+        """The body, each room's events rendered under its version (`versions` covers `rooms()`)."""
         body = empty_response(next_batch)
         rooms = body["rooms"]
         for room_id, room in self.join.items():
             rooms["join"][room_id] = {
-                **self._room_body(room),
+                **self._room_body(room, versions[room_id]),
                 "ephemeral": {"events": room.ephemeral},
                 "account_data": {"events": room.account_data},
                 "unread_notifications": {"highlight_count": 0, "notification_count": 0},
                 "summary": {},
             }
         for room_id, room in self.leave.items():
-            rooms["leave"][room_id] = {**self._room_body(room), "account_data": {"events": []}}
+            rooms["leave"][room_id] = {
+                **self._room_body(room, versions[room_id]),
+                "account_data": {"events": []},
+            }
         for room_id, stripped in self.invite.items():
-            rooms["invite"][room_id] = {"invite_state": {"events": [e.stripped() for e in stripped]}}
+            rooms["invite"][room_id] = {"invite_state": {"events": stripped}}
         body["presence"]["events"] = self.presence
         body["account_data"]["events"] = self.stored.account_data
         body["to_device"]["events"] = self.stored.to_device
@@ -162,14 +169,14 @@ class RoomSections:
         return body
 
     @staticmethod
-    def _room_body(room: _Room) -> dict[str, Any]:
+    def _room_body(room: _Room, version: RoomVersion) -> dict[str, Any]:
         timeline: dict[str, Any] = {
-            "events": [e.matrix(room_id=False) for e in room.timeline],
+            "events": [render(e, version, room_id=False) for e in room.timeline],
             "limited": room.limited,
         }
         if room.timeline:
             timeline["prev_batch"] = pagination_token(room.timeline[0].stream_ordering - 1)
         return {
             "timeline": timeline,
-            "state": {"events": [e.matrix(room_id=False) for e in room.state]},
+            "state": {"events": [render(e, version, room_id=False) for e in room.state]},
         }

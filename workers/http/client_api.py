@@ -34,6 +34,7 @@ from workers.http.auth import requester
 from workers.http.devices import DeviceRoutes
 from workers.http.ephemeral_routes import EphemeralRoutes, EphemeralServices
 from workers.http.errors import ApiError, api_error_for, unavailable
+from workers.http.federation import FederationStandIn
 from workers.http.health import health_routes
 from workers.http.keys import KeyRoutes
 from workers.http.rooms import RoomRoutes
@@ -84,6 +85,8 @@ class ApiDeps:
     device_lists: DeviceLists | None = None
     to_device: ToDeviceInbox | None = None
     default_room_version: str = DEFAULT_ROOM_VERSION
+    #: What the federation invite stand-in takes instead of a signature (None: refused).
+    federation_secret: str | None = None
 
 
 class ClientApi:
@@ -108,6 +111,7 @@ class ClientApi:
                 *KeyRoutes(deps.pool, deps.accounts.server_name, deps.device_lists).routes(),
                 *self._stored_routes(),
                 *AdminRoutes(deps.pool, deps.writes).routes(),
+                *FederationStandIn(deps.writes, deps.federation_secret).routes(),
                 *health_routes(deps.health, deps.metrics),
             ]
         )

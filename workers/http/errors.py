@@ -52,6 +52,8 @@ def api_error_for(error: Exception) -> ApiError | None:
         return error
     if isinstance(error, rooms.UnsupportedRoomVersion):
         return ApiError(400, "M_UNSUPPORTED_ROOM_VERSION", str(error))
+    if isinstance(error, rooms.IncompatibleRoomVersion):
+        return ApiError(400, "M_INCOMPATIBLE_ROOM_VERSION", str(error))
     if isinstance(error, rooms.BadEvent):
         return ApiError(400, "M_BAD_JSON", str(error))
     if isinstance(error, rooms.NotFound):

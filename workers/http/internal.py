@@ -21,6 +21,8 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
 * `POST /rooms/{room_id}/create`             body `{"events": [...]}` -> the same, of the last event
 * `POST /rooms/{room_id}/backfill`           body `{"sender", "events": [{type, content}, ...]}` ->
   `{"stream_orderings": [...]}`
+* `POST /rooms/{room_id}/remote_invite`      body: federation's invite body -> the invite event's
+  place (`workers.http.federation`)
 * `POST /writes/{stream}/{op}`                body: the operation's arguments, with `user_id` ->
   the operation's answer (`{"position": {"instance_name", "stream_id"}, ...}`): a write of the
   account_data, device_lists or to_device stream on the user's writer
@@ -45,7 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.forwarding import WORKER_AUTH_ERRCODE
-from workers.handlers.room_writes import RoomWrites, event_from_json
+from workers.handlers.room_writes import RemoteInvite, RoomWrites, event_from_json
 from workers.handlers.stream_writes import UserStreamWrites
 from workers.http.errors import api_error_for
 from workers.http.requests import POSITIONS_HEADER, parse_positions
@@ -163,7 +165,19 @@ class InternalApi:
             orderings = await writes.backfill_here(request.match_info["room_id"], sender, body.get("events"))
             return web.json_response({"stream_orderings": orderings})
 
+        async def remote_invite(request: web.Request) -> web.Response:
+            body = await _json_object(request)
+            event = body.get("event")
+            event_id = event.get("event_id") if isinstance(event, dict) else None
+            if not isinstance(event_id, str):
+                raise ValueError("event.event_id is missing")
+            invite = RemoteInvite.from_json(request.match_info["room_id"], event_id, body)
+            return web.json_response((await writes.remote_invite_here(invite)).to_json())
+
         return [
+            web.post(
+                f"{PREFIX}/rooms/{{room_id}}/remote_invite", self._wrap("room_remote_invite", remote_invite)
+            ),
             web.post(f"{PREFIX}/rooms/{{room_id}}/send", self._wrap("room_send", send)),
             web.post(f"{PREFIX}/rooms/{{room_id}}/create", self._wrap("room_create", create)),
             web.post(f"{PREFIX}/rooms/{{room_id}}/backfill", self._wrap("room_backfill", backfill)),

@@ -15,6 +15,7 @@ from aiohttp import web
 from workers import identifiers
 from workers.handlers import rooms
 from workers.handlers.messages import Messages, NotAMember
+from workers.handlers.room_versions import REDACTION_EVENT, render
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.sync import SyncHandler
 from workers.http.auth import requester
@@ -54,6 +55,7 @@ class RoomRoutes:
             web.post(f"{ROOM}/ban", self.member_op("ban")),
             web.post(f"{ROOM}/unban", self.member_op("leave")),
             web.put(f"{ROOM}/send/{{event_type}}/{{txn_id}}", self.send),
+            web.put(f"{ROOM}/redact/{{event_id}}/{{txn_id}}", self.redact),
             web.put(f"{ROOM}/state/{{event_type}}", self.put_state),
             web.put(f"{ROOM}/state/{{event_type}}/{{state_key:.*}}", self.put_state),
             web.get(f"{ROOM}/state", self.get_state),
@@ -160,6 +162,27 @@ class RoomRoutes:
         )
         return web.json_response({"event_id": written.event_id})
 
+    async def redact(self, request: web.Request) -> web.Response:
+        """`PUT /rooms/{roomId}/redact/{eventId}/{txnId}` `{"reason"?}`: an m.room.redaction of the
+        event (stored with `redacts` in its content; rendered for the room's version)."""
+        who = await requester(self._pool, request)
+        room_id = self._room_id(request)
+        target = request.match_info["event_id"]
+        if not target.startswith("$") or len(target) > identifiers.MAX_ID_LENGTH:
+            raise ApiError(400, "M_INVALID_PARAM", "eventId must be an event id ($...)")
+        body = await json_body(request)
+        reason = body.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ApiError(400, "M_BAD_JSON", "reason must be a string")
+        content: dict[str, Any] = {"redacts": target, **({"reason": reason} if reason is not None else {})}
+        event_id = rooms.txn_event_id(
+            room_id, who.user_id, who.device_id, "redact\0" + request.match_info["txn_id"]
+        )
+        written = await self.writes.send(
+            NewEvent(event_id, room_id, REDACTION_EVENT, who.user_id, content), txn=True
+        )
+        return web.json_response({"event_id": written.event_id})
+
     async def put_state(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
         room_id, event_type = self._room_id(request), self._event_type(request)
@@ -181,7 +204,9 @@ class RoomRoutes:
         return state
 
     async def get_state(self, request: web.Request) -> web.Response:
-        return web.json_response([e.matrix() for e in await self._state(request)])
+        state = await self._state(request)
+        version = await self._reads().room_versions.get(self._room_id(request))
+        return web.json_response([render(e, version) for e in state])
 
     async def get_state_event(self, request: web.Request) -> web.Response:
         event_type = self._event_type(request)
@@ -228,7 +253,8 @@ class RoomRoutes:
         found = await self._messages.event(who.user_id, room_id, request.match_info["event_id"])
         if found is None:
             raise ApiError(404, "M_NOT_FOUND", "no such event, or not one you may see")
-        return web.json_response(found.matrix())
+        version = await self._reads().room_versions.get(room_id)
+        return web.json_response(render(found, version))
 
     async def joined_members(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)

@@ -1,8 +1,9 @@
 """The `events` stream (live, positive orderings) and the `backfill` stream (historic, negative).
 
 A row carries what a reader needs to invalidate caches and wake the right readers (room, type,
-state key, membership), not the event body: readers fetch bodies from the database, which is the
-truth. Wire tokens of `backfill` are positive (the negated stream ordering), see pubsub.streams.
+state key, membership) and to render the room's events (its version), not the event body:
+readers fetch bodies from the database, which is the truth. Wire tokens of `backfill` are
+positive (the negated stream ordering), see pubsub.streams.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pubsub.streams import Stream
 from pubsub.types import IdGenerator
 from workers.model import Event
 from workers.storage.events import events_by_writer
+from workers.storage.rooms import room_versions
 
 EVENTS = "events"
 BACKFILL = "backfill"
@@ -32,26 +34,32 @@ class EventRow(NamedTuple):
     sender: _Id
     state_key: Annotated[str | None, Field(max_length=255)] = None
     membership: Annotated[str | None, Field(max_length=32)] = None
+    #: The room's version: a reader renders the room's events with its rules.
+    room_version: Annotated[str | None, Field(pattern=r"^[a-z0-9.\-]{1,32}$")] = None
 
     @classmethod
-    def of(cls, event: Event) -> EventRow:
+    def of(cls, event: Event, room_version: str | None) -> EventRow:
         """The row of a persisted event (catch-up reads them back with this)."""
-        return cls(event.event_id, event.room_id, event.type, event.sender, event.state_key, event.membership)
+        return cls(
+            event.event_id, event.room_id, event.type, event.sender, event.state_key, event.membership,
+            room_version,
+        )  # fmt: skip
 
 
-def row_json(event: Event) -> str:
-    """The JSON of `EventRow.of(event)` (see `Event.json_texts`, which the persister uses to build it
-    together with the stored JSON). What the row holds was checked when the event was accepted
-    (the HTTP API and the room rules hold every field to the limits of `EventRow`; `tests/workers`
-    checks that readers accept it and get the same row)."""
-    return event.json_texts()[1]
+def row_json(event: Event, room_version: str | None) -> str:
+    """The JSON of `EventRow.of(event, room_version)` (see `Event.json_texts`, which the persister
+    uses to build it together with the stored JSON). What the row holds was checked when the event
+    was accepted (the HTTP API and the room rules hold every field to the limits of `EventRow`;
+    `tests/workers` checks that readers accept it and get the same row)."""
+    return event.json_texts(room_version)[1]
 
 
 def events_stream(pool: asyncpg.Pool, generator: IdGenerator, writers: Sequence[str]) -> Stream[EventRow]:
     async def update(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, EventRow]]:
         async with pool.acquire() as conn:
             events = await events_by_writer(conn, instance, from_token, to_token, limit)
-        return [(e.stream_ordering, EventRow.of(e)) for e in events]
+            versions = await room_versions(conn, list({e.room_id for e in events}))
+        return [(e.stream_ordering, EventRow.of(e, versions.get(e.room_id))) for e in events]
 
     return Stream(EVENTS, EventRow, update, generator, writers)
 
@@ -60,6 +68,7 @@ def backfill_stream(pool: asyncpg.Pool, generator: IdGenerator, writers: Sequenc
     async def update(instance: str, from_token: int, to_token: int, limit: int) -> list[tuple[int, EventRow]]:
         async with pool.acquire() as conn:
             events = await events_by_writer(conn, instance, -from_token, -to_token, limit)
-        return [(-e.stream_ordering, EventRow.of(e)) for e in events]
+            versions = await room_versions(conn, list({e.room_id for e in events}))
+        return [(-e.stream_ordering, EventRow.of(e, versions.get(e.room_id))) for e in events]
 
     return Stream(BACKFILL, EventRow, update, generator, writers, positive=False)

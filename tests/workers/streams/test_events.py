@@ -26,9 +26,16 @@ _EVENTS = Stream("events", EventRow, MemoryTable().update, MemoryGenerator(["p1"
     state_key=st.one_of(st.none(), st.text(max_size=255)),
     membership=st.one_of(st.sampled_from(sorted(MEMBERSHIPS)), st.text(max_size=300), st.integers()),
     ordering=st.integers(min_value=-(2**62), max_value=2**62),
+    version=st.one_of(st.none(), st.sampled_from(["1", "10", "11"])),
 )
 def test_staged_event_row_is_what_readers_accept(
-    user: str, room: str, event_type: str, state_key: str | None, membership: object, ordering: int
+    user: str,
+    room: str,
+    event_type: str,
+    state_key: str | None,
+    membership: object,
+    ordering: int,
+    version: str | None,
 ) -> None:
     """The persister stages `row_json(event)` without validating it (see its docstring): for every
     event the API can accept, readers must validate it to the same row as `EventRow.of`."""
@@ -36,8 +43,8 @@ def test_staged_event_row_is_what_readers_accept(
         ordering, "p1", rooms.new_event_id(), room, event_type, user, {"membership": membership},
         state_key, 1,
     )  # fmt: skip
-    assert _EVENTS.parse_payload(Stream.encode_payload(row_json(event), 0, 1), True) == (
-        EventRow.of(event),
+    assert _EVENTS.parse_payload(Stream.encode_payload(row_json(event, version), 0, 1), True) == (
+        EventRow.of(event, version),
         0,
         1,
     )

@@ -114,7 +114,7 @@ async def _measure_receive(database_url: str, redis_url: str, events: int, serve
     for token in range(start + 1, start + warm_up + events + 1):
         event = Event(token, "p1", rooms.new_event_id(), room_ids[token % len(room_ids)], "m.room.message",
                       "@bench", {"n": token}, None, 0)  # fmt: skip
-        payload = Stream.encode_payload(row_json(event), token - 1, 1)
+        payload = Stream.encode_payload(row_json(event, "10"), token - 1, 1)
         lines.append((channel, format_rdata(EVENTS, "p1", token, payload)))
     # (RESP of the PUBLISH commands, how many, the last token they carry)
     chunks = [(*pack_publishes(b"PUBLISH", [lines[0]])[:2], start)]
