@@ -173,6 +173,38 @@ class ClusterClient:
         result: dict[str, Any] = await self._call("GET", url, **params)
         return result
 
+    async def put_account_data(
+        self, data_type: str, content: dict[str, Any], room_id: str | None = None, via: str | None = None
+    ) -> None:
+        """Set the user's global (no room) or room account data of `data_type`."""
+        user = f"{self._url(via)}{CLIENT}/user/{_q(str(self.user_id))}"
+        room = "" if room_id is None else f"/rooms/{_q(room_id)}"
+        await self._call("PUT", f"{user}{room}/account_data/{_q(data_type)}", content)
+
+    async def set_tag(
+        self, room_id: str, tag: str, content: dict[str, Any] | None, via: str | None = None
+    ) -> None:
+        """Tag a room (`content` None: remove the tag)."""
+        url = f"{self._url(via)}{CLIENT}/user/{_q(str(self.user_id))}/rooms/{_q(room_id)}/tags/{_q(tag)}"
+        await self._call("DELETE" if content is None else "PUT", url, {} if content is None else content)
+
+    async def send_to_device(
+        self,
+        event_type: str,
+        messages: dict[str, dict[str, Any]],
+        txn_id: str | None = None,
+        via: str | None = None,
+    ) -> None:
+        """`messages`: {user id: {device id or "*": content}}."""
+        txn = txn_id or uuid.uuid4().hex
+        url = f"{self._url(via)}{CLIENT}/sendToDevice/{_q(event_type)}/{_q(txn)}"
+        await self._call("PUT", url, {"messages": messages})
+
+    async def upload_keys(self, keys: dict[str, Any], via: str | None = None) -> None:
+        """Upload this device's identity keys (`user_id` and `device_id` are filled in)."""
+        body = {"device_keys": {**keys, "user_id": self.user_id, "device_id": self.device_id}}
+        await self._call("POST", f"{self._url(via)}{CLIENT}/keys/upload", body)
+
     async def sync(
         self, via: str | None = None, since: str | None = None, timeout_ms: int = 0, **params: Any
     ) -> dict[str, Any]:

@@ -1,0 +1,48 @@
+"""workers.handlers.change_cache: which entities changed after a position, without a query."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.handlers.change_cache import StreamChangeCache
+
+
+def test_known_changes_and_the_floor() -> None:
+    cache = StreamChangeCache("s", floor=10)
+    cache.changed("@a", 12)
+    cache.changed("@a", 11)  # older: ignored
+    cache.changed("@b", 5)  # below the floor: written before this cache began, not recorded
+    assert cache.may_have_changed("@a", 11) and not cache.may_have_changed("@a", 12)
+    assert not cache.may_have_changed("@b", 10) and not cache.may_have_changed("@c", 10)
+    # Below the floor the cache does not know: the caller must look in the database.
+    assert cache.may_have_changed("@c", 9)
+    assert cache.any_may_have_changed(["@a", "@b", "@c"], 10) == ["@a"]
+    assert cache.any_may_have_changed(["@a", "@b"], 3) == ["@a", "@b"]
+
+
+def test_dropping_old_entries_raises_the_floor() -> None:
+    cache = StreamChangeCache("s", floor=0, max_entries=2)
+    for n, user in enumerate(["@a", "@b", "@c"], start=1):
+        cache.changed(user, n)
+    assert len(cache) == 2 and cache.floor == 1
+    assert cache.may_have_changed("@a", 0)  # below the floor now: unknown, so "maybe"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    changes=st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(1, 60)), max_size=40),
+    since=st.integers(0, 60),
+    size=st.integers(1, 6),
+)
+def test_never_says_unchanged_for_an_entity_that_changed(
+    changes: list[tuple[str, int]], since: int, size: int
+) -> None:
+    """The one promise: "not changed" is only answered when true (a "maybe" costs a query)."""
+    cache = StreamChangeCache("s", floor=0, max_entries=size)
+    for entity, stream_id in changes:
+        cache.changed(entity, stream_id)
+    for entity in "abcdef":
+        truly = any(e == entity and s > since for e, s in changes)
+        if truly:
+            assert cache.may_have_changed(entity, since)
