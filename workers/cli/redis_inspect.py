@@ -3,7 +3,8 @@
     fanout inspect [--redis-url URL --prefix P | --config FILE] [--streams a,b] [--positions] [--count N]
 
 Live mode subscribes to `<prefix>` (and `<prefix>/<stream>` for --streams) and prints each command
-decoded, one per line; lines that `pubsub` would reject are printed as `REJECTED <reason>`.
+decoded, one per line (an RDATA row's fields by name, as its stream defines them); lines that
+`pubsub` would reject are printed as `REJECTED <reason>`.
 `--positions` prints the positions hashes and heartbeat keys writers keep for people: hints,
 not the source of truth (that is the database).
 """
@@ -22,6 +23,13 @@ from pubsub import keys
 from pubsub.errors import WireError
 from pubsub.wire import RData, command_name, parse_line
 from workers import event_loop
+from workers.streams.account_data import ACCOUNT_DATA, AccountDataRow
+from workers.streams.caches import CACHES, CacheRow
+from workers.streams.device_lists import DEVICE_LISTS, DeviceListRow
+from workers.streams.events import BACKFILL, EVENTS, EventRow
+from workers.streams.presence import PRESENCE, PresenceRow
+from workers.streams.to_device import TO_DEVICE, ToDeviceRow
+from workers.streams.typing import TYPING, TypingRow
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,15 +46,43 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: The row fields of every stream the workers replicate, by stream name.
+ROW_FIELDS: dict[str, tuple[str, ...]] = {
+    EVENTS: EventRow._fields, BACKFILL: EventRow._fields, CACHES: CacheRow._fields,
+    TYPING: TypingRow._fields, PRESENCE: PresenceRow._fields, ACCOUNT_DATA: AccountDataRow._fields,
+    DEVICE_LISTS: DeviceListRow._fields, TO_DEVICE: ToDeviceRow._fields,
+}  # fmt: skip
+
+
+def _named_fields(cmd: RData) -> str:
+    """The row's fields by name (`entity=@bob:hs`), or the raw JSON when it does not fit its stream."""
+    fields = ROW_FIELDS.get(cmd.stream)
+    try:
+        values = json.loads(cmd.row_json)
+    except ValueError:
+        return cmd.row_json
+    if fields is None or not isinstance(values, list):
+        return cmd.row_json
+    prefix = ""
+    if cmd.token is not None and len(values) == len(fields) + 2:
+        prefix, values = f"prev={values[0]} rows={values[1]} ", values[2:]
+    if len(values) != len(fields):
+        return cmd.row_json
+    return prefix + " ".join(
+        f"{name}={json.dumps(value)}" for name, value in zip(fields, values, strict=True)
+    )
+
+
 def describe(data: bytes, max_bytes: int = 1 << 20) -> str:
-    """One printable line for one received message."""
+    """One printable line for one received message: its command, and for RDATA the stream, writer,
+    token and the row's fields by name."""
     try:
         cmd = parse_line(data, max_bytes)
     except WireError as e:
         return f"REJECTED {e.reason}: {e.detail} | {data[:120]!r}"
     if isinstance(cmd, RData):
         token = "batch" if cmd.token is None else cmd.token
-        return f"RDATA stream={cmd.stream} instance={cmd.instance} token={token} {cmd.row_json}"
+        return f"RDATA stream={cmd.stream} instance={cmd.instance} token={token} {_named_fields(cmd)}"
     fields = " ".join(f"{name}={value}" for name, value in cmd._asdict().items())
     return f"{command_name(cmd)} {fields}".rstrip()
 

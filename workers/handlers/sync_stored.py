@@ -151,6 +151,7 @@ class StoredSections:
                     else {event.state_key}
                 )
                 gone |= members
+        newly.discard(user_id)  # one's own list is "changed" only when it changed
         low = since.get(DEVICE_LISTS)
         candidates = self._changes[DEVICE_LISTS].any_may_have_changed(sorted(sharing), low.stream)
         changed: set[str] = set()

@@ -78,7 +78,9 @@ class LocalCluster:
         for i in range(1, sync_workers + 1):
             self.workers[f"sync{i}"] = WorkerSpec(f"sync{i}")
         for i in range(1, background_workers + 1):
-            self.workers[f"background{i}"] = WorkerSpec(f"background{i}", background_tasks=["room_stats"])
+            self.workers[f"background{i}"] = WorkerSpec(
+                f"background{i}", background_tasks=["room_stats", "federation_sender"]
+            )
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     @property

@@ -11,6 +11,9 @@ next_batch and events) and the events table at the end, and checks, per user:
   (since, next_batch] for the event's writer, and a room's events come in stream order (a Matrix
   sync answer groups events by room, so there is no order across rooms to check).
 
+`check_stored_streams` does the same for the stored streams: account data, the user's own device
+list changes, and the to-device messages sent to the user's device.
+
 Visibility, defined here independently of the sync handler: an event is visible to a user when
 the user's membership in the room just after the event is `join` (replaying the room's member
 events in stream order), or when it is the user's own membership event.
@@ -40,18 +43,38 @@ class StoredEvent:
 
 @dataclass(frozen=True, slots=True)
 class SyncRecord:
-    """One /sync answer as a client saw it."""
+    """One /sync answer as a client saw it: the events' ids, the global account data types, the
+    to-device messages' ids (their `content.msg`) and the users in `device_lists.changed`."""
 
     worker: str
     since: str
     next_batch: str
     event_ids: tuple[str, ...]
+    account_data: tuple[str, ...] = ()
+    to_device: tuple[str, ...] = ()
+    device_changed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChange:
+    """A row of a stored stream, as the checker needs it: a user's global account data of type
+    `key`, or (`key` "") a change of the user's device list."""
+
+    stream: str
+    user_id: str
+    key: str
+    stream_id: int
+    instance_name: str
+
+
+def stream_token(text: str, stream: str = "events") -> MultiWriterStreamToken:
+    """A stream's component, keyed by instance id (as text): names are not needed to compare."""
+    position, entries = SyncToken.parse_ids(text, SYNC_STREAMS)[stream]
+    return MultiWriterStreamToken(position, {str(i): p for i, p in entries.items()})
 
 
 def events_token(text: str) -> MultiWriterStreamToken:
-    """The events component, keyed by instance id (as text): names are not needed to compare."""
-    stream, entries = SyncToken.parse_ids(text, SYNC_STREAMS)["events"]
-    return MultiWriterStreamToken(stream, {str(i): p for i, p in entries.items()})
+    return stream_token(text, "events")
 
 
 def visible_events(user_id: str, events: Iterable[StoredEvent]) -> list[StoredEvent]:
@@ -121,4 +144,90 @@ def check_history(
     ):
         if event_id in by_id:
             problems.append(f"{user_id}: got {event_id} which it may not see")
+    return problems
+
+
+def check_stored_streams(
+    user_id: str,
+    records: Sequence[SyncRecord],
+    changes: Sequence[StoredChange],
+    to_device_sent: Sequence[tuple[str, bool, str]],
+    instance_ids: Mapping[str, int],
+) -> list[str]:
+    """The stored streams of one user's syncs:
+
+    * account data: every change of the user's global account data between the first `since`
+      and the last `next_batch` is delivered once, inside its sync's window, in stream order
+      (the load writes a new type each time, so each change is its own entry);
+    * device lists: the user's own device-list changes: a sync lists the user in `changed` exactly
+      when its window holds one of them;
+    * to-device: `to_device_sent` is what was sent to this user's device, in order, as (message,
+      acknowledged, sender): each message arrives at most once, one sender's in the order sent
+      (different senders' sends are not ordered), and every acknowledged one arrives (the readers
+      end caught up with every writer).
+    """
+    if not records:
+        return []
+    problems: list[str] = []
+
+    def inside(record: SyncRecord, change: StoredChange) -> bool:
+        low, high = stream_token(record.since, change.stream), stream_token(record.next_batch, change.stream)
+        name = str(instance_ids[change.instance_name])
+        return (
+            low.get_stream_pos_for_instance(name) < change.stream_id <= high.get_stream_pos_for_instance(name)
+        )
+
+    first = SyncRecord("", records[0].since, records[-1].next_batch, ())
+    mine = [c for c in changes if c.user_id == user_id and inside(first, c)]
+    account = {c.key: c for c in mine if c.stream == "account_data"}
+    delivered: dict[str, int] = {}
+    last_id = 0
+    for index, record in enumerate(records):
+        for kind in record.account_data:
+            change = account.get(kind)
+            if change is None:
+                continue  # written before the first since (or not by the load): not this check's
+            if kind in delivered:
+                problems.append(
+                    f"{user_id}: account data {kind} delivered twice (syncs {delivered[kind]}, {index})"
+                )
+            delivered.setdefault(kind, index)
+            if not inside(record, change):
+                problems.append(
+                    f"{user_id}: account data {kind} ({change.stream_id}) outside its sync's window"
+                )
+            if change.stream_id < last_id:
+                problems.append(f"{user_id}: account data {kind} not in stream order")
+            last_id = max(last_id, change.stream_id)
+    for kind in sorted(set(account) - set(delivered), key=lambda k: account[k].stream_id):
+        problems.append(f"{user_id}: missed account data {kind} ({account[kind].stream_id})")
+    own_devices = [c for c in mine if c.stream == "device_lists"]
+    for index, record in enumerate(records):
+        held = any(inside(record, c) for c in own_devices)
+        listed = user_id in record.device_changed
+        if held and not listed:
+            problems.append(f"{user_id}: missed its own device-list change in sync {index}")
+        elif listed and not held:
+            problems.append(
+                f"{user_id}: sync {index} listed its own device list with no change in its window"
+            )
+    order = {msg: (sender, n) for n, (msg, _acked, sender) in enumerate(to_device_sent)}
+    received = [m for record in records for m in record.to_device]
+    last_from: dict[str, int] = {}
+    arrived_once: set[str] = set()
+    for msg in received:
+        if msg not in order:
+            problems.append(f"{user_id}: to-device message {msg} was not sent to this device")
+            continue
+        sender, n = order[msg]
+        if msg in arrived_once:
+            problems.append(f"{user_id}: to-device message {msg} delivered twice")
+        elif n < last_from.get(sender, -1):
+            problems.append(f"{user_id}: to-device message {msg} not in stream order")
+        arrived_once.add(msg)
+        last_from[sender] = max(last_from.get(sender, -1), n)
+    arrived = set(received)
+    for msg, acked, _sender in to_device_sent:
+        if acked and msg not in arrived:
+            problems.append(f"{user_id}: missed to-device message {msg}")
     return problems

@@ -1,10 +1,13 @@
 """A realistic load on a running cluster, with sync readers that record what they saw, and the check.
 
-Users join and leave rooms, send messages and change room state, each action routed to the
-persister that owns the room. Every user long-polls /sync the whole time, switching between the
+Users join and leave rooms, send messages and change room state (any worker takes each write and
+forwards it to the room's persister), and write to the stored streams: global account data (a new
+type each time), to-device messages to another user's device, and device keys (a device-list
+change). Every user long-polls /sync the whole time, switching between the
 sync workers (tokens must carry over), and records each answer. One probe user per sync worker,
 in every room, timestamps arrivals to measure persist-to-visible latency on every sync worker.
-At the end the recorded histories are checked against the events table (workers.harness.history).
+At the end the recorded histories are checked against the events and stored streams' tables and
+what was sent (workers.harness.history).
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from typing import Any
 import aiohttp
 
 from workers.harness.cluster_client import ClusterClient, RequestRefused, timeline_events
-from workers.harness.history import StoredEvent, SyncRecord, check_history, events_token
+from workers.harness.history import (
+    StoredChange,
+    StoredEvent,
+    SyncRecord,
+    check_history,
+    check_stored_streams,
+    stream_token,
+)
 from workers.storage import connect
 
 Progress = Callable[[int, int, str], None]
@@ -59,6 +69,12 @@ class LoadReport:
     presence_sent: int = 0
     typing_seen: int = 0
     presence_seen: int = 0
+    account_data_sent: int = 0
+    to_device_sent: int = 0
+    device_changes_sent: int = 0
+    account_data_seen: int = 0
+    to_device_seen: int = 0
+    device_changes_seen: int = 0
 
     @property
     def events_per_s(self) -> float:
@@ -87,6 +103,12 @@ class LoadReport:
             "typing_notifications_seen": self.typing_seen,
             "presence_updates_sent": self.presence_sent,
             "presence_events_seen": self.presence_seen,
+            "account_data_writes": self.account_data_sent,
+            "account_data_seen": self.account_data_seen,
+            "to_device_sent": self.to_device_sent,
+            "to_device_seen": self.to_device_seen,
+            "device_changes": self.device_changes_sent,
+            "device_list_notices_seen": self.device_changes_seen,
             "invalidation_messages": self.invalidation_rows,
             "per_key_invalidation_messages": self.per_key_invalidations,
             "verified": not self.problems,
@@ -130,7 +152,14 @@ class _Reader:
             ids = tuple(e["event_id"] for e in events)
             for event in events:
                 self.arrivals.setdefault(event["event_id"], now)
-            self.records.append(SyncRecord(worker, self.token, result["next_batch"], ids))
+            self.records.append(
+                SyncRecord(
+                    worker, self.token, result["next_batch"], ids,
+                    tuple(e["type"] for e in result["account_data"]["events"]),
+                    tuple(str(e["content"].get("msg")) for e in result["to_device"]["events"]),
+                    tuple(result["device_lists"]["changed"]),
+                )
+            )  # fmt: skip
             self.typing_seen += sum(
                 1
                 for room in result["rooms"]["join"].values()
@@ -165,6 +194,9 @@ class LoadDriver:
         self.joined: dict[str, set[str]] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.report = LoadReport()
+        #: (recipient, device) -> the to-device messages sent to it in order: (id, acknowledged, sender).
+        self.to_device: dict[tuple[str, str], list[tuple[str, bool, str]]] = {}
+        self._sent = 0
         self._run_id = f"{int(time.time() * 1000) % 10**8:08d}{self.rng.randrange(10**4):04d}"
 
     def _client(self) -> ClusterClient:
@@ -206,8 +238,11 @@ class LoadDriver:
     def _next_action(self) -> tuple[str, ClusterClient]:
         client = self.rng.choice(self.clients)
         roll = self.rng.random()
-        kinds = ((0.66, "message"), (0.76, "state"), (0.85, "join"), (0.93, "leave"), (0.97, "typing"))
-        kind = next((k for bound, k in kinds if roll < bound), "presence")
+        kinds = (
+            (0.58, "message"), (0.66, "state"), (0.73, "join"), (0.79, "leave"), (0.82, "typing"),
+            (0.85, "presence"), (0.91, "account_data"), (0.97, "to_device"),
+        )  # fmt: skip
+        kind = next((k for bound, k in kinds if roll < bound), "device_keys")
         return kind, client
 
     async def _act(self, kind: str, client: ClusterClient) -> None:
@@ -236,6 +271,9 @@ class LoadDriver:
                     await client.set_presence(self.rng.choice(["online", "unavailable"]), f"s{time.time()}")
                     self.report.presence_sent += 1
                     return
+                elif kind in ("account_data", "to_device", "device_keys"):
+                    await self._stored_write(kind, client)
+                    return
                 elif mine:
                     await client.send(
                         self.rng.choice(mine), "m.room.message", {"body": f"hello {time.time()}"}
@@ -256,10 +294,34 @@ class LoadDriver:
                 return
         self.report.events_sent += 1
 
+    async def _stored_write(self, kind: str, client: ClusterClient) -> None:
+        """One write of a stored stream; every one is unique (a new account-data type, a new message
+        id, new key material), so the check can tell each apart."""
+        self._sent += 1
+        unique = f"{self._run_id}.{self._sent}"
+        if kind == "account_data":
+            await client.put_account_data(f"io.fanout.load.{unique}", {"n": self._sent})
+            self.report.account_data_sent += 1
+        elif kind == "device_keys":
+            device = str(client.device_id)
+            await client.upload_keys({"algorithms": ["m.olm.v1.curve25519-aes-sha2"],
+                                      "keys": {f"ed25519:{device}": f"key-{unique}"}})  # fmt: skip
+            self.report.device_changes_sent += 1
+        else:
+            peer = self.rng.choice([c for c in self.clients if c is not client])
+            target = (str(peer.user_id), str(peer.device_id))
+            sent = self.to_device.setdefault(target, [])
+            sender = str(client.user_id)
+            sent.append((unique, False, sender))
+            device = self.rng.choice([target[1], "*"])
+            await client.send_to_device("io.fanout.load", {target[0]: {device: {"msg": unique}}})
+            sent[sent.index((unique, False, sender))] = (unique, True, sender)
+            self.report.to_device_sent += 1
+
     async def run(self, progress: Progress | None = None) -> LoadReport:
         plan = self.plan
         stop = asyncio.Event()
-        target: dict[str, int] = {}
+        target: dict[str, dict[str, int]] = {}
         instance_ids: dict[str, int] = {}
 
         def caught_up(token: str) -> bool:
@@ -302,7 +364,15 @@ class LoadDriver:
                         for r in await conn.fetch("SELECT * FROM instance_map")
                     }
                 )
-            target.update({r["instance_name"]: r["m"] for r in records})
+                # The stored streams' writers' positions (each upserted after its writes finish).
+                positions = await conn.fetch(
+                    "SELECT stream_name, instance_name, stream_id FROM stream_positions"
+                    " WHERE stream_name = ANY($1::text[])",
+                    list(STORED_TARGETS),
+                )
+            target["events"] = {r["instance_name"]: r["m"] for r in records}
+            for r in positions:
+                target.setdefault(r["stream_name"], {})[r["instance_name"]] = r["stream_id"]
             stop.set()
             await asyncio.wait_for(asyncio.gather(*readers), 120)
         finally:
@@ -323,12 +393,25 @@ class LoadDriver:
                 " + (SELECT count(*) FROM unnest(keys) k WHERE k LIKE '!%')), 0) AS per_key"
                 " FROM cache_invalidation_stream_by_instance WHERE cache_func = 'cs_cache_fake'"
             )
+            changes = await conn.fetch(
+                "SELECT 'account_data' AS stream, user_id, account_data_type AS key, stream_id, instance_name"
+                " FROM account_data WHERE account_data_type LIKE 'io.fanout.load.%'"
+                " UNION ALL SELECT 'device_lists', user_id, '', stream_id, instance_name"
+                " FROM device_lists_stream"
+            )
         stored = [StoredEvent(**dict(r)) for r in rows]
+        stored_changes = [StoredChange(**dict(r)) for r in changes]
         for reader in self.readers + self.probes:
             self.report.syncs += len(reader.records)
-            self.report.problems += check_history(
-                str(reader.client.user_id), reader.records, stored, instance_ids
+            user = str(reader.client.user_id)
+            self.report.problems += check_history(user, reader.records, stored, instance_ids)
+            sent = self.to_device.get((user, str(reader.client.device_id)), [])
+            self.report.problems += check_stored_streams(
+                user, reader.records, stored_changes, sent, instance_ids
             )
+            self.report.account_data_seen += sum(len(r.account_data) for r in reader.records)
+            self.report.to_device_seen += sum(len(r.to_device) for r in reader.records)
+            self.report.device_changes_seen += sum(len(r.device_changed) for r in reader.records)
         for event_id, ts in (await self._message_times()).items():
             arrivals = [p.arrivals.get(event_id) for p in self.probes]
             if all(a is not None for a in arrivals):
@@ -370,10 +453,15 @@ class LoadDriver:
         return {r["event_id"]: r["received_ts"] for r in rows}
 
 
-def _covers(token: str, target: dict[str, int], instance_ids: dict[str, int]) -> bool:
-    """Whether `token`'s events component is at or past every writer's final position."""
-    events = events_token(token)
-    return all(
-        events.get_stream_pos_for_instance(str(instance_ids[name])) >= position
-        for name, position in target.items()
-    )
+#: The stored streams whose final positions the readers must reach before the check.
+STORED_TARGETS = ("account_data", "device_lists", "to_device")
+
+
+def _covers(token: str, target: dict[str, dict[str, int]], instance_ids: dict[str, int]) -> bool:
+    """Whether each of `token`'s components is at or past every writer's final position."""
+    for stream, positions in target.items():
+        component = stream_token(token, stream)
+        for name, position in positions.items():
+            if component.get_stream_pos_for_instance(str(instance_ids[name])) < position:
+                return False
+    return True

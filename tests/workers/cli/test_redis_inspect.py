@@ -18,6 +18,19 @@ def test_describe_decodes_and_flags_rejections() -> None:
     assert describe(b"BOGUS").startswith("REJECTED unknown_command")
 
 
+def test_describe_names_the_fields_of_every_streams_rows() -> None:
+    assert describe(b'RDATA device_lists p1 7 [5,2,"@bob:hs"]') == (
+        'RDATA stream=device_lists instance=p1 token=7 prev=5 rows=2 entity="@bob:hs"'
+    )
+    assert describe(b'RDATA to_device p2 batch ["remote.test"]') == (
+        'RDATA stream=to_device instance=p2 token=batch entity="remote.test"'
+    )
+    assert describe(b'RDATA account_data p1 9 [8,1,"@a:hs",null,"m.tag"]').endswith(
+        'user_id="@a:hs" room_id=null data_type="m.tag"'
+    )
+    assert describe(b"RDATA account_data p1 9 [1,2]").endswith("[1,2]")  # not its shape: as it came
+
+
 async def test_positions_lists_every_writer(
     make_node: NodeFactory, redis_url: str, channel_prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

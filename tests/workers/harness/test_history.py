@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from workers.harness.history import StoredEvent, SyncRecord, check_history, visible_events
+from workers.harness.history import (
+    StoredChange,
+    StoredEvent,
+    SyncRecord,
+    check_history,
+    check_stored_streams,
+    visible_events,
+)
 
 IDS = {"p1": 1, "p2": 2}
 ALICE = "@alice"
@@ -89,3 +96,60 @@ def test_the_chaos_table_counts_each_kind_of_finding() -> None:
     assert classify(twice)["duplicated"] == 1
     assert classify(reordered)["reordered"] >= 1
     assert classify([]) == {"lost": 0, "duplicated": 0, "reordered": 0, "other": 0}
+
+
+def _stored_token(events: int, account_data: str = "s0", device_lists: str = "s0") -> str:
+    return f"s{events}_s0_s0_s0_{account_data}_{device_lists}_s0"
+
+
+CHANGES = [
+    StoredChange("account_data", ALICE, "t.one", 1, "p1"),
+    StoredChange("account_data", ALICE, "t.two", 2, "p2"),
+    StoredChange("account_data", "@bob", "t.bob", 3, "p1"),
+    StoredChange("device_lists", ALICE, "", 2, "p1"),
+]
+
+
+def _stored_record(since: str, upto: str, data: tuple[str, ...] = (), msgs: tuple[str, ...] = (),
+                   changed: tuple[str, ...] = ()) -> SyncRecord:  # fmt: skip
+    return SyncRecord("sync1", since, upto, (), data, msgs, changed)
+
+
+def test_the_stored_streams_check_passes_a_correct_history_and_catches_each_fault() -> None:
+    good = [
+        _stored_record(_stored_token(0), _stored_token(0, "m0~1.1", "s1"), ("t.one",)),
+        _stored_record(
+            _stored_token(0, "m0~1.1", "s1"), _stored_token(0, "s3", "s3"), ("t.two",), ("m1", "m2"), (ALICE,)
+        ),
+    ]
+    sent = [("m1", True, "@bob"), ("m2", True, "@bob"), ("m3", False, "@bob"), ("m4", False, "@carol")]
+    assert check_stored_streams(ALICE, good, CHANGES, sent, IDS) == []
+    twice = [
+        good[0],
+        _stored_record(good[1].since, good[1].next_batch, ("t.one", "t.two"), ("m1", "m2"), (ALICE,)),
+    ]
+    assert any("t.one delivered twice" in p for p in check_stored_streams(ALICE, twice, CHANGES, sent, IDS))
+    lost = [good[0], _stored_record(good[1].since, good[1].next_batch, (), ("m2",), (ALICE,))]
+    problems = check_stored_streams(ALICE, lost, CHANGES, sent, IDS)
+    assert any("missed account data t.two" in p for p in problems), problems
+    assert any("missed to-device message m1" in p for p in problems), problems
+    reordered = [
+        good[0],
+        _stored_record(good[1].since, good[1].next_batch, ("t.two",), ("m2", "m1"), (ALICE,)),
+    ]
+    assert any(
+        "m1 not in stream order" in p for p in check_stored_streams(ALICE, reordered, CHANGES, sent, IDS)
+    )
+    unlisted = [good[0], _stored_record(good[1].since, good[1].next_batch, ("t.two",), ("m1", "m2"))]
+    assert any(
+        "missed its own device-list change" in p
+        for p in check_stored_streams(ALICE, unlisted, CHANGES, sent, IDS)
+    )
+    spurious = [_stored_record(good[0].since, good[0].next_batch, ("t.one",), (), (ALICE,)), good[1]]
+    assert any(
+        "no change in its window" in p for p in check_stored_streams(ALICE, spurious, CHANGES, sent, IDS)
+    )
+    outside = [_stored_record(good[0].since, good[0].next_batch, ("t.one", "t.two")), good[1]]
+    assert any(
+        "outside its sync's window" in p for p in check_stored_streams(ALICE, outside, CHANGES, sent, IDS)
+    )
