@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,11 @@ class ReplicationClient:
     def add_position_listener(self, listener: PositionListener) -> None:
         """`listener(stream, instance, token)` after the generator advanced (wake waiting readers here)."""
         self.handler.position_listeners.append(listener)
+
+    def add_foreign_writer_listener(self, listener: Callable[[str, str], None]) -> None:
+        """`listener(stream, instance)` for each refused line of an instance that is not one of the
+        stream's writers here: this process cannot know what that writer wrote."""
+        self.handler.foreign_writer_listeners.append(listener)
 
     def add_user_sync_listener(self, listener: UserSyncListener) -> None:
         self.handler.user_sync_listeners.append(listener)

@@ -99,6 +99,9 @@ class ReplicationHandler:
         self.queue_size = queue_size
         self.generation = 0
         self.position_listeners: list[PositionListener] = []
+        #: Called with (stream, instance) for each line of an instance this process does not take
+        #: as a writer of the stream (during a change of `stream_writers`, workers disagree).
+        self.foreign_writer_listeners: list[Callable[[str, str], None]] = []
         self.user_sync_listeners: list[UserSyncListener] = []
         self.on_replicate: Callable[[], None] | None = None
         followed = frozenset(positions_only)
@@ -305,6 +308,8 @@ class ReplicationHandler:
             return
         if instance not in state.stream.writers:
             self.reject("not_a_writer", f"stream={stream_name} instance={instance}")
+            for listener in self.foreign_writer_listeners:
+                listener(stream_name, instance)
             return
         if state.positions_only:
             token = cmd.token if isinstance(cmd, RData) else cmd.new_token

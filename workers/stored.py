@@ -18,6 +18,7 @@ once the IDs finished (`finished`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,8 +70,12 @@ class StoredStreams:
         self.changes: dict[str, StreamChangeCache] = {}
         for stream, generator in generators.items():
             # Rows at or below every position known now were written before this process.
-            floor = max([generator.get_current_token(), *generator.get_positions().values()])
-            self.changes[stream] = StreamChangeCache(stream, floor, config.cache_max_entries * 10)
+            self.changes[stream] = StreamChangeCache(
+                stream,
+                _highest(generator),
+                config.cache_max_entries * 10,
+                functools.partial(_highest, generator),
+            )
         self.writes: dict[str, UserStreamWrites] = {}
 
     @classmethod
@@ -114,6 +119,7 @@ class StoredStreams:
         self._caches = caches
         self._notifier = notifier
         self._wakes = {s: DeferredWakes(notifier, self._own_position(s)) for s in _STREAMS}
+        replication.add_foreign_writer_listener(self._foreign_writer)
         for stream in _STREAMS:
             writers = self._writers(stream)
             writer = None
@@ -168,6 +174,11 @@ class StoredStreams:
         self._wakes[stream].add(upto, *woken)
         self._notifier.position_moved()
 
+    def _foreign_writer(self, stream: str, instance: str) -> None:
+        changes = self.changes.get(stream)
+        if changes is not None:
+            changes.blind()
+
     def _own_position(self, stream: str) -> Callable[[], int]:
         generator = self.generators[stream]
         return lambda: generator.get_current_token_for_writer(self.name)
@@ -176,3 +187,9 @@ class StoredStreams:
         """How writes reach another worker (worker requests), once the HTTP side exists."""
         for writes in self.writes.values():
             writes.forwarder = forwarder
+
+
+def _highest(generator: MultiWriterIdGenerator) -> int:
+    """The highest position this process knows of any writer of the stream: rows at or below it
+    were written before (a change cache starting here never misses one above it)."""
+    return max([generator.get_current_token(), *generator.get_positions().values()])

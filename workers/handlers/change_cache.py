@@ -14,17 +14,43 @@ written before and never reach this cache) and rises when old entries are droppe
 from __future__ import annotations
 
 import heapq
+import time
+from collections.abc import Callable
+
+#: How long after the last line of a writer this process does not follow the cache stays blind.
+BLIND_S = 30.0
 
 
 class StreamChangeCache:
-    __slots__ = ("_heap", "_last", "floor", "max_entries", "name")
+    __slots__ = ("_blind_until", "_heap", "_last", "_position", "floor", "max_entries", "name")
 
-    def __init__(self, name: str, floor: int, max_entries: int = 100_000) -> None:
+    def __init__(
+        self, name: str, floor: int, max_entries: int = 100_000, position: Callable[[], int] | None = None
+    ) -> None:
         self.name = name
         self.floor = floor
         self.max_entries = max_entries
         self._last: dict[str, int] = {}
         self._heap: list[tuple[int, str]] = []
+        #: The highest position this process knows of the stream (for the floor after `blind`).
+        self._position = position or (lambda: self.floor)
+        self._blind_until = 0.0
+
+    def blind(self) -> None:
+        """A writer this process does not follow wrote to the stream (its lines are refused while
+        the workers disagree on `stream_writers`): its rows never reach this cache, so answer
+        "maybe" to everything until `BLIND_S` after the last such line, then start again with the
+        floor at the highest position known then."""
+        self._blind_until = time.monotonic() + BLIND_S
+
+    def _blind(self) -> bool:
+        if not self._blind_until:
+            return False
+        if time.monotonic() < self._blind_until:
+            return True
+        self._blind_until = 0.0
+        self.floor = max(self.floor, self._position())
+        return False
 
     def changed(self, entity: str, stream_id: int) -> None:
         """`entity` changed at `stream_id`."""
@@ -43,13 +69,13 @@ class StreamChangeCache:
 
     def may_have_changed(self, entity: str, since: int) -> bool:
         """False only when `entity` certainly did not change at a position above `since`."""
-        if since < self.floor:
+        if since < self.floor or self._blind():
             return True
         return self._last.get(entity, self.floor) > since
 
     def any_may_have_changed(self, entities: list[str], since: int) -> list[str]:
         """The `entities` that may have changed above `since` (all of them below the floor)."""
-        if since < self.floor:
+        if since < self.floor or self._blind():
             return list(entities)
         last, floor = self._last, self.floor
         return [e for e in entities if last.get(e, floor) > since]

@@ -2,9 +2,11 @@
 
 With no URLs it starts the embedded PostgreSQL and Redis; then it launches 2 persisters, 2 sync
 workers and 1 background worker as subprocesses, drives users joining and leaving rooms, sending
-messages, changing state, typing and setting presence (progress on stderr), and checks that every
-sync client saw every event of its rooms exactly once and in token order, and that typing and
-presence reached the readers. It prints a summary (events/s,
+messages, changing state, typing and setting presence, writing account data, sending to-device
+messages and uploading device keys (progress on stderr), and checks that every sync client saw
+every event of its rooms, every account-data change, its own device-list changes and every
+to-device message sent to its device exactly once and in order, and that typing and presence
+reached the readers. It prints a summary (events/s,
 persist-to-visible latency on every sync worker, invalidation messages vs per-key invalidation),
 runs the invalidation audit on the demo's data, and exits 1 if any check failed.
 """
@@ -88,7 +90,11 @@ async def run_demo(
     cluster = LocalCluster(
         database_url, redis_url, workdir / "workers", channel_prefix=f"demo-{uuid.uuid4().hex[:8]}",
         announce_interval_s=args.announce_interval,
-        stream_writers={"typing": ["background1"], "presence": ["background1"]},
+        stream_writers={
+            "typing": ["background1"], "presence": ["background1"],
+            "account_data": ["persister1", "persister2"], "device_lists": ["persister1", "persister2"],
+            "to_device": ["persister1", "persister2"],
+        },
     )  # fmt: skip
     say(f"starting {len(cluster.workers)} workers ({', '.join(cluster.workers)}); logs in {cluster.workdir}")
     started = time.monotonic()
@@ -163,6 +169,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"  typing / presence            {summary['typing_updates_sent']} / "
         f"{summary['presence_updates_sent']} sent; {summary['typing_notifications_seen']} / "
         f"{summary['presence_events_seen']} seen in /sync",
+        f"  account data / to-device     {summary['account_data_writes']} / {summary['to_device_sent']} sent;"
+        f" {summary['account_data_seen']} / {summary['to_device_seen']} seen in /sync (each checked once)",
+        f"  device-list changes          {summary['device_changes']} key uploads;"
+        f" {summary['device_list_notices_seen']} device_lists.changed entries seen",
         f"  invalidation messages        {summary['invalidation_messages']} sent; per-key invalidation would"
         f" have sent {summary['per_key_invalidation_messages']} ({saved} saved)",
         f"  verification                 {'PASSED' if summary['verified'] else 'FAILED'}",

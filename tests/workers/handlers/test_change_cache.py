@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from workers.handlers import change_cache
 from workers.handlers.change_cache import StreamChangeCache
 
 
@@ -46,3 +50,18 @@ def test_never_says_unchanged_for_an_entity_that_changed(
         truly = any(e == entity and s > since for e, s in changes)
         if truly:
             assert cache.may_have_changed(entity, since)
+
+
+def test_blind_while_a_writer_it_does_not_follow_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a change of `stream_writers` a reader refuses the lines of a writer it does not know
+    yet: that writer's rows never reach the cache, so it must not answer "unchanged" meanwhile."""
+    monkeypatch.setattr(change_cache, "BLIND_S", 0.05)
+    known = {"position": 10}
+    cache = StreamChangeCache("s", floor=10, position=lambda: known["position"])
+    assert not cache.may_have_changed("@a", 10)
+    cache.blind()
+    assert cache.may_have_changed("@a", 10) and cache.any_may_have_changed(["@a", "@b"], 10) == ["@a", "@b"]
+    known["position"] = 25  # what the foreign writer wrote lies at or below what is known now
+    time.sleep(0.06)
+    assert cache.may_have_changed("@a", 20)  # below the new floor: ask the database
+    assert not cache.may_have_changed("@a", 25) and cache.floor == 25
