@@ -161,6 +161,10 @@ class ReplicationClient:
         """See `StreamPublisher.stage_rows`: (token, row) pairs, before the IDs finish; then `notify`."""
         self.publisher.stage_rows(stream, rows)
 
+    def stage_unknown(self, stream: str, token: int) -> None:
+        """See `StreamPublisher.stage_unknown`: rows at `token` may exist, unknown here."""
+        self.publisher.stage_unknown(stream, token)
+
     def notify(self, stream: str | None = None) -> None:
         self.publisher.notify(stream)
 

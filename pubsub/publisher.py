@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 REPLICATE_COALESCE_S = 0.1
 
 
+#: A staged token whose rows may exist in the database but are unknown here (see `stage_unknown`).
+_UNKNOWN = object()
+
+
 class _Source:
     __slots__ = ("channel", "sent_upto", "staged", "stream")
 
@@ -127,6 +131,18 @@ class StreamPublisher:
             else:
                 staged[token] = [earlier, row]
 
+    def stage_unknown(self, stream: str, token: int) -> None:
+        """A write at `token` failed where its commit may still have happened (the connection
+        broke at COMMIT): its rows, if any, are in the database only. Call inside the ID's block,
+        like `stage_rows`. The announcements then skip over `token` as though its rows had been
+        sent: the next RDATA or POSITION names a previous token readers never got, so each of
+        them fetches that range from the database (a needless fetch when nothing was written)."""
+        source = self._sources.get(stream)
+        if source is None:
+            raise StreamConfigError(f"{self.instance_name} does not write stream {stream!r}")
+        if token > source.sent_upto and token not in source.staged:
+            source.staged[token] = _UNKNOWN  # type: ignore[assignment]
+
     def notify(self, stream: str | None = None) -> None:
         """New IDs finished: flush soon (coalesced)."""
         self._poke.set()
@@ -170,6 +186,7 @@ class StreamPublisher:
         lines: list[tuple[str, str]] = []
         prev = source.sent_upto
         staged = source.staged
+        skipped = False  # the last token taken was an unknown one: tell readers at once
         if current > prev and staged:
             if max(staged) <= current:  # the usual case: every staged ID has finished
                 ready = sorted(staged)
@@ -180,6 +197,10 @@ class StreamPublisher:
                 taken = [staged.pop(token) for token in ready]
             last = prev
             for token, rows in zip(ready, taken, strict=True):
+                skipped = rows is _UNKNOWN
+                if skipped:
+                    last = token  # as if sent: the next line's previous token makes readers fetch it
+                    continue
                 if isinstance(rows, list):
                     for row in rows[:-1]:
                         lines.append((channel, format_rdata(name, me, None, encode(row))))
@@ -191,7 +212,7 @@ class StreamPublisher:
             if ready:
                 prev = ready[-1]
             self.metrics.command_out("RDATA", name, len(lines))
-        if current > prev or announce:
+        if current > prev or announce or skipped:
             new = max(current, prev)
             lines.append((channel, format_command(Position(name, me, prev, new))))
             self.metrics.command_out("POSITION", name)

@@ -249,11 +249,12 @@ class Worker:
                     self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
                     on_committed=self._committed, on_finished=self._finished,
                     max_in_flight=config.persist_batches_in_flight, room_versions=self.room_versions,
+                    on_uncertain=self._uncertain,
                 )  # fmt: skip
                 self.backfill_persister = EventPersister(
                     self.pool, self.name, self.generators[BACKFILL], None,
                     on_committed=self._committed, on_finished=self._finished, backfill=True,
-                    room_versions=self.room_versions,
+                    room_versions=self.room_versions, on_uncertain=self._uncertain,
                 )  # fmt: skip
                 self.persister.start()
                 self.backfill_persister.start()
@@ -417,6 +418,20 @@ class Worker:
             )
         if invalidations:
             self.replication.stage_rows(CACHES, [(i, CacheRow.of(row)) for i, row in invalidations])
+
+    def _uncertain(self, events: Sequence[Event], cache_ids: Sequence[int]) -> None:
+        """A batch failed where its commit may have happened: readers are made to fetch its IDs
+        from the database (`stage_unknown`), and this worker forgets what the batch may have changed."""
+        if not events:
+            return
+        if events[0].stream_ordering > 0:
+            self.replication.stage_unknown(EVENTS, max(e.stream_ordering for e in events))
+        else:
+            self.replication.stage_unknown(BACKFILL, max(-e.stream_ordering for e in events))
+        if cache_ids:
+            self.replication.stage_unknown(CACHES, max(cache_ids))
+        self.caches.on_events(events)
+        self.room_views.on_events(events)
 
     def _finished(
         self,

@@ -125,8 +125,9 @@ class StoredStreams:
             writer = None
             if self.name in writers:
                 writer = StreamWriter(
-                    stream, self.name, self.generators[stream], self._pool, self.committed, self.finished
-                )
+                    stream, self.name, self.generators[stream], self._pool, self.committed, self.finished,
+                    self.uncertain,
+                )  # fmt: skip
             writes = UserStreamWrites(stream, self.name, writers, self.generators[stream], writer, notifier)
             writes.hears = lambda instance, s=stream: hears(s, instance)  # type: ignore[misc]
             self.writes[stream] = writes
@@ -166,6 +167,12 @@ class StoredStreams:
         if rows:
             self._replication.stage_rows(stream, rows)
         return rooms, users
+
+    async def uncertain(self, stream: str, stream_id: int, users: Sequence[str]) -> tuple[set[str], set[str]]:
+        """A local write failed at a point where it may have committed (inside its ID block): have
+        readers fetch its id from the database, and treat its users as changed here."""
+        self._replication.stage_unknown(stream, stream_id)
+        return await self.apply(stream, stream_id, [(user,) for user in users])
 
     def finished(self, stream: str, upto: int, woken: tuple[set[str], set[str]]) -> None:
         """A local write's IDs finished: publish, then wake this worker's readers once its

@@ -207,3 +207,26 @@ async def test_receive_fast_path_takes_buffered_replies_from_hiredis(make_node: 
     await writer.write_many(500)
     await wait_for(lambda: reader.applied_count() == 500, what="every row through the fast path")
     check_history(reader.applied, {"w1": writer.written})
+
+
+async def test_a_write_whose_commit_is_unknown_is_fetched_by_readers(make_node: NodeFactory) -> None:
+    """A writer whose connection broke at COMMIT cannot tell whether its rows exist: it stages the
+    token as unknown, and readers fetch it from the database. Here the row exists (committed), the
+    rows after it are published as usual, and the reader gets all of them in order."""
+    reader = await make_node("r1")
+    writer = await make_node("w1")
+    await writer.write(2)
+    async with writer.generator.get_next() as token:
+        writer.seq += 1
+        await writer.pool.execute(
+            "INSERT INTO test_rows (stream_id, instance_name, seq, payload) VALUES ($1, 'w1', $2, 'x')",
+            token,
+            writer.seq,
+        )
+        writer.written.append(writer.seq)
+        writer.client.stage_unknown(STREAM, token)  # no RDATA for it: only the database knows
+    writer.client.notify(STREAM)
+    await writer.write(2)
+    await wait_for(lambda: reader.applied_count() == 5, what="the unknown row fetched, the rest published")
+    check_history(reader.applied, {"w1": writer.written})
+    assert reader.metric("fanout_repl_catch_up_rows_total", stream=STREAM) >= 1

@@ -80,5 +80,9 @@ class StreamChangeCache:
         last, floor = self._last, self.floor
         return [e for e in entities if last.get(e, floor) > since]
 
+    def last(self, entity: str) -> int | None:
+        """The highest position at which `entity` changed, when above the floor."""
+        return self._last.get(entity)
+
     def __len__(self) -> int:
         return len(self._last)

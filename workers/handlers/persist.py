@@ -18,7 +18,9 @@ Order on the writer, for every batch:
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
-A failed transaction fails every request of the batch (their IDs become harmless gaps).
+A failed transaction fails every request of the batch (their IDs become harmless gaps). Its commit
+may still have happened (a connection lost at COMMIT): `on_uncertain` runs inside the ID blocks,
+so the worker can make readers fetch those IDs from the database and forget what it cached.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class PersisterStopped(PersisterError):
     """The persister is shutting down and takes no new events."""
 
 
+#: (events, caches stream ids) of a batch that failed where its commit may still have happened.
+UncertainCallback = Callable[[Sequence[Event], Sequence[int]], None]
+
 #: A queued event and the future its caller awaits.
 _Pending = tuple[NewEvent, "asyncio.Future[Event]"]
 
@@ -75,6 +80,7 @@ class EventPersister:
         on_finished: BatchCallback,
         backfill: bool = False,
         room_versions: RoomVersions | None = None,
+        on_uncertain: UncertainCallback | None = None,
         max_batch: int = MAX_BATCH,
         max_queue: int = 20_000,
         max_in_flight: int = 2,
@@ -87,6 +93,7 @@ class EventPersister:
         self._on_finished = on_finished
         self._backfill = backfill
         self._versions = room_versions
+        self._on_uncertain = on_uncertain
         self._max_batch = max_batch
         self._slots = asyncio.Semaphore(max_in_flight)
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -266,12 +273,18 @@ class EventPersister:
             stored, rows = zip(
                 *[event.json_texts(versions.get(event.room_id)) for event in events], strict=True
             )
-            async with self._pool.acquire() as conn:
-                if needs_transaction(events, invalidations):
-                    async with conn.transaction():
+            try:
+                async with self._pool.acquire() as conn:
+                    if needs_transaction(events, invalidations):
+                        async with conn.transaction():
+                            await insert_batch(conn, events, stored, invalidations, me)
+                    else:
                         await insert_batch(conn, events, stored, invalidations, me)
-                else:
-                    await insert_batch(conn, events, stored, invalidations, me)
+            except BaseException:
+                # Inside the ID blocks: the commit may have happened (a connection lost at COMMIT).
+                if self._on_uncertain is not None:
+                    self._on_uncertain(events, cache_ids)
+                raise
             result = self._on_committed(events, rows, invalidations)
             if result is not None:
                 await result

@@ -22,6 +22,7 @@ may be retried.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,10 @@ from workers.storage import Conn
 Committed = Callable[[str, Sequence[tuple[int, Row]]], Awaitable[tuple[set[str], set[str]]]]
 #: (stream, highest id, (rooms, users)): the worker's hook once the IDs finished (publish, wake).
 Finished = Callable[[str, int, tuple[set[str], set[str]]], None]
+#: (stream, highest id, users): a write whose commit may have happened although it failed here (the
+#: connection broke at COMMIT), before its IDs finish: the worker treats those users as changed and
+#: has readers fetch the id's rows from the database, not knowing.
+Uncertain = Callable[[str, int, Sequence[str]], Awaitable[tuple[set[str], set[str]]]]
 #: Writes a write's rows on `conn` (inside its transaction) with the allocated `ids`.
 WriteBody = Callable[[Conn, list[int]], Awaitable[list[tuple[int, Row]]]]
 #: An operation on the writer: the request's JSON arguments -> the JSON answer.
@@ -79,6 +84,7 @@ class StreamWriter:
         pool: asyncpg.Pool,
         committed: Committed,
         finished: Finished,
+        uncertain: Uncertain,
     ) -> None:
         self.stream = stream
         self.name = instance_name
@@ -86,20 +92,30 @@ class StreamWriter:
         self._pool = pool
         self._committed = committed
         self._finished = finished
+        self._uncertain = uncertain
         self.writes = 0
 
-    async def write(self, count: int, body: WriteBody) -> StreamPosition:
-        """Allocate `count` IDs, run `body` in one transaction, publish its rows; where it landed."""
-        try:
-            async with self._generator.get_next_mult(count) as ids:
+    async def write(self, count: int, body: WriteBody, users: Sequence[str]) -> StreamPosition:
+        """Allocate `count` IDs, run `body` in one transaction, publish its rows; where it landed.
+
+        `users`: whose data the write may change. When the transaction fails, its commit may still
+        have happened (a connection lost at COMMIT): this worker treats them as changed, and readers
+        are made to fetch the write's ids from the database (a needless query at worst)."""
+        failure: BaseException | None = None
+        async with self._generator.get_next_mult(count) as ids:
+            try:
                 async with self._pool.acquire() as conn, conn.transaction():
                     rows = await body(conn, ids)
+            except BaseException as e:
+                failure = e
+                woken: tuple[set[str], set[str]] = (set(), set())
+                with contextlib.suppress(Exception):
+                    woken = await self._uncertain(self.stream, max(ids), users)
+            else:
                 woken = await self._committed(self.stream, rows)
-        except BaseException:
-            # The IDs finished as a gap; wake-ups held behind them may go now.
-            self._finished(self.stream, 0, (set(), set()))
-            raise
         self._finished(self.stream, max(ids), woken)
+        if failure is not None:
+            raise failure
         self.writes += 1
         return StreamPosition(self.name, max(ids))
 

@@ -36,7 +36,8 @@ from workers.streams.to_device import TO_DEVICE
 
 #: The stored streams' components of a sync token.
 STORED_STREAMS = (ACCOUNT_DATA, DEVICE_LISTS, TO_DEVICE)
-MAX_UNACKED = 100_000
+#: Devices whose clean-up position this worker remembers (the oldest are forgotten first).
+MAX_CLEANED = 100_000
 
 
 @dataclass(slots=True)
@@ -67,9 +68,10 @@ class StoredSections:
         self._caches = caches
         self._changes = changes
         self._inbox = inbox
-        #: (user, device) -> the highest to-device id delivered here and not yet acknowledged: the
-        #: next sync of that device here deletes them even when nothing new arrived.
-        self._unacked: dict[tuple[str, str], int] = {}
+        #: (user, device) -> the `since` position up to which this worker deleted the device's
+        #: acknowledged messages: while the user's last message is above it, a sync runs the
+        #: delivery (which deletes first) even when nothing new arrived.
+        self._cleaned: dict[tuple[str, str], int] = {}
 
     async def collect(
         self,
@@ -108,18 +110,17 @@ class StoredSections:
     ) -> SyncToken:
         low = None if since is None else since.get(TO_DEVICE)
         key = (user_id, device_id)
-        if (
-            low is not None
-            and key not in self._unacked
-            and not self._changes[TO_DEVICE].may_have_changed(user_id, low.stream)
-        ):
-            return now
+        changes = self._changes[TO_DEVICE]
+        if low is not None and not changes.may_have_changed(user_id, low.stream):
+            last = changes.last(user_id)
+            if last is None or self._cleaned.get(key, -1) >= last:
+                return now  # nothing new, nothing acknowledged left to delete
         delivery = await self._inbox.deliver(user_id, device_id, low, now.get(TO_DEVICE))
-        self._unacked.pop(key, None)
-        if delivery.events:
-            if len(self._unacked) >= MAX_UNACKED:
-                self._unacked.pop(next(iter(self._unacked)))
-            self._unacked[key] = delivery.token.get_max_stream_pos()
+        if low is not None:
+            self._cleaned.pop(key, None)
+            if len(self._cleaned) >= MAX_CLEANED:
+                self._cleaned.pop(next(iter(self._cleaned)))
+            self._cleaned[key] = low.stream
         updates.to_device = delivery.events
         return SyncToken({**{s: now.get(s) for s in now.streams()}, TO_DEVICE: delivery.token})
 
