@@ -195,21 +195,20 @@ class UserStreamWrites:
 
 def text_arg(args: dict[str, Any], key: str, *, optional: bool = False) -> Any:
     """A forwarded operation's string argument (None allowed when `optional`); ValueError if not."""
-    value = args.get(key)
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"{key} must be a string")
-    return value
+    return _arg(args, key, str, "a string", optional)
 
 
 def object_arg(args: dict[str, Any], key: str, *, optional: bool = False) -> Any:
     """A forwarded operation's JSON object argument (None allowed when `optional`); ValueError if not."""
+    return _arg(args, key, dict, "an object", optional)
+
+
+def _arg(args: dict[str, Any], key: str, kind: type, what: str, optional: bool) -> Any:
     value = args.get(key)
     if value is None and optional:
         return None
-    if not isinstance(value, dict):
-        raise ValueError(f"{key} must be an object")
+    if not isinstance(value, kind):
+        raise ValueError(f"{key} must be {what}")
     return value
 
 
