@@ -183,16 +183,34 @@ class RedisClusterTransport:
         await self._cluster.aclose()
 
     def _link(self, owner: str) -> RedisTransport:
+        """A link to `owner`. Until it is stopped, a retired link (one that `_links` no longer
+        holds) may still read or fail: what it reports is ignored, or a stale loss would undo the
+        subscription of the link that replaced it."""
         host, _, port = owner.rpartition(":")
-        return RedisTransport(
+        links = self._links
+
+        def lines(batch: list[bytes], now: float) -> None:
+            if links.get(owner) is link:
+                self._on_lines(batch, now)
+
+        def subscribed() -> None:
+            if links.get(owner) is link:
+                self._link_subscribed()
+
+        def lost() -> None:
+            if links.get(owner) is link:
+                self._link_lost()
+
+        link = RedisTransport(
             node_url(self.url, host.strip("[]"), int(port)),
             metrics=self.metrics,
-            on_lines=self._on_lines,
-            on_subscribed=self._link_subscribed,
-            on_connection_lost=self._link_lost,
+            on_lines=lines,
+            on_subscribed=subscribed,
+            on_connection_lost=lost,
             sharded=self.sharded,
             watchdog_s=self.watchdog_s,
         )
+        return link
 
     def _link_subscribed(self) -> None:
         links = self._links
@@ -227,6 +245,7 @@ class RedisClusterTransport:
             try:
                 await self._read_map()
                 await self._resubscribe()
+                self._link_subscribed()  # links that confirmed while the map was being read
                 attempt = 0
             except MAP_ERRORS as e:
                 delay = backoff_delay(attempt)
