@@ -139,19 +139,20 @@ class RedisClusterTransport:
             self._remap.set()  # MOVED, or the node is gone: its channels may have moved
             raise
 
-    def _owner(self, name: str) -> str:
-        """The name ("host:port") of the primary that owns `name` (a channel or a key)."""
+    def _owner(self, name: str, *, key: bool = False) -> str:
+        """The name ("host:port") of the primary for `name`: the owner of its slot when it is a
+        `key` or a sharded channel, else the owner of `home`'s slot."""
         try:
-            node = self._cluster.get_node_from_key(name if self.sharded else self._home)
+            node = self._cluster.get_node_from_key(name if self.sharded or key else self._home)
         except RedisClusterException as e:  # a slot no node serves (yet)
             self._remap.set()
             raise RedisConnectionError(f"redis cluster: {e}") from e
         assert node is not None
         return str(node.name)
 
-    def _route(self, name: str) -> RedisTransport:
-        """The link of the primary that owns `name`, made (to publish only) when missing."""
-        owner = self._owner(name)
+    def _route(self, name: str, *, key: bool = False) -> RedisTransport:
+        """The link of the primary for `name` (see `_owner`), made (to publish only) when missing."""
+        owner = self._owner(name, key=key)
         link = self._links.get(owner)
         if link is None:
             link = self._links[owner] = self._link(owner)
@@ -163,7 +164,7 @@ class RedisClusterTransport:
         MOVED there is the caller's failed write: the map is read again on the next lost link."""
         if not self._mapped:
             await self._read_map()
-        return self._route(keys.HINTS_TAG).publisher
+        return self._route(keys.HINTS_TAG, key=True).publisher
 
     # -- subscribing ---------------------------------------------------------------------------
 

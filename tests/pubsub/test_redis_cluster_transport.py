@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import redis.asyncio as aioredis
 
 from pubsub import keys
@@ -46,17 +48,30 @@ async def test_each_channel_is_subscribed_on_the_shard_that_owns_it(
 
 
 async def test_broadcast_publish_on_a_cluster_delivers(
-    make_node: NodeFactory, redis_cluster_urls: tuple[str, ...]
+    make_node: NodeFactory, redis_cluster_urls: tuple[str, ...], channel_prefix: str
 ) -> None:
     """Without sharded pub/sub the cluster copies each PUBLISH to every node: a reader homed on one
-    node hears a writer homed on another."""
+    node hears a writer homed on another. The hint keys still go to their slot's owner."""
     target = RedisTarget(redis_cluster_urls[0], redis_cluster_urls)
+    hints_owner, _ = await owner_of(redis_cluster_urls, keys.HINTS_TAG)
+    homes = [(n, (await owner_of(redis_cluster_urls, n))[0]) for n in (f"node{i}" for i in range(40))]
+    away = [n for n, home in homes if home != hints_owner]  # homed away from the hint keys' node
+    r, w = away[0], next(n for n, home in homes if n in away and home != dict(homes)[away[0]])
     options = {"sharded_pubsub": False, "per_stream_channels": True}
-    reader = await make_node("r1", target=target, **options)
-    writer = await make_node("w1", target=target, **options)
+    reader = await make_node(r, writers=[w], target=target, **options)
+    writer = await make_node(w, writers=[w], target=target, **options)
     await writer.write(10)
     await wait_for(lambda: reader.applied_count() == 10, what="live rows")
-    check_history(reader.applied, {"w1": writer.written})
+    check_history(reader.applied, {w: writer.written})
+    hints = target.client()
+    try:
+        for _ in range(200):
+            if await hints.exists(keys.heartbeat_key(channel_prefix, w)):
+                break
+            await asyncio.sleep(0.01)
+        assert await hints.exists(keys.heartbeat_key(channel_prefix, w))
+    finally:
+        await hints.aclose()
 
 
 async def test_slot_migration_of_the_streams_channel_loses_nothing(
