@@ -5,7 +5,8 @@ we create databases on it) and/or FANOUT_TEST_REDIS_URL to use external servers 
 FANOUT_TEST_SERVERS=system to start `postgres`/`redis-server` from PATH (PG_BIN, REDIS_SERVER_BIN).
 
 Redis Cluster: a test that takes `redis_target` runs against one server; marked `@both_backends`
-it runs against a Redis Cluster too (3 primaries, 3 replicas, started for the session on first
+it runs against a Redis Cluster too (that variant marked `redis_cluster`, as is every other test
+that starts or uses one) (3 primaries, 3 replicas, started for the session on first
 use; FANOUT_TEST_REDIS_CLUSTER, comma-separated node URLs, uses a running one). A test that kills
 or migrates takes `private_redis_cluster` (its own cluster) instead, so it breaks no other test.
 """
@@ -135,8 +136,16 @@ def channel_prefix() -> str:
 
 # -- Redis Cluster ------------------------------------------------------------------------------
 
+#: Marks what runs on a Redis Cluster (`make scale` runs those, larger: docs/testing.md).
+on_redis_cluster = pytest.mark.redis_cluster
 #: Run a test on one Redis server and on a Redis Cluster (it takes `redis_target`).
-both_backends = pytest.mark.parametrize("redis_backend", ["single", "cluster"])
+both_backends = pytest.mark.parametrize(
+    "redis_backend", ["single", pytest.param("cluster", marks=on_redis_cluster)]
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "redis_cluster: runs on a Redis Cluster (make scale runs these)")
 
 
 @dataclass(frozen=True)

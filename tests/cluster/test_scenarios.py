@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 from pubsub import keys
 from tests.cluster.conftest import MakeCluster
-from tests.conftest import RedisTarget, Servers
+from tests.conftest import RedisTarget, Servers, on_redis_cluster
 from tests.workers.conftest import MakeWorker, make_worker
 from workers.harness import chaos
 from workers.harness.cluster import LocalCluster
@@ -301,6 +301,7 @@ async def test_one_in_three_published_messages_dropped(make_worker: MakeWorker, 
     assert dropped["n"] > 30
 
 
+@on_redis_cluster
 async def test_a_shard_primary_sigkilled_mid_load(
     make_cluster: MakeCluster,
     database_url: str,
@@ -325,6 +326,7 @@ async def test_a_shard_primary_sigkilled_mid_load(
     )  # fmt: skip
 
 
+@on_redis_cluster
 async def test_the_events_channels_slot_migrated_mid_load(
     make_cluster: MakeCluster,
     database_url: str,

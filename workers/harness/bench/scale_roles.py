@@ -11,7 +11,6 @@ replication over Redis, not PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from multiprocessing.connection import Connection
@@ -24,6 +23,7 @@ from pubsub.redis_transport import SUBSCRIBER_READ_BYTES
 from pubsub.streams import Stream
 from workers import event_loop
 from workers.gc_tuning import tune_gc
+from workers.harness.bench._processes import ProcessPool
 from workers.harness.memory import MemoryGenerator
 
 #: A job: {"role": "writer" | "subscriber" | "raw_writer" | "raw_subscriber", ...} (see each role).
@@ -216,27 +216,14 @@ def _process_main(conn: Connection) -> None:
         conn.send(result)
 
 
-class RolePool:
-    """`size` processes, reused by every run of the benchmark."""
+class RolePool(ProcessPool):
+    """`size` role processes, reused by every run of the benchmark."""
 
     def __init__(self, size: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conns: list[Connection] = []
-        self._procs: list[Any] = []
-        for _ in range(size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_process_main, args=(child,), daemon=True)
-            proc.start()
-            self._conns.append(parent)
-            self._procs.append(proc)
+        super().__init__(_process_main, size)
 
-    async def _recv(self, conn: Connection, timeout_s: float) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while not conn.poll():
-            if time.monotonic() > deadline:
-                raise RuntimeError("a benchmark process did not answer in time")
-            await asyncio.sleep(0.002)
-        answer = conn.recv()
+    async def _answer(self, conn: Connection, timeout_s: float) -> Any:
+        answer = await self.recv(conn, timeout_s)
         if isinstance(answer, dict) and "error" in answer:
             raise RuntimeError(answer["error"])
         return answer
@@ -244,27 +231,15 @@ class RolePool:
     async def run(self, jobs: Sequence[Job], before_go: Callable[[], Awaitable[None]]) -> list[Result]:
         """Hand out the jobs, wait until all are ready, await `before_go`, say go, collect the
         results in the order of `jobs`."""
-        if len(jobs) > len(self._conns):
-            raise ValueError(f"{len(jobs)} jobs for {len(self._conns)} processes")
-        conns = self._conns[: len(jobs)]
+        if len(jobs) > len(self.conns):
+            raise ValueError(f"{len(jobs)} jobs for {len(self.conns)} processes")
+        conns = self.conns[: len(jobs)]
         for conn, job in zip(conns, jobs, strict=True):
             conn.send(job)
         for conn in conns:
-            if await self._recv(conn, READY_TIMEOUT_S) != "ready":
+            if await self._answer(conn, READY_TIMEOUT_S) != "ready":
                 raise RuntimeError("a benchmark process did not get ready")
         await before_go()
         for conn in conns:
             conn.send("go")
-        return [await self._recv(conn, RUN_TIMEOUT_S + 30) for conn in conns]
-
-    def close(self) -> None:
-        for conn in self._conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for proc in self._procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
+        return [await self._answer(conn, RUN_TIMEOUT_S + 30) for conn in conns]
