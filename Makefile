@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench chaos venv jdbc redis-server docker-compose wrk audit-zip clean lock
+.PHONY: demo test lint bench chaos scale venv jdbc redis-server docker-compose wrk audit-zip clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,14 @@ chaos: $(STAMP)
 	@mkdir -p out && rm -f out/chaos.jsonl
 	FANOUT_CHAOS_SCALE=$(CHAOS_SCALE) FANOUT_CHAOS_REPORT=out/chaos.jsonl $(BIN)/pytest -q tests/cluster/test_scenarios.py
 	$(BIN)/python -m workers.harness.chaos out/chaos.jsonl
+
+# Redis Cluster: every test that runs on one (the fault scenarios five times larger), then
+# fanout bench scale, whose table docs/scaling.md quotes (about 10 minutes: docs/testing.md).
+scale: $(STAMP)
+	@mkdir -p out && rm -f out/chaos-cluster.jsonl
+	FANOUT_CHAOS_SCALE=$(CHAOS_SCALE) FANOUT_CHAOS_REPORT=out/chaos-cluster.jsonl $(BIN)/pytest -q -m redis_cluster
+	$(BIN)/python -m workers.harness.chaos out/chaos-cluster.jsonl
+	$(BIN)/fanout bench scale | tee out/scale.txt
 
 lint: $(STAMP)
 	$(BIN)/ruff check idgen pubsub workers analytics tests

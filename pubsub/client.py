@@ -1,7 +1,8 @@
 """`ReplicationClient`: the one object a worker process creates to replicate its streams.
 
-It wires a `RedisTransport`, a `ReplicationHandler` (reader side, for the streams it reads) and a
-`StreamPublisher` (writer side, for the streams whose writer list holds this instance).
+It wires a transport (`RedisTransport`, or `RedisClusterTransport` when `redis_cluster` is set),
+a `ReplicationHandler` (reader side, for the streams it reads) and a `StreamPublisher` (writer
+side, for the streams whose writer list holds this instance).
 
 On every (re)subscription, in this order: the transport reports the connection lost (streams
 wait for a POSITION), SUBSCRIBE is confirmed for every channel, then REPLICATE is published and
@@ -23,10 +24,11 @@ from pubsub import keys
 from pubsub.handler import ReplicationHandler, UserSyncListener
 from pubsub.metrics import ReplicationMetrics
 from pubsub.publisher import StreamPublisher
+from pubsub.redis_cluster_transport import RedisClusterTransport
 from pubsub.redis_transport import LINK_ERRORS, RedisTransport
 from pubsub.streams import ApplyCallback, Stream, StreamRegistry
 from pubsub.tasks import cancel_and_wait
-from pubsub.types import DropFilter, PositionListener, Row
+from pubsub.types import DropFilter, PositionListener, Row, Transport
 from pubsub.wire import REPLICATE, ClearUserSync, Command, UserSync, command_name, format_command
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,8 @@ class ReplicationSettings:
 
     instance_name: str
     redis_url: str
+    #: Node URLs of a Redis Cluster: when given, the cluster transport is used and `redis_url` is not.
+    redis_cluster: tuple[str, ...] = ()
     channel_prefix: str = "fanout"
     per_stream_channels: bool = False
     sharded_pubsub: bool = False
@@ -53,6 +57,7 @@ class ReplicationSettings:
         values = {
             "instance_name": config.instance_name,
             "redis_url": config.redis_url,
+            "redis_cluster": tuple(config.redis_cluster),
             "channel_prefix": config.channel_prefix,
             "per_stream_channels": config.per_stream_channels,
             "sharded_pubsub": config.sharded_pubsub,
@@ -107,16 +112,7 @@ class ReplicationClient:
             catch_up_batch_size=settings.catch_up_batch_size,
             queue_size=settings.queue_size,
         )
-        self.transport = RedisTransport(
-            settings.redis_url,
-            metrics=self.metrics,
-            on_lines=self.handler.handle_lines,
-            on_subscribed=self._subscribed,
-            on_connection_lost=self.handler.connection_lost,
-            sharded=settings.sharded_pubsub,
-            drop_filter=drop_filter,
-            watchdog_s=max(5.0, 3 * settings.announce_interval_s),
-        )
+        self.transport = self._transport(drop_filter)
         self.publisher = StreamPublisher(
             settings.instance_name,
             self.written_streams,
@@ -133,6 +129,21 @@ class ReplicationClient:
         self._health_task: asyncio.Task[None] | None = None
         self._silent: set[tuple[str, str]] = set()
         self._started = False
+
+    def _transport(self, drop_filter: DropFilter | None) -> Transport:
+        settings = self.settings
+        links: dict[str, Any] = {
+            "metrics": self.metrics,
+            "on_lines": self.handler.handle_lines,
+            "on_subscribed": self._subscribed,
+            "on_connection_lost": self.handler.connection_lost,
+            "sharded": settings.sharded_pubsub,
+            "drop_filter": drop_filter,
+            "watchdog_s": max(5.0, 3 * settings.announce_interval_s),
+        }
+        if settings.redis_cluster:
+            return RedisClusterTransport(settings.redis_cluster, home=settings.instance_name, **links)
+        return RedisTransport(settings.redis_url, **links)
 
     def channels(self) -> list[str]:
         """The channels this process subscribes to: the base one plus read streams' own."""

@@ -35,10 +35,10 @@ from pubsub import keys
 from pubsub.errors import LateRowsError, StreamConfigError
 from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
-from pubsub.redis_transport import LINK_ERRORS, RedisTransport
+from pubsub.redis_transport import LINK_ERRORS
 from pubsub.streams import Stream
 from pubsub.tasks import cancel_and_wait
-from pubsub.types import Row
+from pubsub.types import Row, Transport
 from pubsub.wire import Position, format_command, format_numbered_rdata, format_rdata
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class StreamPublisher:
         self,
         instance_name: str,
         streams: Sequence[Stream[Any]],
-        transport: RedisTransport,
+        transport: Transport,
         *,
         metrics: ReplicationMetrics,
         prefix: str,
@@ -236,9 +236,8 @@ class StreamPublisher:
 
     async def _write_hints(self) -> None:
         """Positions hash and heartbeat key: for people and tools, never the source of truth."""
-        client = self.transport.publisher
         try:
-            pipe = client.pipeline(transaction=False)
+            pipe = (await self.transport.hint_client()).pipeline(transaction=False)
             for name, source in self._sources.items():
                 pipe.hset(keys.positions_key(self.prefix, name), self.instance_name, str(source.sent_upto))
             beat = {"ts": round(time.time(), 3), "streams": sorted(self._sources)}

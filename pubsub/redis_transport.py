@@ -22,6 +22,9 @@
   make writers answer on a channel we do not hear yet.
 * A watchdog PINGs when nothing arrived for a while and drops a connection that stays mute, so a
   half-open socket is noticed.
+* An (s)unsubscribe we did not ask for (we never unsubscribe: a subscription ends with its
+  connection) means the server dropped the channel: a Redis Cluster does so when the channel's slot
+  migrates or its shard changes roles. The link is then treated as lost and reconnected.
 * `drop_filter(n)` (tests only) drops the n-th publish, counting from 0, to inject message loss.
 """
 
@@ -36,6 +39,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis._parsers import hiredis as _hiredis_parser
 from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from pubsub.metrics import ReplicationMetrics
@@ -54,11 +58,34 @@ _MESSAGE_KINDS = (b"message", b"smessage")
 # What redis-py's hiredis reader returns when no complete reply is buffered (redis-py < 6: False).
 _NOT_ENOUGH_DATA: object = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
 _SUBSCRIBE_KINDS = (b"subscribe", b"ssubscribe")
+_UNSUBSCRIBE_KINDS = (b"unsubscribe", b"sunsubscribe")
 
 
 def backoff_delay(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
     return random.uniform(0, min(cap, base * (2 ** min(attempt, 20))))
+
+
+class DropCounter:
+    """The test hook's bookkeeping: numbers every publish from 0 and drops those `drop_filter` picks."""
+
+    __slots__ = ("drop_filter", "metrics", "published")
+
+    def __init__(self, drop_filter: DropFilter, metrics: ReplicationMetrics) -> None:
+        self.drop_filter = drop_filter
+        self.metrics = metrics
+        self.published = 0
+
+    def kept(self, messages: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+        result = []
+        for message in messages:
+            n = self.published
+            self.published += 1
+            if self.drop_filter(n):
+                self.metrics.drop("test_hook")
+            else:
+                result.append(message)
+        return result
 
 
 def _publish_head(command: bytes, channel: bytes) -> bytes:
@@ -132,7 +159,7 @@ class RedisTransport:
         self._on_lines = on_lines
         self._on_subscribed = on_subscribed
         self._on_connection_lost = on_connection_lost
-        self.drop_filter = drop_filter
+        self._drops = None if drop_filter is None else DropCounter(drop_filter, metrics)
         self.watchdog_s = watchdog_s
         # RESP2: measurably faster than RESP3 on the receive path with redis-py 8.1.
         self._pub = aioredis.Redis.from_url(url, protocol=2, socket_keepalive=True)
@@ -148,7 +175,6 @@ class RedisTransport:
         self._confirmed: set[bytes] = set()
         self._pubsub: _HookedPubSub | None = None
         self._task: asyncio.Task[None] | None = None
-        self._published = 0
         self._last_received = 0.0
         self.subscribed = asyncio.Event()
         self.connects = 0
@@ -160,21 +186,13 @@ class RedisTransport:
 
         Raises redis errors (the caller decides; pub/sub is at most once anyway).
         """
-        if self.drop_filter is not None:
-            messages = [m for m in messages if not self._test_drop(self.drop_filter)]
+        if self._drops is not None:
+            messages = self._drops.kept(messages)
         payload, sent, size = pack_publishes(b"SPUBLISH" if self.sharded else b"PUBLISH", messages)
         if sent:
             await self._send_packed(payload, sent)
             self.metrics.bytes_out += size
         return sent
-
-    def _test_drop(self, drop_filter: DropFilter) -> bool:
-        n = self._published
-        self._published += 1
-        if drop_filter(n):
-            self.metrics.drop("test_hook")
-            return True
-        return False
 
     async def _send_packed(self, payload: bytes, replies: int) -> None:
         pool = self._pub.connection_pool
@@ -202,6 +220,9 @@ class RedisTransport:
     @property
     def publisher(self) -> aioredis.Redis:
         """The publishing client, also used for the hint keys (positions hash, heartbeat)."""
+        return self._pub
+
+    async def hint_client(self) -> aioredis.Redis:
         return self._pub
 
     # -- subscribing ---------------------------------------------------------------------------
@@ -233,8 +254,9 @@ class RedisTransport:
             watchdog = loop.create_task(self._watchdog(pubsub))
             try:
                 self._confirmed.clear()
-                if self.sharded:
-                    await pubsub.ssubscribe(*self._channels)
+                if self.sharded:  # one command each: on a cluster, one SSUBSCRIBE takes one slot's channels
+                    for channel in self._channels:
+                        await pubsub.ssubscribe(channel)
                 else:
                     await pubsub.subscribe(*self._channels)
                 self._last_received = loop.time()
@@ -284,6 +306,8 @@ class RedisTransport:
             raise reply  # what redis-py's read_response does with an error reply
         if not isinstance(reply, list) or len(reply) < 3:
             return  # PONG of the watchdog
+        if reply[0] in _UNSUBSCRIBE_KINDS and reply[1] in self._channels:
+            raise RedisConnectionError(f"the server unsubscribed us from {reply[1].decode(errors='replace')}")
         if reply[0] in _SUBSCRIBE_KINDS:
             self._confirmed.add(reply[1])
             if len(self._confirmed) == len(self._channels) and not self.subscribed.is_set():

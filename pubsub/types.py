@@ -3,8 +3,12 @@ of the package, so any of them can import it). Types that name a `Stream` live i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 
 class IdGenerator(Protocol):
@@ -28,3 +32,26 @@ PositionListener = Callable[[str, str, int], Awaitable[None] | None]
 UpdateFunction = Callable[[str, int, int, int], Awaitable[Sequence[tuple[int, Any]]]]
 #: (message number since start, counting from 0) -> True to drop that publish (fault-injection hook).
 DropFilter = Callable[[int], bool]
+
+
+class Transport(Protocol):
+    """What the client and the publisher need of a Redis transport: `redis_transport.RedisTransport`
+    (one server) or `redis_cluster_transport.RedisClusterTransport` (a Redis Cluster).
+
+    `start(channels)` subscribes in the background; `subscribed` is set once every channel is
+    confirmed and cleared when a subscription is lost; `connects` counts the times it was set.
+    `publish_many` sends (channel, line) pairs, each channel's lines in order, and raises the
+    link's error when any could not be sent. `hint_client()` is a client for the hint keys."""
+
+    subscribed: asyncio.Event
+    connects: int
+
+    def start(self, channels: Sequence[str]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def publish_many(self, messages: Sequence[tuple[str, str]]) -> int: ...
+
+    async def publish(self, channel: str, line: str) -> int: ...
+
+    async def hint_client(self) -> aioredis.Redis: ...

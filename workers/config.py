@@ -15,7 +15,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from workers.errors import WorkerError
@@ -39,7 +39,17 @@ class WorkerConfig(BaseSettings):
         " by $HOSTNAME (else the host's name), so replicas of one container config get distinct names"
     )
     database_url: str = Field(description="postgresql://user[:password]@host:port/database")
-    redis_url: str = Field(description="redis://, rediss:// (TLS) or unix://; user:password@ for ACLs")
+    redis_url: str = Field(
+        description="redis://, rediss:// (TLS) or unix://; user:password@ for ACLs. With"
+        " redis_cluster it defaults to that list's first node (which the start-up check PINGs)"
+    )
+    redis_cluster: list[str] = Field(
+        default_factory=list,
+        description="A Redis Cluster instead of one server: redis:// or rediss:// URLs of some of its"
+        " nodes (the others are discovered). Channels then go to the shard owning them and the"
+        " worker follows slot migrations and failovers; with sharded_pubsub, set"
+        " per_stream_channels too",
+    )
     server_name: str = Field(
         "localhost",
         pattern=r"^[A-Za-z0-9.\-]+(:[0-9]{1,5})?$",
@@ -201,6 +211,41 @@ class WorkerConfig(BaseSettings):
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis://, rediss:// or unix://")
         return value
+
+    @field_validator("redis_cluster")
+    @classmethod
+    def _cluster_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("redis://", "rediss://")):
+                raise ValueError(
+                    f"{url!r} must start with redis:// or rediss:// (a cluster has no unix sockets)"
+                )
+            try:
+                parts = urlsplit(url)
+                parts.port  # noqa: B018 - parsing is the check
+            except ValueError as e:
+                raise ValueError(f"{url!r} is malformed: {e}") from None
+            if parts.path not in ("", "/", "/0"):
+                raise ValueError(f"{url!r}: a Redis Cluster has database 0 only")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _redis_url_from_cluster(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("redis_url"):
+            nodes = data.get("redis_cluster")
+            if isinstance(nodes, list) and nodes and isinstance(nodes[0], str):
+                return {**data, "redis_url": nodes[0]}
+        return data
+
+    @model_validator(mode="after")
+    def _cluster_channels(self) -> WorkerConfig:
+        if self.redis_cluster and self.sharded_pubsub and not self.per_stream_channels:
+            raise ValueError(
+                "sharded_pubsub on a redis_cluster needs per_stream_channels: true, or every stream"
+                " shares the base channel's shard"
+            )
+        return self
 
     @field_validator("stream_writers")
     @classmethod

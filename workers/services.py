@@ -237,25 +237,32 @@ def start_redis(data_dir: Path, source: Source = "embedded") -> RunningServer:
     """Start a non-persistent Redis-protocol server on a free loopback port."""
     binary = redis_server_bin(source)
     data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir.parent / "redis.log"
     for attempt in range(3):
-        port = free_port()
-        log_path = data_dir.parent / "redis.log"
-        out = open(log_path, "ab")
-        process = subprocess.Popen(
-            [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(data_dir)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=child_setup(None, None, signal.SIGTERM),
-        )  # fmt: skip
-        out.close()
-        server = RunningServer("redis", process, f"redis://127.0.0.1:{port}/0", log_path, signal.SIGTERM)
         try:
-            _wait(server, functools.partial(_redis_answers, port))
-            return server
+            return spawn_redis(binary, free_port(), data_dir, log_path)
         except ServiceError:
-            if attempt == 2 or "in use" not in server.log_tail():
+            if attempt == 2 or "in use" not in log_path.read_text(errors="replace")[-2000:]:
                 raise
     raise AssertionError("unreachable")
+
+
+def spawn_redis(
+    binary: Path, port: int, data_dir: Path, log_path: Path, *options: str, name: str = "redis"
+) -> RunningServer:
+    """Start `binary` on 127.0.0.1:`port` without persistence, with `options` added, and wait
+    until it answers PING (a `ServiceError` with its log's tail when it does not)."""
+    out = open(log_path, "ab")
+    process = subprocess.Popen(
+        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(data_dir), *options],
+        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=child_setup(None, None, signal.SIGTERM),
+    )  # fmt: skip
+    out.close()
+    server = RunningServer(name, process, f"redis://127.0.0.1:{port}/0", log_path, signal.SIGTERM)
+    _wait(server, functools.partial(_redis_answers, port))
+    return server
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import RedisTarget
 from workers.harness.cluster import LocalCluster
 
 MakeCluster = Callable[..., Awaitable[LocalCluster]]
@@ -15,17 +16,21 @@ MakeCluster = Callable[..., Awaitable[LocalCluster]]
 
 @pytest.fixture
 async def make_cluster(
-    database_url: str, redis_url: str, channel_prefix: str, tmp_path: Path
+    database_url: str, redis_target: RedisTarget, channel_prefix: str, tmp_path: Path
 ) -> AsyncIterator[MakeCluster]:
+    """`await make_cluster(**options)`: a `LocalCluster` on `redis_target` (`redis=` another
+    target), started; every worker must exit 0 when stopped at teardown."""
     clusters: list[LocalCluster] = []
 
-    async def make(**options: Any) -> LocalCluster:
+    async def make(redis: RedisTarget | None = None, **options: Any) -> LocalCluster:
+        target = redis or redis_target
         options.setdefault("announce_interval_s", 0.2)
         cluster = LocalCluster(
             database_url,
-            redis_url,
+            target.url,
             tmp_path / f"cluster{len(clusters)}",
             channel_prefix=channel_prefix,
+            redis_cluster=target.cluster,
             **options,
         )
         clusters.append(cluster)

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from tests.cluster.conftest import MakeCluster
+from tests.conftest import both_backends
 from tests.pubsub.conftest import publish_raw
 from workers.harness.cluster_client import ClusterClient, RequestRefused, timeline_events
 from workers.harness.loadgen import LoadDriver, LoadPlan
@@ -20,6 +21,7 @@ from workers.storage import connect
 PLAN = LoadPlan(users=8, rooms=6, rooms_per_user=3, actions=400, concurrency=8, sync_timeout_ms=500)
 
 
+@both_backends
 async def test_exactly_once_in_order_under_two_persisters(
     make_cluster: MakeCluster, database_url: str
 ) -> None:

@@ -22,13 +22,16 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
+from pubsub import keys
 from tests.cluster.conftest import MakeCluster
-from tests.conftest import Servers
+from tests.conftest import RedisTarget, Servers, on_redis_cluster
 from tests.workers.conftest import MakeWorker, make_worker
 from workers.harness import chaos
 from workers.harness.cluster import LocalCluster
 from workers.harness.faultproxy import FaultProxy, target_of, through
 from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
+from workers.harness.redis_cluster_faults import migrate_slot, owner_of, wait_for_new_owner
+from workers.redis_cluster_server import RedisClusterServers
 
 __all__ = ["make_worker"]  # the in-process worker fixture, shared with tests/workers
 
@@ -296,3 +299,50 @@ async def test_one_in_three_published_messages_dropped(make_worker: MakeWorker, 
         "1 in 3 published messages dropped", urls, ["sync1", "sync2"], database_url, nothing, ready
     )
     assert dropped["n"] > 30
+
+
+@on_redis_cluster
+async def test_a_shard_primary_sigkilled_mid_load(
+    make_cluster: MakeCluster,
+    database_url: str,
+    channel_prefix: str,
+    private_redis_cluster: RedisClusterServers,
+) -> None:
+    """The workers run on a 3-shard Redis Cluster with sharded pub/sub; the primary serving the
+    events stream's channel is SIGKILLed mid-load and its replica takes over. Writes go on while
+    the shard has no primary: the readers lose their link, follow the new slot map and catch up."""
+    urls = private_redis_cluster.urls
+    cluster = await make_cluster(redis=RedisTarget(urls[0], tuple(urls)), background_workers=0)
+    channel = keys.stream_channel(channel_prefix, "events", True)
+
+    async def fault() -> None:
+        old, _ = await owner_of(urls, channel)
+        private_redis_cluster.kill(private_redis_cluster.node_by_port(old[1]))
+        await wait_for_new_owner(urls, channel, old)
+
+    await under_load(
+        "a Redis Cluster shard primary SIGKILLed (replica promoted)", cluster.urls, cluster.sync_workers,
+        database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)),
+    )  # fmt: skip
+
+
+@on_redis_cluster
+async def test_the_events_channels_slot_migrated_mid_load(
+    make_cluster: MakeCluster,
+    database_url: str,
+    channel_prefix: str,
+    private_redis_cluster: RedisClusterServers,
+) -> None:
+    """The events stream's channel moves to another shard mid-load, as a reshard would move it:
+    every subscriber gets `sunsubscribe`, every writer a MOVED; both follow it."""
+    urls = private_redis_cluster.urls
+    cluster = await make_cluster(redis=RedisTarget(urls[0], tuple(urls)), background_workers=0)
+    channel = keys.stream_channel(channel_prefix, "events", True)
+
+    async def fault() -> None:
+        await migrate_slot(urls, channel)
+
+    await under_load(
+        "the events channel's slot migrated to another shard", cluster.urls, cluster.sync_workers,
+        database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)),
+    )  # fmt: skip

@@ -14,6 +14,7 @@ import pytest
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from pubsub.types import DropFilter, Row
+from tests.conftest import RedisTarget
 
 STREAM = "test_rows"
 SCHEMA = """
@@ -133,18 +134,39 @@ def update_function(
 NodeFactory = Callable[..., Awaitable[Node]]
 
 
-async def publish_raw(redis_url: str, channel_prefix: str, lines: Sequence[bytes | str]) -> None:
-    """Publish `lines` on the cluster's base channel with a plain client, as a forger would."""
-    import redis.asyncio as aioredis
+async def keep_writing(node: Node, stop: asyncio.Event) -> None:
+    """Two rows a token every 10 ms until `stop` is set."""
+    while not stop.is_set():
+        await node.write(1, rows_per_token=2)
+        await asyncio.sleep(0.01)
 
+
+async def fault_mid_stream(
+    reader: Node, writer: Node, fault: Callable[[], Awaitable[None]], limit_s: float = 30.0
+) -> None:
+    """`writer` keeps writing; once `reader` applied 20 rows, `fault` runs. Then the reader must
+    apply 20 rows written after the fault and, once the writer stopped, every row exactly once, in
+    order (`check_history`)."""
+    stop = asyncio.Event()
+    load = asyncio.create_task(keep_writing(writer, stop))
+    try:
+        await wait_for(lambda: reader.applied_count() >= 20, what="rows before the fault")
+        await fault()
+        count = len(writer.written)
+        await wait_for(lambda: reader.applied_count() >= count + 20, limit_s, "live rows after the fault")
+    finally:
+        stop.set()
+        await load
+    await wait_for(lambda: reader.applied_count() == len(writer.written), limit_s, "every row")
+    check_history(reader.applied, {writer.name: writer.written})
+
+
+async def publish_raw(redis: str | RedisTarget, channel_prefix: str, lines: Sequence[bytes | str]) -> None:
+    """Publish `lines` on the cluster's base channel with a plain client, as a forger would."""
     from pubsub import keys
 
-    raw = aioredis.Redis.from_url(redis_url)
-    try:
-        for line in lines:
-            await raw.publish(keys.base_channel(channel_prefix), line)
-    finally:
-        await raw.aclose()
+    target = RedisTarget(redis) if isinstance(redis, str) else redis
+    await target.publish(keys.base_channel(channel_prefix), lines)
 
 
 @pytest.fixture
@@ -156,9 +178,10 @@ async def test_stream_db(db_pool: asyncpg.Pool) -> asyncpg.Pool:
 
 @pytest.fixture
 async def make_node(
-    test_stream_db: asyncpg.Pool, redis_url: str, channel_prefix: str
+    test_stream_db: asyncpg.Pool, redis_target: RedisTarget, channel_prefix: str
 ) -> AsyncIterator[NodeFactory]:
-    """`await make_node(name, writers=[...], start=True, **settings)` builds a node; all stop at teardown."""
+    """`await make_node(name, writers=[...], start=True, **settings)` builds a node on `redis_target`
+    (`url=` a server of the test's own instead); all stop at teardown."""
     from idgen.multi_writer import MultiWriterIdGenerator
 
     nodes: list[Node] = []
@@ -169,6 +192,8 @@ async def make_node(
         writers: Sequence[str] = ("w1",),
         start: bool = True,
         url: str | None = None,
+        target: RedisTarget | None = None,
+        read: Sequence[str] | None = None,
         drop_filter: DropFilter | None = None,
         announce_interval_s: float = 0.2,
         **settings: Any,
@@ -183,12 +208,13 @@ async def make_node(
             writers=list(writers),
         )
         stream = Stream(STREAM, TestRow, update_function(pool), generator, writers)
+        target = target or (redis_target if url is None else RedisTarget(url))
+        where = {k: tuple(v) if k == "redis_cluster" else v for k, v in target.settings().items()}
         config = ReplicationSettings(
             instance_name=name,
-            redis_url=url or redis_url,
+            **{**where, **settings},
             channel_prefix=channel_prefix,
             announce_interval_s=announce_interval_s,
-            **settings,
         )
         node_ref: list[Node] = []
 
@@ -197,7 +223,7 @@ async def make_node(
                 assert isinstance(row, TestRow)
                 node_ref[0].applied.append((instance, token, row.seq))
 
-        client = ReplicationClient(config, [stream], apply=apply, drop_filter=drop_filter)
+        client = ReplicationClient(config, [stream], apply=apply, read=read, drop_filter=drop_filter)
         node = Node(name, pool, generator, client)
         node_ref.append(node)
         nodes.append(node)

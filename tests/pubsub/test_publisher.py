@@ -16,6 +16,19 @@ from pubsub.wire import format_rdata
 from tests.pubsub.fakes import MemoryGenerator, MemoryTable, Row, memory_stream
 
 
+class _Hints:
+    """The hint keys' client: the periodic tick writes them; nothing to keep of them here."""
+
+    def pipeline(self, transaction: bool) -> _Hints:
+        return self
+
+    def hset(self, *_: object) -> None: ...
+
+    def set(self, *_: object, **__: object) -> None: ...
+
+    async def execute(self) -> None: ...
+
+
 class _Recorder:
     """Stands in for the transport: keeps what would have been published."""
 
@@ -25,6 +38,9 @@ class _Recorder:
     async def publish_many(self, messages: list[tuple[str, str]]) -> int:
         self.lines += messages
         return len(messages)
+
+    async def hint_client(self) -> _Hints:
+        return _Hints()
 
 
 def _expected(name: str, prev: int, tokens: list[tuple[int, list[Row | str]]]) -> list[str]:
@@ -72,19 +88,8 @@ async def test_a_burst_of_replicate_gets_one_answer_per_interval() -> None:
 
     from pubsub.publisher import REPLICATE_COALESCE_S
 
-    class _Hints:  # the periodic tick also writes hint keys; nothing to keep of them here
-        def pipeline(self, transaction: bool) -> _Hints:
-            return self
-
-        def hset(self, *_: object) -> None: ...
-
-        def set(self, *_: object, **__: object) -> None: ...
-
-        async def execute(self) -> None: ...
-
     stream = memory_stream("s", ["me"], MemoryTable())
     recorder = _Recorder()
-    recorder.publisher = _Hints()  # type: ignore[attr-defined]
     publisher = StreamPublisher(
         "me", [stream], cast(RedisTransport, recorder), metrics=ReplicationMetrics(), prefix="p",
         per_stream_channels=False, announce_interval_s=60.0, heartbeat_ttl_s=5.0,

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import redis.asyncio as aioredis
 
 from pubsub import keys
+from tests.conftest import RedisTarget, both_backends
 from tests.pubsub.conftest import STREAM, NodeFactory, check_history, wait_for
 
 GOOD = b'[0, 1, "w1", 1, "x"]'
 
 
+@both_backends
 async def test_late_subscriber_gets_no_rdata_and_catches_up_from_the_database(make_node: NodeFactory) -> None:
     reader = await make_node(
         "r1", start=False, catch_up_batch_size=100
@@ -32,6 +33,7 @@ async def test_late_subscriber_gets_no_rdata_and_catches_up_from_the_database(ma
     ) == writer.generator.get_current_token_for_writer("w1")
 
 
+@both_backends
 async def test_every_third_message_dropped_still_exactly_once_in_order(make_node: NodeFactory) -> None:
     def every_third(n: int) -> bool:
         return n % 3 == 2
@@ -57,8 +59,9 @@ async def test_every_third_message_dropped_still_exactly_once_in_order(make_node
     print(f"converged {took:.3f}s after the last write (announce interval 0.2s)")
 
 
+@both_backends
 async def test_forged_and_malformed_lines_are_rejected_and_counted(
-    make_node: NodeFactory, redis_url: str, channel_prefix: str
+    make_node: NodeFactory, redis_target: RedisTarget, channel_prefix: str
 ) -> None:
     reader = await make_node("r1", writers=["w1"], max_line_bytes=2048)
     writer = await make_node("w1", writers=["w1"])
@@ -98,17 +101,13 @@ async def test_forged_and_malformed_lines_are_rejected_and_counted(
         b"CLEAR_USER_SYNC",
         b"\x00\x01\x02",
     ]
-    raw = aioredis.Redis.from_url(redis_url)
-    try:
-        for line in forged:
-            before = reader.metric("fanout_repl_rejected_total")
-            await raw.publish(keys.base_channel(channel_prefix), line)
-            await wait_for(
-                lambda b=before: reader.metric("fanout_repl_rejected_total") == b + 1,
-                what=f"rejection of {line[:60]!r}",
-            )
-    finally:
-        await raw.aclose()
+    for line in forged:
+        before = reader.metric("fanout_repl_rejected_total")
+        await redis_target.publish(keys.base_channel(channel_prefix), [line])
+        await wait_for(
+            lambda b=before: reader.metric("fanout_repl_rejected_total") == b + 1,
+            what=f"rejection of {line[:60]!r}",
+        )
     assert len(forged) >= 20
     assert reader.client.read_streams[STREAM].current_token("w1") == position
     reasons = {
@@ -150,25 +149,26 @@ async def test_channel_options_deliver_live_rows(
         ]
 
 
+@both_backends
 async def test_positions_hash_heartbeat_and_silent_writers(
-    make_node: NodeFactory, redis_url: str, channel_prefix: str
+    make_node: NodeFactory, redis_target: RedisTarget, channel_prefix: str
 ) -> None:
     reader = await make_node("r1", writers=["w1", "w2"], announce_interval_s=0.1, silent_writer_intervals=3)
     writer = await make_node("w1", writers=["w1", "w2"], announce_interval_s=0.1, silent_writer_intervals=3)
     await writer.write(4)
-    raw = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    raw = redis_target.client()
     try:
         token = writer.generator.get_current_token_for_writer("w1")
         await wait_for(lambda: reader.applied_count() == 4, what="rows")
 
-        async def hint() -> dict[str, str]:
+        async def hint() -> dict[bytes, bytes]:
             return await raw.hgetall(keys.positions_key(channel_prefix, STREAM))  # type: ignore[no-any-return]
 
         for _ in range(200):
-            if (await hint()).get("w1") == str(token):
+            if (await hint()).get(b"w1") == str(token).encode():
                 break
             await asyncio.sleep(0.01)
-        assert (await hint())["w1"] == str(token)
+        assert (await hint())[b"w1"] == str(token).encode()
         ttl = await raw.pttl(keys.heartbeat_key(channel_prefix, "w1"))
         assert 0 < ttl <= 300
         await wait_for(lambda: not reader.client.health()["ok"], what="w2 reported silent")
@@ -181,6 +181,7 @@ async def test_positions_hash_heartbeat_and_silent_writers(
         await raw.aclose()
 
 
+@both_backends
 async def test_user_sync_commands_are_routed(make_node: NodeFactory) -> None:
     from pubsub.wire import ClearUserSync, UserSync
 

@@ -52,6 +52,34 @@ def test_bad_field_is_named(tmp_path: Path, text: str, field: str, problem: str)
     assert f"'{field}'" in message and problem in message
 
 
+CLUSTER = GOOD.replace(
+    "redis_url: redis://127.0.0.1:6379/0", "redis_cluster: [redis://10.0.0.1:7000, redis://10.0.0.2:7000]"
+)
+
+
+def test_redis_cluster_gives_redis_url_its_first_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = load_config(_write(tmp_path, CLUSTER + "sharded_pubsub: true\nper_stream_channels: true\n"))
+    assert config.redis_cluster == ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]
+    assert config.redis_url == "redis://10.0.0.1:7000"
+    monkeypatch.setenv("FANOUT_REDIS_CLUSTER", '["redis://10.0.0.9:7000"]')
+    assert load_config(_write(tmp_path, CLUSTER)).redis_url == "redis://10.0.0.9:7000"
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "problem"),
+    [
+        (CLUSTER.replace("redis://10.0.0.2:7000", "unix:///tmp/r.sock"), "redis_cluster", "unix sockets"),
+        (CLUSTER.replace("10.0.0.2:7000", "10.0.0.2:7000/2"), "redis_cluster", "database 0 only"),
+        (CLUSTER.replace("10.0.0.2:7000", "10.0.0.2:port"), "redis_cluster", "malformed"),
+        (CLUSTER + "sharded_pubsub: true\n", "(top level)", "per_stream_channels: true"),
+    ],
+)
+def test_bad_cluster_settings_are_named(tmp_path: Path, text: str, field: str, problem: str) -> None:
+    test_bad_field_is_named(tmp_path, text, field, problem)
+
+
 def test_not_yaml_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(_write(tmp_path, "a: [1, 2"))

@@ -36,6 +36,7 @@ BENCHES: dict[str, str] = {
     "instructions": "workers.harness.bench.instructions",
     "http": "workers.harness.bench.http",
     "longpoll": "workers.harness.bench.longpoll",
+    "scale": "workers.harness.bench.scale",
     "all": "workers.harness.bench.all",
 }
 

@@ -5,7 +5,8 @@ free HTTP port, started with PR_SET_PDEATHSIG so none outlives the launcher. `st
 every worker's /health says ready. Roles: persisters write the events stream, sync workers serve
 reads, background workers run their tasks; every worker serves the whole client API (a client may
 talk to any of them). `write_only_persisters=True` makes the persisters `serve_reads: false`, as a
-deployment that keeps clients' reads off its writers would.
+deployment that keeps clients' reads off its writers would. `redis_cluster` (node URLs) puts the
+workers on a Redis Cluster with sharded pub/sub, each stream on its own channel.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,12 +60,15 @@ class LocalCluster:
         stream_writers: dict[str, list[str]] | None = None,
         write_only_persisters: bool = False,
         worker_config: dict[str, dict[str, Any]] | None = None,
+        redis_cluster: Sequence[str] = (),
     ) -> None:
         self.write_only_persisters = write_only_persisters
         #: Per worker, settings over everything else (e.g. one worker's Redis through a fault proxy).
         self.worker_config = worker_config or {}
         self.database_url = database_url
         self.redis_url = redis_url
+        #: A Redis Cluster's node URLs: the workers then use it, with sharded pub/sub on per-stream channels.
+        self.redis_cluster = list(redis_cluster)
         self.workdir = workdir
         self.channel_prefix = channel_prefix
         self.announce_interval_s = announce_interval_s
@@ -112,6 +117,7 @@ class LocalCluster:
             "instance_name": spec.name,
             "database_url": self.database_url,
             "redis_url": self.redis_url,
+            **self._cluster_settings(),
             "channel_prefix": self.channel_prefix,
             "stream_writers": {"events": self.event_writers, **self.stream_writers},
             "instance_map": self.urls,
@@ -126,6 +132,11 @@ class LocalCluster:
             **self.worker_config.get(spec.name, {}),
         }
         self.config_path(spec.name).write_text(yaml.safe_dump(config, sort_keys=False))
+
+    def _cluster_settings(self) -> dict[str, Any]:
+        if not self.redis_cluster:
+            return {}
+        return {"redis_cluster": self.redis_cluster, "sharded_pubsub": True, "per_stream_channels": True}
 
     def _spawn(self, spec: WorkerSpec) -> None:
         self._write_config(spec)

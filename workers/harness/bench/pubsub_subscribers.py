@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import multiprocessing
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -23,6 +22,7 @@ from pubsub.redis_transport import SUBSCRIBER_READ_BYTES
 from pubsub.streams import Stream
 from workers import event_loop
 from workers.gc_tuning import tune_gc
+from workers.harness.bench._processes import ProcessPool
 from workers.harness.memory import MemoryGenerator
 
 STREAM = "bench"
@@ -129,48 +129,20 @@ async def _our_subscriber(conn: Connection, url: str, prefix: str, index: int, t
     return {"received": applied, "arrivals": arrivals, "dropped": dropped}
 
 
-class SubscriberPool:
-    """Subscriber processes, started once (spawn: no inherited event loop) and reused by every run."""
+class SubscriberPool(ProcessPool):
+    """Subscriber processes, started once and reused by every run."""
 
     def __init__(self, count: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conns: list[Connection] = []
-        self._procs: list[Any] = []
-        for _ in range(count):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_subscriber_main, args=(child,), daemon=True)
-            proc.start()
-            self._conns.append(parent)
-            self._procs.append(proc)
-
-    async def _recv(self, conn: Connection, timeout_s: float) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while not conn.poll():
-            if time.monotonic() > deadline:
-                raise RuntimeError("a subscriber process did not answer in time")
-            await asyncio.sleep(0.002)
-        return conn.recv()
+        super().__init__(_subscriber_main, count)
 
     async def start_jobs(self, jobs: Sequence[Job]) -> None:
         """Send one job per process and wait until each is subscribed (and, for ours, connected)."""
-        for conn, job in zip(self._conns, jobs, strict=False):
+        for conn, job in zip(self.conns, jobs, strict=False):
             conn.send(job)
-        for conn in self._conns[: len(jobs)]:
-            ready = await self._recv(conn, 90)
+        for conn in self.conns[: len(jobs)]:
+            ready = await self.recv(conn, 90)
             if ready != "ready":
                 raise RuntimeError(f"subscriber process failed to start: {ready!r}")
 
     async def results(self, count: int) -> list[JobResult]:
-        return [await self._recv(conn, JOB_TIMEOUT_S + 30) for conn in self._conns[:count]]
-
-    def close(self) -> None:
-        for conn in self._conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for proc in self._procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
+        return [await self.recv(conn, JOB_TIMEOUT_S + 30) for conn in self.conns[:count]]
