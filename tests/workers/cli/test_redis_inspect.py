@@ -19,20 +19,26 @@ def test_describe_decodes_and_flags_rejections() -> None:
     assert describe(b"BOGUS").startswith("REJECTED unknown_command")
 
 
-async def test_positions_lists_every_writer(
-    make_node: NodeFactory, redis_url: str, channel_prefix: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    writer = await make_node("w1", announce_interval_s=0.1)
+async def _written_and_hinted(make_node: NodeFactory, target: RedisTarget, channel_prefix: str) -> int:
+    """A writer w1 writes three rows; returns its position once the positions hash shows it."""
+    writer = await make_node("w1", target=target, announce_interval_s=0.1)
     await writer.write(3)
-    token = writer.generator.get_current_token_for_writer("w1")
-    raw = aioredis.Redis.from_url(redis_url)
+    token: int = writer.generator.get_current_token_for_writer("w1")
+    hints = target.client()
     try:
         for _ in range(300):
-            if await raw.hget(keys.positions_key(channel_prefix, STREAM), "w1") == str(token).encode():
+            if await hints.hget(keys.positions_key(channel_prefix, STREAM), "w1") == str(token).encode():
                 break
             await asyncio.sleep(0.01)
     finally:
-        await raw.aclose()
+        await hints.aclose()
+    return token
+
+
+async def test_positions_lists_every_writer(
+    make_node: NodeFactory, redis_url: str, channel_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = await _written_and_hinted(make_node, RedisTarget(redis_url), channel_prefix)
     rc = await asyncio.to_thread(main, ["--redis-url", redis_url, "--prefix", channel_prefix, "--positions"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -76,17 +82,7 @@ async def test_positions_and_live_mode_on_a_redis_cluster(
 ) -> None:
     target = RedisTarget(redis_cluster_urls[0], redis_cluster_urls)
     cluster = ["--redis-cluster", ",".join(redis_cluster_urls), "--prefix", channel_prefix]
-    writer = await make_node("w1", target=target, announce_interval_s=0.1)
-    await writer.write(3)
-    token = writer.generator.get_current_token_for_writer("w1")
-    hints = target.client()
-    try:
-        for _ in range(300):
-            if await hints.hget(keys.positions_key(channel_prefix, STREAM), "w1") == str(token).encode():
-                break
-            await asyncio.sleep(0.01)
-    finally:
-        await hints.aclose()
+    token = await _written_and_hinted(make_node, target, channel_prefix)
     assert await asyncio.to_thread(main, [*cluster, "--positions"]) == 0
     assert f"{{w1={token}}}" in capsys.readouterr().out
     live = asyncio.create_task(asyncio.to_thread(main, [*cluster, "--sharded", "--count", "1"]))
