@@ -9,12 +9,13 @@ in order, exactly once, and catch up from the database whenever a message was lo
 | `stream_queue.py` | one stream's serial queue: apply in order, detect gaps, catch up |
 | `publisher.py` | the writer side: RDATA in token order, POSITION periodically and on request |
 | `redis_transport.py` | connections, (s)publish/(s)subscribe, reconnects and their hooks |
+| `redis_cluster_transport.py` | a Redis Cluster: one `RedisTransport` per primary, channels routed by slot |
 | `client.py` | `ReplicationClient`, which wires the above for one process |
 | `keys.py`, `metrics.py`, `ratelog.py` | channel and key names; counters; rate-limited logs |
 | `tasks.py`, `types.py`, `errors.py` | stopping tasks; shared types; `PubSubError` and below |
 
 `pubsub` knows nothing of rooms or events and never imports `workers`, `analytics` or `idgen`:
-an ID generator is whatever satisfies `types.IdGenerator`. Only `redis_transport.py` talks to Redis;
+an ID generator is whatever satisfies `types.IdGenerator`. Only the two transports talk to Redis;
 database access is the update function each stream is handed.
 """
 

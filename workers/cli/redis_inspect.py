@@ -1,26 +1,33 @@
 """`fanout inspect`: read the replication traffic, or every stream's vector clock, as a person would.
 
-    fanout inspect [--redis-url URL --prefix P | --config FILE] [--streams a,b] [--positions] [--count N]
+    fanout inspect [--redis-url URL | --redis-cluster URL,URL | --config FILE] [--prefix P]
+                   [--streams a,b] [--positions] [--count N]
 
 Live mode subscribes to `<prefix>` (and `<prefix>/<stream>` for --streams) and prints each command
 decoded, one per line (an RDATA row's fields by name, as its stream defines them); lines that
 `pubsub` would reject are printed as `REJECTED <reason>`.
 `--positions` prints the positions hashes and heartbeat keys writers keep for people: hints,
-not the source of truth (that is the database).
+not the source of truth (that is the database). On a Redis Cluster (`--redis-cluster`, or a
+config with `redis_cluster`) live mode follows each channel to its shard as a worker does (lines
+are printed without their channel) and the positions come from whichever node holds them.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from pubsub import keys
 from pubsub.errors import WireError
+from pubsub.metrics import ReplicationMetrics
+from pubsub.redis_cluster_transport import RedisClusterTransport
 from pubsub.wire import RData, command_name, parse_line
 from workers import event_loop
 from workers.streams.account_data import ACCOUNT_DATA, AccountDataRow
@@ -35,6 +42,7 @@ from workers.streams.typing import TYPING, TypingRow
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fanout inspect", description=__doc__.split("\n")[0])
     p.add_argument("--redis-url", help="redis://, rediss:// or unix:// URL")
+    p.add_argument("--redis-cluster", default="", help="a Redis Cluster's node URLs, comma-separated")
     p.add_argument("--prefix", help="channel prefix (default: from --config, else 'fanout')")
     p.add_argument("--config", help="a worker's YAML configuration instead of --redis-url/--prefix")
     p.add_argument("--positions", action="store_true", help="print every stream's vector clock and exit")
@@ -91,7 +99,7 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-async def positions_table(client: aioredis.Redis, prefix: str) -> str:
+async def positions_table(client: aioredis.Redis | RedisCluster, prefix: str) -> str:
     """The positions hashes (stream x writer) and the heartbeats, as an aligned text table."""
     clocks: dict[str, dict[str, str]] = {}
     async for key in client.scan_iter(match=keys.positions_pattern(prefix), count=200):
@@ -142,8 +150,39 @@ async def _live(client: aioredis.Redis, channels: list[str], sharded: bool, coun
         await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
+async def _live_on_cluster(urls: list[str], channels: list[str], sharded: bool, count: int) -> None:
+    """Live mode through the cluster transport: each channel read on the shard that owns it."""
+    seen = 0
+    done = asyncio.Event()
+    subscribed = asyncio.Event()
+
+    def show(lines: list[bytes], now: float) -> None:
+        nonlocal seen
+        for data in lines:
+            print(f"{time.strftime('%H:%M:%S')} {describe(data)}", flush=True)
+            seen += 1
+            if count and seen >= count:
+                done.set()
+
+    def lost() -> None:
+        if subscribed.is_set():
+            print(f"{time.strftime('%H:%M:%S')} (a shard link was lost: lines may be missing)", flush=True)
+
+    transport = RedisClusterTransport(
+        urls, metrics=ReplicationMetrics(), on_lines=show, on_subscribed=subscribed.set,
+        on_connection_lost=lost, sharded=sharded, home="fanout-inspect",
+    )  # fmt: skip
+    transport.start(channels)
+    print(f"listening on {', '.join(channels)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    try:
+        await done.wait()
+    finally:
+        await transport.stop()
+
+
 async def _run(args: argparse.Namespace) -> int:
     url, prefix, sharded = args.redis_url, args.prefix, args.sharded
+    cluster = [u for u in args.redis_cluster.split(",") if u]
     if args.config:
         from workers.config import ConfigError, load_config
 
@@ -153,19 +192,26 @@ async def _run(args: argparse.Namespace) -> int:
             print(f"fanout inspect: {e}", file=sys.stderr)
             return 2
         url = url or config.redis_url
+        cluster = cluster or ([] if args.redis_url else list(config.redis_cluster))
         prefix = prefix or config.channel_prefix
         sharded = sharded or config.sharded_pubsub
-    if not url:
-        print("fanout inspect: give --redis-url or --config", file=sys.stderr)
+    if not url and not cluster:
+        print("fanout inspect: give --redis-url, --redis-cluster or --config", file=sys.stderr)
         return 2
     prefix = prefix or "fanout"
-    client = aioredis.Redis.from_url(url, protocol=2)
+    streams = [s for s in args.streams.split(",") if s]
+    channels = [keys.base_channel(prefix)] + [keys.stream_channel(prefix, s, True) for s in streams]
+    if cluster and not args.positions:
+        await _live_on_cluster(cluster, channels, sharded, args.count)
+        return 0
+    client: aioredis.Redis | RedisCluster = (
+        RedisCluster.from_url(cluster[0]) if cluster else aioredis.Redis.from_url(url, protocol=2)
+    )
     try:
         if args.positions:
             print(await positions_table(client, prefix))
             return 0
-        streams = [s for s in args.streams.split(",") if s]
-        channels = [keys.base_channel(prefix)] + [keys.stream_channel(prefix, s, True) for s in streams]
+        assert isinstance(client, aioredis.Redis)
         await _live(client, channels, sharded, args.count)
         return 0
     finally:
@@ -178,6 +224,6 @@ def main(argv: list[str]) -> int:
         return event_loop.run(_run(args))
     except KeyboardInterrupt:
         return 0
-    except (OSError, RedisError) as e:
+    except (OSError, RedisError, RedisClusterException) as e:
         print(f"fanout inspect: cannot reach Redis: {e}", file=sys.stderr)
         return 1

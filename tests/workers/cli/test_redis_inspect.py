@@ -8,6 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from pubsub import keys
+from tests.conftest import RedisTarget, on_redis_cluster
 from tests.pubsub.conftest import STREAM, NodeFactory
 from workers.cli.redis_inspect import describe, main
 
@@ -31,20 +32,26 @@ def test_describe_names_the_fields_of_every_streams_rows() -> None:
     assert describe(b"RDATA account_data p1 9 [1,2]").endswith("[1,2]")  # not its shape: as it came
 
 
-async def test_positions_lists_every_writer(
-    make_node: NodeFactory, redis_url: str, channel_prefix: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    writer = await make_node("w1", announce_interval_s=0.1)
+async def _written_and_hinted(make_node: NodeFactory, target: RedisTarget, channel_prefix: str) -> int:
+    """A writer w1 writes three rows; returns its position once the positions hash shows it."""
+    writer = await make_node("w1", target=target, announce_interval_s=0.1)
     await writer.write(3)
-    token = writer.generator.get_current_token_for_writer("w1")
-    raw = aioredis.Redis.from_url(redis_url)
+    token: int = writer.generator.get_current_token_for_writer("w1")
+    hints = target.client()
     try:
         for _ in range(300):
-            if await raw.hget(keys.positions_key(channel_prefix, STREAM), "w1") == str(token).encode():
+            if await hints.hget(keys.positions_key(channel_prefix, STREAM), "w1") == str(token).encode():
                 break
             await asyncio.sleep(0.01)
     finally:
-        await raw.aclose()
+        await hints.aclose()
+    return token
+
+
+async def test_positions_lists_every_writer(
+    make_node: NodeFactory, redis_url: str, channel_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = await _written_and_hinted(make_node, RedisTarget(redis_url), channel_prefix)
     rc = await asyncio.to_thread(main, ["--redis-url", redis_url, "--prefix", channel_prefix, "--positions"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -77,3 +84,25 @@ async def test_live_mode_prints_decoded_commands(
     out = capsys.readouterr().out
     assert "POSITION stream=s instance=w1 prev_token=1 new_token=2" in out
     assert "REJECTED unknown_command" in out
+
+
+@on_redis_cluster
+async def test_positions_and_live_mode_on_a_redis_cluster(
+    make_node: NodeFactory,
+    redis_cluster_urls: tuple[str, ...],
+    channel_prefix: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = RedisTarget(redis_cluster_urls[0], redis_cluster_urls)
+    cluster = ["--redis-cluster", ",".join(redis_cluster_urls), "--prefix", channel_prefix]
+    token = await _written_and_hinted(make_node, target, channel_prefix)
+    assert await asyncio.to_thread(main, [*cluster, "--positions"]) == 0
+    assert f"{{w1={token}}}" in capsys.readouterr().out
+    live = asyncio.create_task(asyncio.to_thread(main, [*cluster, "--sharded", "--count", "1"]))
+    for _ in range(200):  # until the inspector, subscribed on the base channel's shard, hears one
+        await target.publish(keys.base_channel(channel_prefix), [b"POSITION s w1 1 2"])
+        if live.done():
+            break
+        await asyncio.sleep(0.05)
+    assert await asyncio.wait_for(live, 10) == 0
+    assert "POSITION stream=s instance=w1 prev_token=1 new_token=2" in capsys.readouterr().out
