@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import on_redis_cluster
 from workers.harness.bench._common import Figure, markdown_table, percentile
 
 
@@ -52,3 +53,38 @@ def test_bench_all_refuses_an_unknown_benchmark(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2 and "unknown benchmark(s): nosuch" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_fits_recover_known_constants() -> None:
+    from workers.harness.bench.scale import fit_rate, fit_subscribers
+
+    by_n = [{"subscribers": n, "per_event": {"c": 40 + 2 * n}} for n in (1, 4, 16)]
+    assert fit_subscribers(by_n, "c") == {"a": 40.0, "b": 2.0}
+    by_rate = [{"rate": r, "per_event": {"c": 30 + 60_000 / r}} for r in (500, 1000, 2000)]
+    assert fit_rate(by_rate, "c") == {"marginal_us": 30.0, "fixed_us_per_s": 60_000.0}
+    assert math.isnan(fit_subscribers(by_n[:1], "c")["a"])
+
+
+@on_redis_cluster
+def test_bench_scale_counts_every_event_on_one_server_and_on_the_cluster() -> None:
+    """A short run of each backend: every subscriber got every event, and the counts add up (one
+    PUBLISH per event or a little more, one delivery per subscriber, the cluster's bus carrying
+    sharded messages to the shard's replica only)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "bench", "scale", "--base-only", "--seconds", "1",
+         "--rate", "400", "--backends", "single,cluster,broadcast"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report, _ = json.JSONDecoder().raw_decode(done.stdout)
+    runs = {r["backend"]: r for r in report["runs"]}
+    assert set(runs) == {"single", "cluster", "broadcast"} and report["ceiling"]["complete"]
+    for run in runs.values():
+        assert run["complete"] and run["missing"] == 0 and run["subscribers"] == 4
+        assert 1.0 <= run["per_event"]["redis_publishes"] < 1.2
+        assert 4.0 <= run["per_event"]["redis_deliveries"] < 4.8
+    assert runs["single"]["per_event"]["cluster_bus_bytes"] == 0
+    assert (
+        runs["broadcast"]["per_event"]["cluster_bus_bytes"]
+        > 3 * runs["cluster"]["per_event"]["cluster_bus_bytes"]
+    )

@@ -31,6 +31,7 @@ BENCHES: dict[str, list[str]] = {
     "longpoll": ["--polls", "1000", "--room-members", "200", "--idle-seconds", "2"],
     "audit": ["--rows", "100000"],
     "instructions": ["--events", "2000"],
+    "scale": ["--base-only", "--seconds", "1", "--backends", "single"],
 }
 
 
