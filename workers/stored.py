@@ -148,11 +148,9 @@ class StoredStreams:
             if not entity.startswith("@"):
                 continue  # a remote server's queue: only the federation sender reads it
             changes.changed(entity, token)
-            if stream == device_lists.DEVICE_LISTS:
+            users.add(entity)
+            if stream == device_lists.DEVICE_LISTS:  # the user's room-mates see the change too
                 rooms |= (await self._caches.rooms_for_user.get(entity)).rooms
-                users.add(entity)
-            else:
-                users.add(entity)
         return rooms, users
 
     async def committed(self, stream: str, rows: Sequence[tuple[int, Row]]) -> tuple[set[str], set[str]]:

@@ -19,7 +19,8 @@ from tests.cluster.test_scenarios import proxies
 from workers.harness.cluster_client import ClusterClient
 from workers.harness.faultproxy import FaultProxy, through
 from workers.harness.loadgen import LoadDriver, LoadPlan
-from workers.storage import connect
+from workers.routing import writer_for_user
+from workers.storage import Conn, connect
 from workers.streams import account_data, device_lists, to_device
 
 __all__ = ["proxies"]  # the fault-proxy fixture, shared with the fault scenarios
@@ -225,8 +226,6 @@ async def test_room_versions_survive_a_reader_restart(make_cluster: MakeCluster)
 
 
 def _owner(client: ClusterClient, writers: list[str]) -> str:
-    from workers.routing import writer_for_user
-
     return writer_for_user(str(client.user_id), writers, "to_device")
 
 
@@ -242,17 +241,17 @@ def _union(tables: list[tuple[str, str, str]], columns: str) -> str:
     return " UNION ALL ".join(f"SELECT {columns.format(table=t)} FROM {t}" for t, _i, _s in tables)
 
 
-async def _max_id(conn: object, stream: str) -> int:
-    value = await conn.fetchval(  # type: ignore[attr-defined]
+async def _max_id(conn: Conn, stream: str) -> int:
+    value = await conn.fetchval(
         f"SELECT coalesce(max(stream_id), 0) FROM ({_union(STREAM_TABLES[stream], 'stream_id')}) t"
     )
     return int(value)
 
 
-async def _writes(conn: object) -> dict[str, tuple[int, int]]:
+async def _writes(conn: Conn) -> dict[str, tuple[int, int]]:
     """(rows inserted, rows updated) of each to-device table, from PostgreSQL's statistics."""
     tables = [t for t, _i, _s in STREAM_TABLES[to_device.TO_DEVICE]] + ["device_inbox_txns"]
-    records = await conn.fetch(  # type: ignore[attr-defined]
+    records = await conn.fetch(
         "SELECT relname, n_tup_ins, n_tup_upd FROM pg_stat_user_tables WHERE relname = ANY($1::text[])",
         tables,
     )
