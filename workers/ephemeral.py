@@ -213,16 +213,7 @@ class Ephemeral:
         self, user_id: str, since: int | None, upto: int | None
     ) -> list[dict[str, Any]]:
         """m.presence events for /sync's `presence.events` (see `PresenceService.presence_section`)."""
-        return await self.presence.presence_section(user_id, since, upto, self._co_users)
-
-    async def _co_users(self, user_id: str) -> set[str]:
-        user_rooms = await self.worker.caches.rooms_for_user.get(user_id)
-        users = {user_id}
-        for room_id in user_rooms.rooms:
-            history = user_rooms.history.get(room_id, ())
-            if history and history[-1][1] == "join":
-                users |= await self.worker.caches.joined_members.get(room_id)
-        return users
+        return await self.presence.presence_section(user_id, since, upto, self.worker.caches.sharing_a_room)
 
     # -- lifecycle ------------------------------------------------------------------------------
 

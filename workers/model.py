@@ -187,6 +187,10 @@ class UserRooms:
     rooms: frozenset[str]
     history: dict[str, tuple[tuple[int, str], ...]]
 
+    def joined(self) -> set[str]:
+        """The rooms the user is joined to now."""
+        return {r for r, changes in self.history.items() if changes and changes[-1][1] == "join"}
+
 
 @dataclass(slots=True)
 class StateChanges:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from pubsub.wire import ClearUserSync, UserSync
+from workers.handlers.change_cache import FEW_CHANGED
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.presence import PresenceChange, PresenceTracker, PresenceView, presence_event
 from workers.streams.memory import MemoryPositions, StreamHistory
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 Publish = Callable[[Sequence[tuple[int, PresenceRow]]], None]
 NotifyUsers = Callable[[Iterable[str]], None]
 #: user -> every user sharing a room with them (themselves included).
-CoUsers = Callable[[str], Awaitable[set[str]]]
+#: (user, among or None) -> the users of `among` (or all) sharing a joined room with the user.
+Sharing = Callable[[str, Iterable[str] | None], Awaitable[set[str]]]
 
 
 class PresenceService:
@@ -88,11 +90,13 @@ class PresenceService:
         return content
 
     async def presence_section(
-        self, user_id: str, since: int | None, upto: int | None, co_users: CoUsers
+        self, user_id: str, since: int | None, upto: int | None, sharing: Sharing
     ) -> list[dict[str, Any]]:
         """For /sync's `presence.events`: m.presence events of the users sharing a room with
         `user_id` whose presence changed in (since, upto] (all known ones when `since` is None)."""
-        users = await co_users(user_id)
+        changed = None if since is None else self.view.changed_after(since)
+        few = changed is not None and len(changed) <= FEW_CHANGED
+        users = await sharing(user_id, changed if few else None)
         events = self.view.events(users, since, _now_ms())
         if upto is None:
             return events

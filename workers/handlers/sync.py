@@ -184,7 +184,7 @@ class SyncHandler:
                     sections = RoomSections(user_id, sync_filter.timeline_limit)
                     sections.add_window(events)
                     if full_state:
-                        sections.want_full_state(r for r in _joined(user_rooms) if sync_filter.includes(r))
+                        sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
                     sections.add_ephemeral(typing, presence)
                     sections.add_stored(stored, sync_filter.includes)
                     await sections.load_state(self._state_events, self._invite_state)
@@ -259,7 +259,7 @@ class SyncHandler:
         ones when None), up to `now`."""
         if self.ephemeral is None:
             return {}, []
-        rooms = [r for r in _joined(user_rooms) if sync_filter.includes(r)]
+        rooms = [r for r in user_rooms.joined() if sync_filter.includes(r)]
         typing = self.ephemeral.typing_events(rooms, None if since is None else since.get("typing").stream)
         presence = await self.ephemeral.presence_events(
             user_id, None if since is None else since.get("presence").stream, now.get("presence").stream
@@ -365,10 +365,6 @@ def _visible(event: Event, user_id: str, history: dict[str, tuple[tuple[int, str
     changes = history.get(event.room_id, ())
     index = bisect.bisect_right(changes, (event.stream_ordering, "\uffff")) - 1
     return index >= 0 and changes[index][1] == "join"
-
-
-def _joined(user_rooms: UserRooms) -> list[str]:
-    return [r for r, history in user_rooms.history.items() if history and history[-1][1] == "join"]
 
 
 def _ordered(token: SyncToken) -> SyncToken:

@@ -24,7 +24,7 @@ import asyncpg
 
 from idgen import SyncToken
 from workers.handlers.caches import SyncCaches
-from workers.handlers.change_cache import StreamChangeCache
+from workers.handlers.change_cache import FEW_CHANGED, StreamChangeCache
 from workers.handlers.to_device import ToDeviceInbox
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import account_data as account_store
@@ -84,7 +84,7 @@ class StoredSections:
     ) -> tuple[StoredUpdates, SyncToken]:
         """The sections for (since, now] (since None: an initial sync) and the token they reach."""
         updates = StoredUpdates()
-        joined = {r for r, history in user_rooms.history.items() if history and history[-1][1] == "join"}
+        joined = user_rooms.joined()
         await self._account_data(updates, user_id, joined, since, now)
         if device_id is not None:
             now = await self._to_device(updates, user_id, device_id, since, now)
@@ -133,9 +133,6 @@ class StoredSections:
         now: SyncToken,
         events: list[Event],
     ) -> None:
-        sharing = {user_id}
-        for room_id in joined:
-            sharing |= await self._caches.joined_members.get(room_id)
         newly: set[str] = set()
         gone: set[str] = set()
         for event in events:
@@ -154,7 +151,14 @@ class StoredSections:
                 gone |= members
         newly.discard(user_id)  # one's own list is "changed" only when it changed
         low = since.get(DEVICE_LISTS)
-        candidates = self._changes[DEVICE_LISTS].any_may_have_changed(sorted(sharing), low.stream)
+        cache = self._changes[DEVICE_LISTS]
+        recent = cache.changed_after(low.stream)
+        if recent is not None and len(recent) <= FEW_CHANGED and not newly and not gone:
+            sharing = await self._caches.sharing_a_room(user_id, recent)
+            candidates = sorted(sharing)
+        else:
+            sharing = await self._caches.sharing_a_room(user_id)
+            candidates = cache.any_may_have_changed(sorted(sharing), low.stream)
         changed: set[str] = set()
         if candidates:
             async with self._pool.acquire() as conn:

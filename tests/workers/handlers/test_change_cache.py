@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,17 @@ from hypothesis import strategies as st
 
 from workers.handlers import change_cache
 from workers.handlers.change_cache import StreamChangeCache
+
+
+def _changes(test: Callable[..., None]) -> Callable[..., None]:
+    """Rows in any order (several writers), a `since`, and a cache small enough to drop entries."""
+    return settings(max_examples=200, deadline=None)(
+        given(
+            changes=st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(1, 60)), max_size=40),
+            since=st.integers(0, 60),
+            size=st.integers(1, 6),
+        )(test)
+    )
 
 
 def test_known_changes_and_the_floor() -> None:
@@ -33,12 +45,7 @@ def test_dropping_old_entries_raises_the_floor() -> None:
     assert cache.may_have_changed("@a", 0)  # below the floor now: unknown, so "maybe"
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    changes=st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(1, 60)), max_size=40),
-    since=st.integers(0, 60),
-    size=st.integers(1, 6),
-)
+@_changes
 def test_never_says_unchanged_for_an_entity_that_changed(
     changes: list[tuple[str, int]], since: int, size: int
 ) -> None:
@@ -65,3 +72,28 @@ def test_blind_while_a_writer_it_does_not_follow_writes(monkeypatch: pytest.Monk
     time.sleep(0.06)
     assert cache.may_have_changed("@a", 20)  # below the new floor: ask the database
     assert not cache.may_have_changed("@a", 25) and cache.floor == 25
+
+
+@_changes
+def test_changed_after_lists_exactly_the_entities_that_changed(
+    changes: list[tuple[str, int]], since: int, size: int
+) -> None:
+    """Either "cannot know" (None) or every entity with a change above `since`, each once, and
+    none whose changes are all at or below it: whatever order the rows arrived in."""
+    cache = StreamChangeCache("s", floor=0, max_entries=size)
+    for entity, stream_id in changes:
+        cache.changed(entity, stream_id)
+    listed = cache.changed_after(since)
+    if since < cache.floor:
+        assert listed is None
+        return
+    assert listed is not None and len(listed) == len(set(listed))
+    assert set(listed) == {e for e, s in changes if s > since}
+
+
+def test_changed_after_is_none_while_blind(monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = StreamChangeCache("s", floor=10)
+    cache.changed("@a", 11)
+    assert cache.changed_after(10) == ["@a"] and cache.changed_after(9) is None
+    cache.blind()
+    assert cache.changed_after(10) is None

@@ -9,8 +9,10 @@ share of the process's samples. Benchmarks pass `--profile DIR` to write both be
 from __future__ import annotations
 
 import collections
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -32,13 +34,17 @@ class Profiles:
 
 def profile(pids: dict[str, int], seconds: int, out: Path) -> Profiles:
     """Record each process (name -> pid) for `seconds` into `out/<name>.stacks`."""
-    if shutil.which("py-spy") is None:
+    # Beside this interpreter first: the virtualenv's bin need not be on PATH.
+    spy = shutil.which(
+        "py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
+    if spy is None:
         raise RuntimeError("--profile needs py-spy (pip install py-spy)")
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for name, pid in pids.items():
         stacks = out / f"{name}.stacks"
-        command = ["py-spy", "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "250",
+        command = [spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "250",
                    "--format", "raw", "--output", str(stacks), "--nonblocking"]  # fmt: skip
         runs.append(
             (name, stacks, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
