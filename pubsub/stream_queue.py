@@ -150,7 +150,7 @@ class StreamQueue:
             batch.append(row)
             return
         batch = self.pending.pop(writer, [])
-        rows = [*batch, row] if batch else [row]
+        rows = [*((token, r) for r in batch), (token, row)] if batch else [(token, row)]
         cur = stream.current_token(writer)
         if token <= cur:
             self._owner.metrics.drop("duplicate")
@@ -168,7 +168,7 @@ class StreamQueue:
             self.announced[writer] = last
         await self._apply(stream, writer, last, rows)
 
-    def _take_following(self, writer: str, last: int, rows: list[Row]) -> int:
+    def _take_following(self, writer: str, last: int, rows: list[tuple[int, Row]]) -> int:
         """Move the single-row tokens queued right behind token `last` of `writer` that continue
         its chain into `rows` (one apply, one advance and one wake-up for all: under load most
         tokens are single rows and arrive back to back); returns the last token taken.
@@ -194,7 +194,7 @@ class StreamQueue:
             ):
                 break
             queue.popleft()
-            rows.append(row)
+            rows.append((token, row))
             last = token
         return last
 
@@ -233,12 +233,12 @@ class StreamQueue:
                 limit = self._owner.catch_up_batch_size
             self._owner.metrics.catch_up_fetched(stream.name, len(rows))
             for token, group in groupby(rows, key=lambda r: r[0]):
-                await self._apply(stream, writer, token, [row for _t, row in group])
+                await self._apply(stream, writer, token, list(group))
             cur = rows[-1][0]
             if not limited:
                 return
 
-    async def _apply(self, stream: Stream[Any], writer: str, token: int, rows: list[Any]) -> None:
+    async def _apply(self, stream: Stream[Any], writer: str, token: int, rows: list[tuple[int, Any]]) -> None:
         if rows:
             await self._apply_cb(stream, writer, token, rows)
         stream.advance(writer, token)

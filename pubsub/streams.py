@@ -195,5 +195,7 @@ class StreamRegistry:
         return [s for s in self._streams.values() if instance in s.writers]
 
 
-#: (stream, instance, token, rows) -> None; runs before the generator is advanced to `token`.
-ApplyCallback = Callable[[Stream[Any], str, int, Sequence[Row]], Awaitable[None]]
+#: (stream, instance, token, rows) -> None; runs before the generator is advanced to `token`. `rows`
+#: are (token, row) pairs in stream order, all at or below `token`: one call may carry several
+#: tokens' rows (a run of single-row tokens is applied at once), so a row's own position is its pair's.
+ApplyCallback = Callable[[Stream[Any], str, int, Sequence[tuple[int, Row]]], Awaitable[None]]

@@ -54,6 +54,7 @@ from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
+from workers.handlers.recent_events import EventRef, RecentEvents, ref_of
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.room_writes import RoomWrites
@@ -203,6 +204,7 @@ class Worker:
         self.sync = SyncHandler(
             self.pool, self.caches, self.notifier, self.generators, self.instance_map,
             room_versions=self.room_versions,
+            recent=RecentEvents(await self.generators[EVENTS].get_max_allocated_token()),
             observers=SyncObservers(
                 self.metrics.sync_wake.observe, self.metrics.persist_to_visible.observe,
                 self.metrics.tokens_clamped.inc, self.metrics.behind_timeouts.inc,
@@ -234,6 +236,7 @@ class Worker:
                 registry=self.registry,
             )
             self.replication.add_position_listener(self._position_moved)
+            self.replication.add_foreign_writer_listener(self._foreign_writer)
             self.stored.bind(
                 self.replication, self.caches, self.notifier, self.replication.handler.is_connected
             )
@@ -366,11 +369,17 @@ class Worker:
 
     # -- the ordering rule: invalidate, advance, wake -----------------------------------------
 
-    async def _apply(self, stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
+    async def _apply(
+        self, stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Row]]
+    ) -> None:
         rooms, users = self._woken.setdefault(stream.name, (set(), set()))
         if stream.name == EVENTS:
-            event_rows = cast("Sequence[EventRow]", rows)  # a stream's rows are of its row type
+            placed = cast("Sequence[tuple[int, EventRow]]", rows)  # a stream's rows are of its row type
+            event_rows = [r for _, r in placed]
             self.caches.on_events(event_rows)
+            self.sync.recent.add(
+                EventRef(t, instance, r.event_id, r.room_id, r.type, r.state_key) for t, r in placed
+            )
             for event_row in event_rows:
                 self.room_versions.learn(event_row.room_id, event_row.room_version)
             self.metrics.events_applied.inc(len(event_rows))
@@ -379,16 +388,20 @@ class Worker:
                 [r.state_key for r in event_rows if r.membership is not None and r.state_key is not None]
             )
         elif stream.name == CACHES:
-            cache_rows = [r for r in rows if isinstance(r, CacheRow)]
+            cache_rows = [r for _, r in rows if isinstance(r, CacheRow)]
             self.caches.on_invalidations(r.to_domain() for r in cache_rows)
             self.metrics.invalidations.labels("replication").inc(len(rows))
             now_ms = time.time() * 1000
             for row in cache_rows:
                 self.metrics.commit_to_applied.observe(max(0.0, now_ms - row.invalidation_ts) / 1000)
         elif stream.name in STORED_STREAMS:
-            woken_rooms, woken_users = await self.stored.apply(stream.name, token, rows)
+            woken_rooms, woken_users = await self.stored.apply(stream.name, rows)
             rooms |= woken_rooms
             users |= woken_users
+
+    def _foreign_writer(self, stream: str, _instance: str) -> None:
+        if stream == EVENTS:
+            self.sync.recent.blind()
 
     def _position_moved(self, stream: str, instance: str, token: int) -> None:
         if stream == CACHES and self.applied is not None:
@@ -408,6 +421,9 @@ class Worker:
         """Inside the ID blocks, after commit: invalidate our caches, stage the rows for RDATA."""
         self.caches.on_events(events)
         self.room_views.on_events(events)
+        if self.config.serve_reads and events and events[0].stream_ordering > 0:
+            self.sync.recent.add(ref_of(e) for e in events)
+            self.sync.bodies.put(events)
         self.caches.on_invalidations(row for _, row in invalidations)
         self.metrics.invalidations.labels("local").inc(len(invalidations))
         if events and events[0].stream_ordering > 0:
@@ -426,6 +442,7 @@ class Worker:
             return
         if events[0].stream_ordering > 0:
             self.replication.stage_unknown(EVENTS, max(e.stream_ordering for e in events))
+            self.sync.recent.forget(max(e.stream_ordering for e in events))
         else:
             self.replication.stage_unknown(BACKFILL, max(-e.stream_ordering for e in events))
         if cache_ids:

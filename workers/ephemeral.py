@@ -295,12 +295,14 @@ class Ephemeral:
 
         return update
 
-    async def _apply(self, stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
+    async def _apply(
+        self, stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Row]]
+    ) -> None:
         rooms, users = self._pending.setdefault(stream.name, (set(), set()))
         if stream.name == TYPING:
-            rooms.update(self.typing.apply(token, [r for r in rows if isinstance(r, TypingRow)]))
+            rooms.update(self.typing.apply(token, [r for _, r in rows if isinstance(r, TypingRow)]))
         elif stream.name == PRESENCE:
-            users.update(self.presence.apply(token, [r for r in rows if isinstance(r, PresenceRow)]))
+            users.update(self.presence.apply(token, [r for _, r in rows if isinstance(r, PresenceRow)]))
 
     def _position_moved(self, stream: str, instance: str, token: int) -> None:
         rooms, users = self._pending.pop(stream, (set(), set()))

@@ -138,12 +138,12 @@ class StoredStreams:
         self.to_device = ToDeviceInbox(self.writes[to_device.TO_DEVICE], self._pool, self._server_name)
         self.sections = StoredSections(self._pool, caches, self.changes, self.to_device)
 
-    async def apply(self, stream: str, token: int, rows: Sequence[Row]) -> tuple[set[str], set[str]]:
-        """Record `rows` (all at `token`) in the stream's change cache; (rooms, users) to wake."""
+    async def apply(self, stream: str, rows: Sequence[tuple[int, Row]]) -> tuple[set[str], set[str]]:
+        """Record `rows` ((token, row) pairs) in the stream's change cache; (rooms, users) to wake."""
         changes = self.changes[stream]
         rooms: set[str] = set()
         users: set[str] = set()
-        for row in rows:
+        for token, row in rows:
             entity: str = row[0]  # every stored stream's row starts with its entity (a user id or server)
             if not entity.startswith("@"):
                 continue  # a remote server's queue: only the federation sender reads it
@@ -156,12 +156,7 @@ class StoredStreams:
     async def committed(self, stream: str, rows: Sequence[tuple[int, Row]]) -> tuple[set[str], set[str]]:
         """A local write committed: apply it here, stage its RDATA (inside the ID block); whom to
         wake once it is visible."""
-        rooms: set[str] = set()
-        users: set[str] = set()
-        for token in sorted({t for t, _ in rows}):
-            woken_rooms, woken_users = await self.apply(stream, token, [r for t, r in rows if t == token])
-            rooms |= woken_rooms
-            users |= woken_users
+        rooms, users = await self.apply(stream, rows)
         if rows:
             self._replication.stage_rows(stream, rows)
         return rooms, users
@@ -170,7 +165,7 @@ class StoredStreams:
         """A local write failed at a point where it may have committed (inside its ID block): have
         readers fetch its id from the database, and treat its users as changed here."""
         self._replication.stage_unknown(stream, stream_id)
-        return await self.apply(stream, stream_id, [(user,) for user in users])
+        return await self.apply(stream, [(stream_id, (user,)) for user in users])
 
     def finished(self, stream: str, upto: int, woken: tuple[set[str], set[str]]) -> None:
         """A local write's IDs finished: publish, then wake this worker's readers once its

@@ -218,8 +218,10 @@ async def make_node(
         )
         node_ref: list[Node] = []
 
-        async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
-            for row in rows:
+        async def apply(
+            stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Row]]
+        ) -> None:
+            for _, row in rows:
                 assert isinstance(row, TestRow)
                 node_ref[0].applied.append((instance, token, row.seq))
 

@@ -83,7 +83,7 @@ def _announced(line: bytes) -> tuple[str, int] | None:
     return (parts[2], int(token)) if token.isdigit() and token.isascii() else None
 
 
-async def _no_apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
+async def _no_apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Row]]) -> None:
     return None
 
 

@@ -65,11 +65,13 @@ async def make() -> AsyncIterator[Callable[..., Harness]]:
         events: list[str] = []
         stream = memory_stream("s", ["w1", "w2"], table)
 
-        async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[Row]) -> None:
+        async def apply(
+            stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Row]]
+        ) -> None:
             if fail_on is not None and fail_on(token):
                 raise RuntimeError("application failed")
             events.append(f"apply {token} pos={stream.current_token(instance)}")
-            applied.append((instance, token, [r.payload for r in rows if isinstance(r, Row)]))
+            applied.append((instance, token, [r.payload for _, r in rows if isinstance(r, Row)]))
 
         handler = ReplicationHandler(
             "me",

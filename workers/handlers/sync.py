@@ -22,9 +22,9 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import asyncpg
 
@@ -32,6 +32,7 @@ from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, S
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches import SyncCaches
 from workers.handlers.notifier import Notifier
+from workers.handlers.recent_events import EventBodies, Placed, RecentEvents
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.sync_filter import SyncFilter
 from workers.handlers.sync_rooms import RoomSections, empty_response
@@ -104,6 +105,7 @@ class SyncHandler:
         max_events: int = 1000,
         observers: SyncObservers | None = None,
         room_versions: RoomVersions | None = None,
+        recent: RecentEvents,
     ) -> None:
         self.observers = observers or SyncObservers()
         self.room_versions = room_versions or RoomVersions(pool, 10_000)
@@ -115,6 +117,9 @@ class SyncHandler:
         self._instance_map = instance_map
         self._catch_up_wait_s = catch_up_wait_s
         self._max_events = max_events
+        #: Fed by the worker with every live event it applies (see `workers.handlers.recent_events`).
+        self.recent = recent
+        self.bodies = EventBodies(pool)
         self.syncs = 0
         self.behind_timeouts = 0
         #: Typing and presence, set once the worker has built them (None: empty sections).
@@ -336,12 +341,16 @@ class SyncHandler:
             if low.get_stream_pos_for_instance(w) < high.get_stream_pos_for_instance(w)
         }
         windows |= {w: (0, 0) for w in writers if w not in windows}
-        async with self._pool.acquire() as conn:
-            candidates = await store.events_for_rooms(
-                conn, user_rooms.rooms, windows, (low.stream, high.stream), self._max_events + 1
-            )
+        default, limit = (low.stream, high.stream), self._max_events + 1
+        if self.recent.blind_over():
+            self.recent.reopen(await self._generators["events"].get_max_allocated_token())
+        candidates: Sequence[Placed] | None = self.recent.window(user_rooms.rooms, windows, default, limit)
+        from_memory = candidates is not None
+        if candidates is None:
+            async with self._pool.acquire() as conn:
+                candidates = await store.events_for_rooms(conn, user_rooms.rooms, windows, default, limit)
         cut = candidates[self._max_events - 1].stream_ordering if len(candidates) > self._max_events else None
-        visible: list[Event] = []
+        visible: list[Placed] = []
         per_room: dict[str, int] = {}
         for event in candidates:
             if cut is not None and event.stream_ordering > cut:
@@ -356,10 +365,13 @@ class SyncHandler:
         if cut is not None:
             page = high.bound_stream_token(cut).copy_and_advance(low)
             now = SyncToken({**{s: now.get(s) for s in now.streams()}, "events": page})
-        return visible, now
+        if not from_memory:
+            return cast("list[Event]", visible), now
+        bodies = await self.bodies.get([e.event_id for e in visible])
+        return [bodies[e.event_id] for e in visible if e.event_id in bodies], now
 
 
-def _visible(event: Event, user_id: str, history: dict[str, tuple[tuple[int, str], ...]]) -> bool:
+def _visible(event: Placed, user_id: str, history: dict[str, tuple[tuple[int, str], ...]]) -> bool:
     if event.type == MEMBER_EVENT and event.state_key == user_id:
         return True
     changes = history.get(event.room_id, ())

@@ -34,7 +34,8 @@ from workers.harness.history import (
     check_stored_streams,
     stream_token,
 )
-from workers.storage import connect
+from workers.model import CURRENT_STATE_CACHE
+from workers.storage import Conn, connect
 
 Progress = Callable[[int, int, str], None]
 
@@ -168,6 +169,19 @@ class _Reader:
             )
             self.presence_seen += len(result["presence"]["events"])
             self.token = result["next_batch"]
+
+
+async def invalidation_counts(conn: Conn) -> tuple[int, int]:
+    """(caches-stream messages of current-state changes, the invalidations they stand for, one per
+    key and cache): a row covers each of its rooms' two caches plus each member's room list."""
+    row = await conn.fetchrow(
+        "SELECT count(*) AS rows, coalesce(sum(cardinality(keys)"
+        " + (SELECT count(*) FROM unnest(keys) k WHERE k LIKE '!%')), 0) AS per_key"
+        " FROM cache_invalidation_stream_by_instance WHERE cache_func = $1",
+        CURRENT_STATE_CACHE,
+    )
+    assert row is not None
+    return int(row["rows"]), int(row["per_key"])
 
 
 class LoadDriver:
@@ -388,11 +402,7 @@ class LoadDriver:
                 "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
                 " json::jsonb->'content'->>'membership' AS membership FROM events ORDER BY stream_ordering"
             )
-            cache_rows = await conn.fetch(
-                "SELECT count(*) AS rows, coalesce(sum(cardinality(keys)"
-                " + (SELECT count(*) FROM unnest(keys) k WHERE k LIKE '!%')), 0) AS per_key"
-                " FROM cache_invalidation_stream_by_instance WHERE cache_func = 'cs_cache_fake'"
-            )
+            self.report.invalidation_rows, self.report.per_key_invalidations = await invalidation_counts(conn)
             changes = await conn.fetch(
                 "SELECT 'account_data' AS stream, user_id, account_data_type AS key, stream_id, instance_name"
                 " FROM account_data WHERE account_data_type LIKE 'io.fanout.load.%'"
@@ -431,9 +441,6 @@ class LoadDriver:
                 )
             if self.report.presence_sent and not self.report.presence_seen:
                 self.report.problems.append(f"{self.report.presence_sent} presence updates sent, none seen")
-        # One cs_cache_fake row covers each of its rooms' two caches plus each member's room list.
-        self.report.invalidation_rows = int(cache_rows[0]["rows"])
-        self.report.per_key_invalidations = int(cache_rows[0]["per_key"])
 
     def dump_histories(self, path: Path) -> None:
         """Every reader's recorded syncs, for diagnosing a failed verification."""

@@ -16,11 +16,15 @@ Phases (each prints progress on stderr; the result is one JSON document plus a t
    so one slow phase must not decide the figure).
 3. HTTP: the same through `POST /rooms/{room}/send` on real worker subprocesses, 1 and 2 persisters.
 4. latency: persist-to-visible on every sync worker at a fixed offered load over HTTP.
-5. memory: the write path pushes `--rss-events` events (default 1,000,000) through a cluster while
+5. invalidations: `--churn-members` users join a room, send and leave, over and over, through 2
+   persisters over HTTP, as fast as it goes and then at the latency phase's offered rate. The
+   caches-stream messages the persisters wrote are counted against the per-key invalidations they
+   stand for (one per key and cache), as the demo counts them.
+6. memory: the write path pushes `--rss-events` events (default 1,000,000) through a cluster while
    users long-poll a sync worker; then each worker's peak RSS (VmHWM) is read from /proc.
 
 Targets (from the issue): write path >= 0.5 of the ceiling; a sync worker under 200 MB after
-1,000,000 events.
+1,000,000 events; invalidation messages <= 1/10 of the per-key invalidations.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from workers.harness.bench._common import Figure, percentile, progress, scratch_
 from workers.harness.bench.write_path import in_processes
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient, timeline_events
+from workers.harness.loadgen import invalidation_counts
 from workers.routing import writer_for_room
 from workers.services import given_or_embedded
 from workers.storage import connect
@@ -110,6 +115,80 @@ async def _http_load(
             if len(seen) == len(probes):
                 latencies.append(max(0.0, (max(seen) - row["received_ts"] / 1000) * 1000))
     return len(sent), latencies
+
+
+async def _churn_load(
+    cluster: LocalCluster, seconds: float, members: int, rate: float | None
+) -> tuple[int, int, int]:
+    """Each of `members` users joins a room, sends a message and leaves, over and over, for
+    `seconds` (at `rate` events/s in all if given): two of every three events change a room's
+    membership. Returns (events, caches-stream messages, per-key invalidations they stand for)."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        writers = cluster.event_writers
+        owner = ClusterClient(session, cluster.urls, writers)
+        await owner.register(f"@churn-owner-{uuid.uuid4().hex[:8]}")
+        room_ids = [await owner.create_room("public") for _ in range(4 * len(writers))]
+        clients = []
+        for i in range(members):
+            client = ClusterClient(session, cluster.urls, writers)
+            await client.register(f"@churn{i}-{uuid.uuid4().hex[:8]}")
+            clients.append(client)
+        async with connect(cluster.database_url) as conn:
+            rows_before, per_key_before = await invalidation_counts(conn)
+        events = 0
+        deadline = time.monotonic() + seconds
+        interval = members / rate if rate else 0.0
+
+        async def churn(index: int, client: ClusterClient) -> None:
+            nonlocal events
+            next_at = time.monotonic()
+            while time.monotonic() < deadline:
+                room = room_ids[(index + events) % len(room_ids)]
+                owner_of = writer_for_room(room, writers)
+                for step in ("join", "send", "leave"):
+                    if step == "send":
+                        await client.send(room, "m.room.message", {}, via=owner_of)
+                    else:
+                        await client.membership(room, step, via=owner_of)
+                    events += 1
+                    if interval:
+                        next_at += interval
+                        await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+        await asyncio.gather(*(churn(i, c) for i, c in enumerate(clients)))
+        async with connect(cluster.database_url) as conn:
+            rows, per_key = await invalidation_counts(conn)
+    return events, rows - rows_before, per_key - per_key_before
+
+
+async def _invalidation_phase(
+    args: argparse.Namespace, admin_url: str, redis_url: str, workdir: Path
+) -> dict[str, Any]:
+    """Invalidation messages against per-key invalidation, membership churn through 2 persisters
+    over HTTP: as fast as it goes, and at the latency phase's offered rate."""
+    found: dict[str, Any] = {}
+    for label, rate in (("saturated", None), ("offered", args.rate)):
+        load = "as fast as it goes" if rate is None else f"{rate:,.0f} events/s offered"
+        progress(f"invalidations: join/send/leave churn over HTTP, 2 persisters, {load}")
+        db = await scratch_database(admin_url, "churn")
+        cluster = LocalCluster(
+            db, redis_url, workdir / f"churn-{label}", persisters=2, sync_workers=0, background_workers=0,
+            channel_prefix=f"bench-{uuid.uuid4().hex[:6]}", log_level="WARNING",
+        )  # fmt: skip
+        await cluster.start()
+        try:
+            events, rows, per_key = await _churn_load(cluster, args.seconds, args.churn_members, rate)
+        finally:
+            await cluster.stop()
+        found[f"invalidation_{label}"] = {
+            "events_per_s": round(events / args.seconds, 1),
+            "messages": rows,
+            "per_key": per_key,
+            "ratio": round(rows / per_key, 3) if per_key else None,
+        }
+        rate_seen = events / args.seconds
+        progress(f"  {rows:,} messages for {per_key:,} per-key invalidations ({rate_seen:,.0f} events/s)")
+    return found
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -212,6 +291,7 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
     result["latency_p50_ms"] = round(percentile(latencies, 50), 2)
     result["latency_p99_ms"] = round(percentile(latencies, 99), 2)
     result["latency_samples"] = len(latencies)
+    result.update(await _invalidation_phase(args, admin_url, redis_url, workdir))
     if args.rss_events:
         result.update(await _memory_phase(args, admin_url, redis_url, workdir))
     result["write_path_2_vs_ceiling_1"] = round(result["write_path_2"] / result["ceiling_1"], 3)
@@ -315,6 +395,14 @@ def _table(result: dict[str, Any]) -> str:
         f"({result['latency_achieved_per_s']}/s achieved): p50 {result['latency_p50_ms']} ms, "
         f"p99 {result['latency_p99_ms']} ms ({result['latency_samples']} samples)"
     )
+    for label in ("saturated", "offered"):
+        counts = result.get(f"invalidation_{label}")
+        if counts is not None:
+            lines.append(
+                f"invalidations, churn at {counts['events_per_s']:,} events/s ({label}):"
+                f" {counts['messages']:,} messages for {counts['per_key']:,} per-key invalidations"
+                f" (ratio {counts['ratio']})"
+            )
     if "sync_worker_peak_rss_mb" in result:
         met = "met" if result["target_rss_met"] else "NOT met"
         lines.append(
@@ -377,6 +465,23 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             result["latency_p99_ms"] <= 20,
         )
     )
+    for label, load in (("saturated", "as fast as it goes"), ("offered", offered)):
+        counts = result.get(f"invalidation_{label}")
+        if counts is None or counts["ratio"] is None:
+            continue
+        found.append(
+            Figure(
+                "cluster",
+                f"invalidation messages, join/leave churn at {counts['events_per_s']:,.0f} events/s ({load})"
+                " (ceiling: per-key invalidations)",
+                counts["messages"],
+                "messages",
+                counts["per_key"],
+                "ratio <= 0.1",
+                counts["ratio"] <= 0.1,
+                counts["ratio"],
+            )
+        )
     if "sync_worker_peak_rss_mb" in result:
         found.append(
             Figure(
@@ -416,6 +521,10 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
     p.add_argument("--http-concurrency", type=int, default=256, help="concurrent HTTP senders")
     p.add_argument("--rate", type=float, default=1000.0, help="offered events/s in the latency phase")
+    p.add_argument(
+        "--churn-members", type=int, default=64,
+        help="users joining, sending and leaving at once in the invalidation phase",
+    )  # fmt: skip
     p.add_argument("--rss-events", type=int, default=1_000_000, help="events for the memory phase (0: skip)")
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="fanout-bench-cluster-"))

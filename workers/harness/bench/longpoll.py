@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -100,6 +101,9 @@ async def _hold(url: str, polls: list[Poll], conn: Connection) -> None:
         members = [task for member, task in tasks if member]
         arrivals = await asyncio.gather(*members, return_exceptions=True)
         conn.send([a for a in arrivals if isinstance(a, float)])
+        # Closing the other polls while another client process still waits for its members would
+        # put thousands of connection closes inside the wake being measured.
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)
         for _, task in tasks:
             task.cancel()
         await asyncio.gather(*(task for _, task in tasks), return_exceptions=True)
@@ -130,10 +134,14 @@ class _Clients:
                 raise RuntimeError("a client process did not open its polls")
 
     def arrivals(self, limit_s: float) -> list[float]:
+        """Every member's arrival time; then the client processes may close their other polls."""
         found: list[float] = []
         for pipe in self.pipes:
             if pipe.poll(limit_s):
                 found += pipe.recv()
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):  # a client process that died has nothing to close
+                pipe.send("close")
         return found
 
     def close(self) -> None:

@@ -99,10 +99,10 @@ async def _our_subscriber(conn: Connection, url: str, prefix: str, index: int, t
     done = asyncio.Event()
     clock = time.perf_counter
 
-    async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[Any]) -> None:
+    async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Any]]) -> None:
         nonlocal applied
         now = clock()
-        for row in rows:
+        for _, row in rows:
             arrivals[row.n - 1] = now
         applied += len(rows)
         if applied >= total:

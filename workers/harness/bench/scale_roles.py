@@ -113,7 +113,7 @@ async def _subscriber(conn: Connection, job: Job) -> Result:
     done = asyncio.Event()
     expected = job["expected"]
 
-    async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[Any]) -> None:
+    async def apply(stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Any]]) -> None:
         nonlocal applied
         applied += len(rows)
         if applied >= expected:

@@ -1,0 +1,275 @@
+"""The live events a sync worker applied lately, so a woken /sync reads no window from the database.
+
+When one event lands in a room of a thousand members, a thousand long-polls wake at once. Each used
+to ask PostgreSQL for its window (which events, then their bodies): a thousand queries for one
+event. `RecentEvents` answers "which events" from memory and `EventBodies` reads each body once
+for all of them.
+
+`RecentEvents` is fed every events-stream row before the stream's position advances (replicated
+rows, and this worker's own batches after commit): the ordering rule that also keeps the caches
+right. So for every writer, every event at a position above `floor` and at or below the writer's
+current position is here, and a window that starts at or above the floor is answered exactly.
+Anything else goes to the database, which stays the truth: a window starting below the floor (an
+old `since`; the floor starts at the highest ID allocated at start-up, so no event written before
+is expected here, and rises as old entries are dropped), and any window while the index may miss
+something (`forget`, `blind`).
+
+Event bodies never change once persisted (a redaction is an event of its own), so `EventBodies`
+needs no invalidation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import NamedTuple, Protocol
+
+import asyncpg
+
+from workers.handlers.caches import EventLike
+from workers.handlers.change_cache import BLIND_S
+from workers.model import Event
+from workers.storage import events as store
+
+#: Events kept (about 200 bytes each): at 1,000 events/s, the last 20 s.
+MAX_EVENTS = 20_000
+#: Bodies kept by `EventBodies`.
+MAX_BODIES = 5_000
+
+
+class Placed(EventLike, Protocol):
+    """What a sync needs of an event to decide whether it is in a window and visible."""
+
+    @property
+    def stream_ordering(self) -> int: ...
+    @property
+    def instance_name(self) -> str: ...
+    @property
+    def event_id(self) -> str: ...
+
+
+class EventRef(NamedTuple):
+    """An event's place in the stream, without its body."""
+
+    stream_ordering: int
+    instance_name: str
+    event_id: str
+    room_id: str
+    type: str
+    state_key: str | None
+
+
+class _Room:
+    __slots__ = ("orderings", "refs")
+
+    def __init__(self) -> None:
+        self.orderings: list[int] = []
+        self.refs: list[EventRef] = []
+
+    def insert(self, ref: EventRef) -> None:
+        if not self.orderings or self.orderings[-1] < ref.stream_ordering:
+            self.orderings.append(ref.stream_ordering)
+            self.refs.append(ref)
+        else:
+            i = bisect.bisect_left(self.orderings, ref.stream_ordering)
+            self.orderings.insert(i, ref.stream_ordering)
+            self.refs.insert(i, ref)
+
+    def after(self, low: int) -> list[EventRef]:
+        return self.refs[bisect.bisect_right(self.orderings, low) :]
+
+    def drop_upto(self, ordering: int) -> None:
+        cut = bisect.bisect_right(self.orderings, ordering)
+        del self.orderings[:cut], self.refs[:cut]
+
+
+class RecentEvents:
+    __slots__ = ("_blind_until", "_orderings", "_refs", "_rooms", "floor", "max_events", "top")
+
+    def __init__(self, floor: int, max_events: int = MAX_EVENTS) -> None:
+        self.floor = floor
+        #: The highest position added (where `forget` moves the floor).
+        self.top = floor
+        self.max_events = max_events
+        self._orderings: list[int] = []
+        self._refs: list[EventRef] = []
+        self._rooms: dict[str, _Room] = {}
+        self._blind_until = 0.0
+
+    def add(self, refs: Iterable[EventRef]) -> None:
+        """Events applied (rows of several writers may come a little out of order)."""
+        for ref in refs:
+            ordering = ref.stream_ordering
+            if ordering <= self.floor:
+                continue
+            if not self._orderings or self._orderings[-1] < ordering:
+                self._orderings.append(ordering)
+                self._refs.append(ref)
+            else:
+                i = bisect.bisect_left(self._orderings, ordering)
+                if i < len(self._orderings) and self._orderings[i] == ordering:
+                    continue  # already here (a row applied twice)
+                self._orderings.insert(i, ordering)
+                self._refs.insert(i, ref)
+            room = self._rooms.get(ref.room_id)
+            if room is None:
+                room = self._rooms[ref.room_id] = _Room()
+            room.insert(ref)
+            self.top = max(self.top, ordering)
+        if len(self._refs) > self.max_events:
+            self._drop_oldest(len(self._refs) - self.max_events + self.max_events // 8)
+
+    def _drop_oldest(self, count: int) -> None:
+        dropped = self._refs[:count]
+        cut = dropped[-1].stream_ordering
+        del self._orderings[:count], self._refs[:count]
+        for room_id in {ref.room_id for ref in dropped}:
+            room = self._rooms[room_id]
+            room.drop_upto(cut)
+            if not room.refs:
+                del self._rooms[room_id]
+        self.floor = max(self.floor, cut)
+
+    def forget(self, upto: int = 0) -> None:
+        """Events at or below `upto` or the newest position added may be missing (a batch of our
+        own whose commit outcome is unknown): windows starting below that go to the database."""
+        self.floor = self.top = max(self.floor, self.top, upto)
+        self._drop_oldest_below_floor()
+
+    def blind(self) -> None:
+        """A writer this process does not follow wrote to the stream (its lines are refused while
+        workers disagree on `stream_writers`): answer nothing until `BLIND_S` after its last line
+        and a `reopen` after that."""
+        self._blind_until = time.monotonic() + BLIND_S
+
+    def blind_over(self) -> bool:
+        """The blind period is over: `reopen` with the highest ID allocated, read now."""
+        return bool(self._blind_until) and time.monotonic() >= self._blind_until
+
+    def reopen(self, max_allocated: int) -> None:
+        """Answer again, for windows starting at or above `max_allocated` (read from the sequence
+        after the blind period: whatever the foreign writer wrote is at or below it)."""
+        if self.blind_over():
+            self._blind_until = 0.0
+            self.forget(max_allocated)
+
+    def _drop_oldest_below_floor(self) -> None:
+        count = bisect.bisect_right(self._orderings, self.floor)
+        if count:
+            self._drop_oldest(count)
+
+    def window(
+        self,
+        rooms: Collection[str],
+        windows: Mapping[str, tuple[int, int]],
+        default: tuple[int, int],
+        limit: int,
+    ) -> list[EventRef] | None:
+        """What `workers.storage.events.events_for_rooms` would return for these arguments, or
+        None when this index cannot know."""
+        if self._blind_until:
+            return None
+        lows = [low for low, high in (*windows.values(), default) if low < high]
+        if not lows:
+            return []
+        low = min(lows)
+        if low < self.floor:
+            return None
+        start = bisect.bisect_right(self._orderings, low)
+        if len(self._refs) - start <= 4 * len(rooms):
+            candidates: Sequence[EventRef] = self._refs[start:]
+        else:  # a long window in a few rooms: their own lists are shorter
+            candidates = sorted(
+                (ref for room_id in rooms if (room := self._rooms.get(room_id)) for ref in room.after(low)),
+                key=lambda ref: ref.stream_ordering,
+            )
+        found: list[EventRef] = []
+        for ref in candidates:
+            if ref.room_id not in rooms:
+                continue
+            lo, hi = windows.get(ref.instance_name, default)
+            if lo < ref.stream_ordering <= hi:
+                found.append(ref)
+                if len(found) == limit:
+                    break
+        return found
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
+def ref_of(event: Event) -> EventRef:
+    return EventRef(
+        event.stream_ordering, event.instance_name, event.event_id, event.room_id, event.type, event.state_key
+    )
+
+
+class EventBodies:
+    """Persisted events by id, shared by every sync of the worker: concurrent requests for the same
+    id wait for one read."""
+
+    __slots__ = ("_cache", "_loading", "_pool", "max_size", "reads")
+
+    def __init__(self, pool: asyncpg.Pool, max_size: int = MAX_BODIES) -> None:
+        self._pool = pool
+        self.max_size = max_size
+        self._cache: OrderedDict[str, Event] = OrderedDict()
+        #: id -> the read in flight that will bring it (its result: what it found; None: failed).
+        self._loading: dict[str, asyncio.Future[dict[str, Event] | None]] = {}
+        self.reads = 0
+
+    def put(self, events: Iterable[Event]) -> None:
+        """Events this worker persisted itself: no read needed."""
+        for event in events:
+            self._store(event)
+
+    def _store(self, event: Event) -> None:
+        self._cache[event.event_id] = event
+        if len(self._cache) > self.max_size:
+            self._cache.popitem(last=False)
+
+    async def get(self, event_ids: Sequence[str]) -> dict[str, Event]:
+        """The persisted events among `event_ids`, by id (an id that is not stored is left out)."""
+        found: dict[str, Event] = {}
+        waiting: dict[str, asyncio.Future[dict[str, Event] | None]] = {}
+        missing: list[str] = []
+        for event_id in event_ids:
+            event = self._cache.get(event_id)
+            if event is not None:
+                self._cache.move_to_end(event_id)
+                found[event_id] = event
+            elif event_id in self._loading:
+                waiting[event_id] = self._loading[event_id]
+            else:
+                missing.append(event_id)
+        if missing:
+            found |= await self._read(missing)
+        unread = []
+        for event_id, future in waiting.items():
+            loaded = await future
+            if loaded is None:
+                unread.append(event_id)  # that read failed or was cancelled: read it here
+            elif event_id in loaded:
+                found[event_id] = loaded[event_id]
+        if unread:
+            found |= await self._read(unread)
+        return found
+
+    async def _read(self, event_ids: list[str]) -> dict[str, Event]:
+        future: asyncio.Future[dict[str, Event] | None] = asyncio.get_running_loop().create_future()
+        self._loading |= dict.fromkeys(event_ids, future)
+        loaded: dict[str, Event] | None = None
+        try:
+            self.reads += 1
+            async with self._pool.acquire() as conn:
+                loaded = await store.events_by_ids(conn, event_ids)
+            for event in loaded.values():
+                self._store(event)
+            return loaded
+        finally:
+            for event_id in event_ids:
+                self._loading.pop(event_id, None)
+            future.set_result(loaded)  # None when the read failed or was cancelled
