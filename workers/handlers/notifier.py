@@ -16,22 +16,44 @@ from contextlib import contextmanager
 
 
 class Waiter:
-    __slots__ = ("event", "rooms", "user_id", "woken_at")
+    """One long-poll's registration. A bare future and one timer while it waits, nothing before:
+    a sync worker holds ten thousand of them (an Event and `wait_for` cost a task and a second
+    future each)."""
+
+    __slots__ = ("_future", "rooms", "user_id", "woken", "woken_at")
 
     def __init__(self, user_id: str, rooms: frozenset[str]) -> None:
         self.user_id = user_id
         self.rooms = rooms
-        self.event = asyncio.Event()
+        self.woken = False
         #: time.monotonic() of the notify that woke it (for the wake-latency histogram).
         self.woken_at = 0.0
+        self._future: asyncio.Future[bool] | None = None
+
+    def wake(self, at: float) -> None:
+        self.woken, self.woken_at = True, at
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(True)
 
     async def wait(self, within_s: float) -> bool:
-        """True if woken within `within_s` seconds."""
+        """True if woken (before the call, or within `within_s` seconds)."""
+        if self.woken:
+            return True
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._future = future
+        timer = loop.call_later(within_s, _time_out, future)
         try:
-            await asyncio.wait_for(self.event.wait(), within_s)
-        except TimeoutError:
-            return False
-        return True
+            return await future
+        finally:
+            timer.cancel()
+            self._future = None
+
+
+def _time_out(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
 
 
 class Notifier:
@@ -86,8 +108,7 @@ class Notifier:
             woken |= self._by_user.get(user, set())
         now = time.monotonic()
         for waiter in woken:
-            waiter.woken_at = now
-            waiter.event.set()
+            waiter.wake(now)
         self.wakeups += len(woken)
         return len(woken)
 
@@ -105,9 +126,10 @@ class Notifier:
     def notify_all(self) -> None:
         """Wake everyone (shutdown)."""
         self.generation += 1
+        now = time.monotonic()
         for waiters in self._by_user.values():
             for waiter in waiters:
-                waiter.event.set()
+                waiter.wake(now)
 
     @property
     def waiting(self) -> int:
