@@ -87,6 +87,10 @@ class MultiWriterStreamToken:
 
     def copy_and_advance(self, other: MultiWriterStreamToken) -> MultiWriterStreamToken:
         """The component-wise maximum: commutative, associative, idempotent."""
+        if other.is_before_or_eq(self):
+            return self  # the common case at /sync (the current token covers `since`): no new token
+        if self.is_before_or_eq(other):
+            return other
         stream = max(self._stream, other._stream)
         merged: dict[str, int] = {}
         for name in self._map.keys() | other._map.keys():
