@@ -54,7 +54,7 @@ from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
-from workers.handlers.recent_events import EventRef, RecentEvents, ref_of
+from workers.handlers.recent_events import RecentEvents, ref_of, ref_of_row
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.room_writes import RoomWrites
@@ -377,9 +377,7 @@ class Worker:
             placed = cast("Sequence[tuple[int, EventRow]]", rows)  # a stream's rows are of its row type
             event_rows = [r for _, r in placed]
             self.caches.on_events(event_rows)
-            self.sync.recent.add(
-                EventRef(t, instance, r.event_id, r.room_id, r.type, r.state_key) for t, r in placed
-            )
+            self.sync.recent.add([ref_of_row(t, instance, r) for t, r in placed])
             for event_row in event_rows:
                 self.room_versions.learn(event_row.room_id, event_row.room_version)
             self.metrics.events_applied.inc(len(event_rows))
@@ -422,8 +420,7 @@ class Worker:
         self.caches.on_events(events)
         self.room_views.on_events(events)
         if self.config.serve_reads and events and events[0].stream_ordering > 0:
-            self.sync.recent.add(ref_of(e) for e in events)
-            self.sync.bodies.put(events)
+            self.sync.recent.add([ref_of(e) for e in events])
         self.caches.on_invalidations(row for _, row in invalidations)
         self.metrics.invalidations.labels("local").inc(len(invalidations))
         if events and events[0].stream_ordering > 0:

@@ -11,8 +11,9 @@ right. So for every writer, every event at a position above `floor` and at or be
 current position is here, and a window that starts at or above the floor is answered exactly.
 Anything else goes to the database, which stays the truth: a window starting below the floor (an
 old `since`; the floor starts at the highest ID allocated at start-up, so no event written before
-is expected here, and rises as old entries are dropped), and any window while the index may miss
-something (`forget`, `blind`).
+is expected here, and rises as old entries are dropped), a window longer than `MAX_SCAN` events
+(the database's index by room does better), and any window while the index may miss something
+(`forget`, `blind`).
 
 Event bodies never change once persisted (a redaction is an event of its own), so `EventBodies`
 needs no invalidation.
@@ -36,19 +37,26 @@ from workers.storage import events as store
 
 #: Events kept (about 200 bytes each): at 1,000 events/s, the last 20 s.
 MAX_EVENTS = 20_000
+#: The longest run of events a window is looked for in (a few hundred microseconds).
+MAX_SCAN = 4_000
 #: Bodies kept by `EventBodies`.
 MAX_BODIES = 5_000
 
 
-class Placed(EventLike, Protocol):
+class Identified(EventLike, Protocol):
+    """An event or an events-stream row: its id, room, type and state key."""
+
+    @property
+    def event_id(self) -> str: ...
+
+
+class Placed(Identified, Protocol):
     """What a sync needs of an event to decide whether it is in a window and visible."""
 
     @property
     def stream_ordering(self) -> int: ...
     @property
     def instance_name(self) -> str: ...
-    @property
-    def event_id(self) -> str: ...
 
 
 class EventRef(NamedTuple):
@@ -62,32 +70,8 @@ class EventRef(NamedTuple):
     state_key: str | None
 
 
-class _Room:
-    __slots__ = ("orderings", "refs")
-
-    def __init__(self) -> None:
-        self.orderings: list[int] = []
-        self.refs: list[EventRef] = []
-
-    def insert(self, ref: EventRef) -> None:
-        if not self.orderings or self.orderings[-1] < ref.stream_ordering:
-            self.orderings.append(ref.stream_ordering)
-            self.refs.append(ref)
-        else:
-            i = bisect.bisect_left(self.orderings, ref.stream_ordering)
-            self.orderings.insert(i, ref.stream_ordering)
-            self.refs.insert(i, ref)
-
-    def after(self, low: int) -> list[EventRef]:
-        return self.refs[bisect.bisect_right(self.orderings, low) :]
-
-    def drop_upto(self, ordering: int) -> None:
-        cut = bisect.bisect_right(self.orderings, ordering)
-        del self.orderings[:cut], self.refs[:cut]
-
-
 class RecentEvents:
-    __slots__ = ("_blind_until", "_orderings", "_refs", "_rooms", "floor", "max_events", "top")
+    __slots__ = ("_blind_until", "_orderings", "_refs", "floor", "max_events", "top")
 
     def __init__(self, floor: int, max_events: int = MAX_EVENTS) -> None:
         self.floor = floor
@@ -96,48 +80,36 @@ class RecentEvents:
         self.max_events = max_events
         self._orderings: list[int] = []
         self._refs: list[EventRef] = []
-        self._rooms: dict[str, _Room] = {}
         self._blind_until = 0.0
 
     def add(self, refs: Iterable[EventRef]) -> None:
         """Events applied (rows of several writers may come a little out of order)."""
+        orderings, kept = self._orderings, self._refs
         for ref in refs:
-            ordering = ref.stream_ordering
-            if ordering <= self.floor:
-                continue
-            if not self._orderings or self._orderings[-1] < ordering:
-                self._orderings.append(ordering)
-                self._refs.append(ref)
-            else:
-                i = bisect.bisect_left(self._orderings, ordering)
-                if i < len(self._orderings) and self._orderings[i] == ordering:
+            ordering = ref[0]
+            if ordering > self.top:
+                orderings.append(ordering)
+                kept.append(ref)
+                self.top = ordering
+            elif ordering > self.floor:
+                i = bisect.bisect_left(orderings, ordering)
+                if i < len(orderings) and orderings[i] == ordering:
                     continue  # already here (a row applied twice)
-                self._orderings.insert(i, ordering)
-                self._refs.insert(i, ref)
-            room = self._rooms.get(ref.room_id)
-            if room is None:
-                room = self._rooms[ref.room_id] = _Room()
-            room.insert(ref)
-            self.top = max(self.top, ordering)
-        if len(self._refs) > self.max_events:
-            self._drop_oldest(len(self._refs) - self.max_events + self.max_events // 8)
+                orderings.insert(i, ordering)
+                kept.insert(i, ref)
+        if len(kept) > self.max_events:
+            self._drop_oldest(len(kept) - self.max_events + self.max_events // 8)
 
     def _drop_oldest(self, count: int) -> None:
-        dropped = self._refs[:count]
-        cut = dropped[-1].stream_ordering
+        self.floor = max(self.floor, self._orderings[count - 1])
         del self._orderings[:count], self._refs[:count]
-        for room_id in {ref.room_id for ref in dropped}:
-            room = self._rooms[room_id]
-            room.drop_upto(cut)
-            if not room.refs:
-                del self._rooms[room_id]
-        self.floor = max(self.floor, cut)
 
     def forget(self, upto: int = 0) -> None:
         """Events at or below `upto` or the newest position added may be missing (a batch of our
         own whose commit outcome is unknown): windows starting below that go to the database."""
         self.floor = self.top = max(self.floor, self.top, upto)
-        self._drop_oldest_below_floor()
+        self._orderings.clear()
+        self._refs.clear()
 
     def blind(self) -> None:
         """A writer this process does not follow wrote to the stream (its lines are refused while
@@ -156,11 +128,6 @@ class RecentEvents:
             self._blind_until = 0.0
             self.forget(max_allocated)
 
-    def _drop_oldest_below_floor(self) -> None:
-        count = bisect.bisect_right(self._orderings, self.floor)
-        if count:
-            self._drop_oldest(count)
-
     def window(
         self,
         rooms: Collection[str],
@@ -169,7 +136,8 @@ class RecentEvents:
         limit: int,
     ) -> list[EventRef] | None:
         """What `workers.storage.events.events_for_rooms` would return for these arguments, or
-        None when this index cannot know."""
+        None when this index cannot know, or when the window is long enough that the database's
+        index by room does better (more than `MAX_SCAN` events to look at)."""
         if self._blind_until:
             return None
         lows = [low for low, high in (*windows.values(), default) if low < high]
@@ -179,15 +147,10 @@ class RecentEvents:
         if low < self.floor:
             return None
         start = bisect.bisect_right(self._orderings, low)
-        if len(self._refs) - start <= 4 * len(rooms):
-            candidates: Sequence[EventRef] = self._refs[start:]
-        else:  # a long window in a few rooms: their own lists are shorter
-            candidates = sorted(
-                (ref for room_id in rooms if (room := self._rooms.get(room_id)) for ref in room.after(low)),
-                key=lambda ref: ref.stream_ordering,
-            )
+        if len(self._refs) - start > MAX_SCAN:
+            return None
         found: list[EventRef] = []
-        for ref in candidates:
+        for ref in self._refs[start:]:
             if ref.room_id not in rooms:
                 continue
             lo, hi = windows.get(ref.instance_name, default)
@@ -202,9 +165,17 @@ class RecentEvents:
 
 
 def ref_of(event: Event) -> EventRef:
-    return EventRef(
-        event.stream_ordering, event.instance_name, event.event_id, event.room_id, event.type, event.state_key
-    )
+    e = event
+    return _new(EventRef, (e.stream_ordering, e.instance_name, e.event_id, e.room_id, e.type, e.state_key))
+
+
+def ref_of_row(token: int, instance: str, row: Identified) -> EventRef:
+    """The place of an events-stream row's event: at `token` of `instance`."""
+    return _new(EventRef, (token, instance, row.event_id, row.room_id, row.type, row.state_key))
+
+
+#: Builds a NamedTuple without its Python-level __new__ (a third of the cost; fields in order).
+_new = tuple.__new__
 
 
 class EventBodies:
@@ -220,11 +191,6 @@ class EventBodies:
         #: id -> the read in flight that will bring it (its result: what it found; None: failed).
         self._loading: dict[str, asyncio.Future[dict[str, Event] | None]] = {}
         self.reads = 0
-
-    def put(self, events: Iterable[Event]) -> None:
-        """Events this worker persisted itself: no read needed."""
-        for event in events:
-            self._store(event)
 
     def _store(self, event: Event) -> None:
         self._cache[event.event_id] = event
