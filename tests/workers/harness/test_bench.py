@@ -28,6 +28,8 @@ def test_a_figure_reads_against_its_ceiling_and_target() -> None:
     table = markdown_table([ok, alone])
     assert "| b | rate | 60 ops/s | 100 ops/s | 0.60 | ratio >= 0.5 | yes |" in table
     assert "| b | rss | 70 MB | - | - | < 200 MB | yes |" in table
+    assert ok.line() == "rate: 60 ops/s beside 100 ops/s (ratio 0.60); target ratio >= 0.5: met"
+    assert alone.line() == "rss: 70 MB; target < 200 MB: met"
 
 
 def test_bench_all_writes_json_and_markdown(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import asyncpg
 
@@ -95,6 +96,17 @@ class Figure:
         if self.ratio is None and self.ceiling and not math.isnan(self.ceiling):
             object.__setattr__(self, "ratio", self.value / self.ceiling)
 
+    def line(self) -> str:
+        """The figure as one line of a benchmark's report."""
+        text = f"{self.name}: {_number(self.value, self.unit)}"
+        if self.ceiling is not None:
+            text += f" beside {_number(self.ceiling, self.unit)}"
+        if self.ratio is not None:
+            text += f" (ratio {self.ratio:.2f})"
+        if self.target:
+            text += f"; target {self.target}: {'met' if self.met else 'NOT met'}"
+        return text
+
 
 def _number(value: float | None, unit: str = "") -> str:
     if value is None or math.isnan(value):
@@ -131,3 +143,14 @@ def machine() -> str:
         pass
     cpu = model or platform.processor() or "unknown CPU"
     return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
+
+
+def process_usage(pid: int) -> tuple[float, float]:
+    """(RSS in MB, CPU seconds so far) of process `pid`."""
+    rss = next(
+        int(line.split()[1]) / 1024
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return rss, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

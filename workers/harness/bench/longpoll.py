@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
-import os
 import resource
 import subprocess
 import sys
@@ -43,7 +42,7 @@ import aiohttp
 from aiohttp import web
 
 from workers import event_loop
-from workers.harness.bench._common import Figure, percentile, progress, scratch_database
+from workers.harness.bench._common import Figure, percentile, process_usage, progress, scratch_database
 from workers.harness.bench.profile import profile
 from workers.harness.cluster import LocalCluster
 from workers.services import free_port, given_or_embedded
@@ -63,17 +62,6 @@ def _raise_fd_limit() -> int:
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
-
-
-def _proc(pid: int) -> tuple[float, float]:
-    """(RSS in MB, CPU seconds so far) of process `pid`."""
-    rss = next(
-        int(line.split()[1]) / 1024
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-        if line.startswith("VmRSS:")
-    )
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return rss, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the client processes -------------------------------------------------------------------------
@@ -226,7 +214,7 @@ def _ceiling(args: argparse.Namespace) -> dict[str, Any]:
                     if json.load(answer)["held"] >= args.polls:
                         break
                 time.sleep(0.5)
-            rss, _ = _proc(server.pid)
+            rss, _ = process_usage(server.pid)
             sent = time.monotonic()
             urllib.request.urlopen(urllib.request.Request(f"{url}/wake", method="POST"), timeout=10).close()
             result = _wake_ms(clients.arrivals(60), sent)
@@ -328,7 +316,7 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> d
         base = cluster.url("sync1")
         creator, room, polls = await _setup(base, args)
         sync_pid = cluster.workers["sync1"].process.pid  # type: ignore[union-attr]
-        rss_before, _ = _proc(sync_pid)
+        rss_before, _ = process_usage(sync_pid)
         progress(f"  opening {len(polls):,} polls from {args.client_processes} client processes ...")
         clients = _Clients(base + CLIENT + "/sync", polls, args.client_processes)
         try:
@@ -339,10 +327,10 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> d
                     if held >= len(polls):
                         break
                     await asyncio.sleep(0.5)
-                rss_held, cpu_start = _proc(sync_pid)
+                rss_held, cpu_start = process_usage(sync_pid)
                 progress(f"  {held:,.0f} polls held; idle for {args.idle_seconds} s ...")
                 await asyncio.sleep(args.idle_seconds)
-                _, cpu_end = _proc(sync_pid)
+                _, cpu_end = process_usage(sync_pid)
                 profiles = None
                 if args.profile is not None:  # the wake only: a few seconds from just before the send
                     profiles = profile({"sync1": sync_pid}, 3, Path(args.profile) / "wake")
