@@ -44,6 +44,7 @@ import aiohttp
 from workers import event_loop
 from workers.config import WorkerConfig
 from workers.handlers.persist import MAX_BATCH
+from workers.handlers.sync_stored import STORED_STREAMS
 from workers.harness.bench._common import Figure, percentile, progress, scratch_database
 from workers.harness.bench.write_path import in_processes
 from workers.harness.cluster import LocalCluster
@@ -309,7 +310,10 @@ async def _memory_phase(
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
     cluster = LocalCluster(
         db, redis_url, workdir / "memory", persisters=0, sync_workers=1, background_workers=0,
-        channel_prefix=prefix, log_level="WARNING", extra_config={"stream_writers": {"events": ["p1", "p2"]}},
+        channel_prefix=prefix, log_level="WARNING",
+        # The write path's in-process persisters write events; the sync worker writes the user
+        # streams (registering a reader creates its device there).
+        extra_config={"stream_writers": {"events": ["p1", "p2"], **{s: ["sync1"] for s in STORED_STREAMS}}},
     )  # fmt: skip
     await cluster.start()
     stop = asyncio.Event()
