@@ -65,7 +65,7 @@ demo: $(STAMP) jdbc
 	$(BIN)/fanout demo
 
 test: $(STAMP) jdbc redis-server docker-compose
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # The fault scenarios with larger loads and longer outages than CI (tests/cluster/test_scenarios.py),
 # then their table: scenario, events acknowledged and checked, lost, duplicated, reordered, recovery.

@@ -1,4 +1,5 @@
-"""One local Spark session for the whole suite, and a hand-made invalidation log whose counts we know.
+"""One local Spark session for the whole suite, a hand-made invalidation log whose counts we know, and
+the documented spark-submit line run once on it.
 
 The known log (`KNOWN_*` below) is small and written out row by row, so every expected number in the tests
 can be checked by reading this file; the tests state those numbers as literals.
@@ -8,8 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
+import subprocess
+import sys
 import uuid
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -18,6 +25,9 @@ from pyspark.sql import SparkSession
 
 import analytics
 from tests.conftest import Servers
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
 
 T0 = 1_700_000_040_000  # a whole minute (and a whole two minutes)
 MINUTE = 60_000
@@ -109,6 +119,21 @@ async def _fill_known(url: str) -> None:
     await insert_ranges(url, KNOWN_RANGES)
 
 
+#: For every JVM the analytics tests start (the session below, spark-submit, a standalone master and
+#: worker, the notebook's kernel): the quick JIT tier and the serial collector. Each of those JVMs
+#: lives for seconds on tiny data, where C2's compilations and G1's threads only cost CPU on a
+#: 2-core machine: about 40% of each audit run. What Spark computes is the same.
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_jvm() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        given = os.environ.get("JAVA_TOOL_OPTIONS")
+        patch.setenv("JAVA_TOOL_OPTIONS", f"{QUICK_JVM} {given}" if given else QUICK_JVM)
+        yield
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     session, owned = analytics.spark_session(
@@ -137,3 +162,48 @@ def known_audit(spark: SparkSession, known_log_url: str) -> Iterator[analytics.A
     result = analytics.run_audit(spark, source, analytics.AuditOptions(top_n=3))
     yield result
     analytics.release(result)
+
+
+@pytest.fixture(scope="session")
+def audit_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zip `make audit-zip` builds (every module of the package), copied out of the checkout."""
+    subprocess.run(["make", "-s", "audit-zip", f"PYTHON={sys.executable}"], cwd=ROOT, check=True)
+    built = ROOT / "dist" / "analytics.zip"
+    names = set(zipfile.ZipFile(built).namelist())
+    package = {f"analytics/{p.name}" for p in (ROOT / "analytics").glob("*.py")}
+    assert package <= names, package - names
+    copy = tmp_path_factory.mktemp("zip") / "analytics.zip"
+    shutil.copy(built, copy)
+    return copy
+
+
+def spark_env(**more: str) -> dict[str, str]:
+    """The environment of a Spark process started here: this Python for the executors, everything
+    on loopback (and the JVM options of `quick_jvm`)."""
+    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1", **more}
+
+
+def submit(
+    audit_zip: Path, master: str, url: str, out: Path, *extra: str, conf: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """The documented spark-submit line (docs/audit.md), run from outside the checkout; `conf`
+    goes to spark-submit (`--conf`), `extra` to the audit (after `run`)."""
+    entry = audit_zip.parent / "audit.py"
+    shutil.copy(ROOT / "analytics" / "audit.py", entry)
+    confs = [arg for pair in conf for arg in ("--conf", pair)]
+    command = [str(SPARK_SUBMIT), "--master", master, "--py-files", str(audit_zip),
+               "--jars", analytics.resolve_jdbc_jar(None), "--conf", "spark.sql.shuffle.partitions=4",
+               *confs, str(entry), "run", "--database-url", url, "--out", str(out), *extra]  # fmt: skip
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=audit_zip.parent, env=spark_env()
+    )
+
+
+@pytest.fixture(scope="session")
+def submitted_locally(
+    audit_zip: Path, known_log_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """(the run, its output directory): the documented line with `--master local[2]` on the known
+    log, once for the tests that check it and the one that compares a cluster's run with it."""
+    out = tmp_path_factory.mktemp("submitted") / "out"
+    return submit(audit_zip, "local[2]", known_log_url, out), out

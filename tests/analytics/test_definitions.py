@@ -20,6 +20,7 @@ import pytest
 from tests.analytics import reference
 from tests.analytics.conftest import scratch_database
 from tests.conftest import Servers
+from workers.services import free_port
 
 MIDNIGHT = 19_676 * 86_400_000  # 2023-11-15 00:00:00 UTC
 MINUTE = 60_000
@@ -68,8 +69,11 @@ async def _fill(url: str, rows: list[reference.Row]) -> None:
 
 
 def _audit(url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """The command a user types. Its UI on a free port: on Spark's 4040, taken by any other Spark
+    application on the machine, the run would warn that it moved to 4041."""
     command = [sys.executable, "-m", "analytics", "run", "--database-url", url, "--out", str(out),
-               "--master", "local[2]", "--spark-conf", "spark.sql.shuffle.partitions=4", *extra]  # fmt: skip
+               "--master", "local[2]", "--spark-conf", "spark.sql.shuffle.partitions=4",
+               "--spark-conf", f"spark.ui.port={free_port()}", *extra]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
