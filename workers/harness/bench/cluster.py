@@ -308,12 +308,13 @@ async def _memory_phase(
     progress(f"memory: {args.rss_events:,} events through 2 persisters while users long-poll a sync worker")
     db = await scratch_database(admin_url, "memory")
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
+    # The write path's in-process persisters write events; the sync worker writes the user
+    # streams (registering a reader creates its device there). Both sides know it.
+    other_writers = {s: ["sync1"] for s in STORED_STREAMS}
     cluster = LocalCluster(
         db, redis_url, workdir / "memory", persisters=0, sync_workers=1, background_workers=0,
         channel_prefix=prefix, log_level="WARNING",
-        # The write path's in-process persisters write events; the sync worker writes the user
-        # streams (registering a reader creates its device there).
-        extra_config={"stream_writers": {"events": ["p1", "p2"], **{s: ["sync1"] for s in STORED_STREAMS}}},
+        extra_config={"stream_writers": {"events": ["p1", "p2"], **other_writers}},
     )  # fmt: skip
     await cluster.start()
     stop = asyncio.Event()
@@ -339,7 +340,18 @@ async def _memory_phase(
                 in_processes,
                 "write",
                 [
-                    (db, redis_url, prefix, w, ["p1", "p2"], 10**9, per_writer, args.concurrency)
+                    (
+                        db,
+                        redis_url,
+                        prefix,
+                        w,
+                        ["p1", "p2"],
+                        10**9,
+                        per_writer,
+                        args.concurrency,
+                        False,
+                        other_writers,
+                    )
                     for w in ("p1", "p2")
                 ],
             )

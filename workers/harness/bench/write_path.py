@@ -92,12 +92,15 @@ async def _ceiling_child(database_url: str, seconds: float, batch: int, name: st
 async def _write_path_child(
     database_url: str, redis_url: str, prefix: str, name: str, writers: list[str], seconds: float,
     events: int, concurrency: int, serve_reads: bool = False,
+    other_writers: dict[str, list[str]] | None = None,
 ) -> int:  # fmt: skip
+    """`other_writers`: the writers of the other streams, when the cluster around has some."""
     from workers.app import Worker
 
     config = WorkerConfig(
         instance_name=name, database_url=database_url, redis_url=redis_url, channel_prefix=prefix,
-        stream_writers={"events": writers}, http_port=0, log_level="WARNING", serve_reads=serve_reads,
+        stream_writers={**(other_writers or {}), "events": writers}, http_port=0, log_level="WARNING",
+        serve_reads=serve_reads,
     )  # fmt: skip
     worker = Worker(config)
     await worker.start()
