@@ -3,8 +3,10 @@
 The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rule). On the database:
 
 * `get_next()` / `get_next_mult(n)`: one round trip to allocate (`nextval`, n times in one query), then on
-  exit one autocommit upsert of this writer's own position into `stream_positions` (forward only), done
-  before the block returns. Concurrent completions share an upsert when one is already in flight.
+  exit the IDs are finished, the `on_finished` listener is called (the replication publisher: readers
+  learn the position without waiting for what follows), and one autocommit upsert of this writer's own
+  position into `stream_positions` (forward only) is done before the block returns. Concurrent
+  completions share an upsert when one is already in flight.
   Nothing else. The statements run on a few connections the generator keeps from the pool while it is
   busy (returned after `IDLE_RELEASE_S` of idleness, or by `close()`), because every pool
   acquire/release costs a reset round trip.
@@ -40,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -126,12 +128,17 @@ class MultiWriterIdGenerator:
         "_upsert_busy",
         "_upsert_done",
         "_writers",
+        "on_finished",
     )
 
     _book: StreamPositions
     _instance: str
     _lane: Lane
     _pool: asyncpg.Pool[asyncpg.Record]
+    #: Called (no arguments; must neither block nor raise) each time a block's IDs finish, before the position
+    #: upsert, as Synapse notifies replication: a position published before `stream_positions`
+    #: holds it is sound, since a stale row only ever holds a reader's start-up position back.
+    on_finished: Callable[[], None] | None
     _sequence: str
     _sign: int
     _sql_next: str
@@ -187,6 +194,7 @@ class MultiWriterIdGenerator:
         self._stored = 0
         self._upsert_busy = False
         self._upsert_done = None
+        self.on_finished = None
         seq = self._sequence
         self._sql_next = f"SELECT nextval('{seq}')"
         self._sql_next_mult = f"SELECT nextval('{seq}') FROM generate_series(1, $1)"
@@ -334,6 +342,8 @@ class MultiWriterIdGenerator:
 
     async def _complete(self, ids: Sequence[int], *, failed: bool) -> None:
         self._book.finish(ids)
+        if self.on_finished is not None:
+            self.on_finished()
         if not self._track:
             return
         if not failed:

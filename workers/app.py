@@ -235,6 +235,8 @@ class Worker:
                 drop_filter=self._drop_filter,
                 registry=self.registry,
             )
+            for generator in self.generators.values():  # publish as soon as a write's IDs finish
+                generator.on_finished = self.replication.notify
             self.replication.add_position_listener(self._position_moved)
             self.replication.add_foreign_writer_listener(self._foreign_writer)
             self.stored.bind(
@@ -453,8 +455,7 @@ class Worker:
         rows: Sequence[str],
         invalidations: Sequence[tuple[int, CacheInvalidation]],
     ) -> None:
-        """The IDs are finished: publish, then wake local readers."""
-        self.replication.notify()
+        """The IDs are finished (and published: `on_finished` of the generators): wake local readers."""
         if invalidations and self.applied is not None:
             # Batches may finish out of order: our own position only covers finished IDs, and
             # every finished batch ran `_committed` (invalidated here) before finishing.

@@ -177,9 +177,9 @@ class StoredStreams:
         return await self.apply(stream, [(stream_id, (user,)) for user in users])
 
     def finished(self, stream: str, upto: int, woken: tuple[set[str], set[str]]) -> None:
-        """A local write's IDs finished: publish, then wake this worker's readers once its
-        position covers the write (writes may finish out of order)."""
-        self._replication.notify()
+        """A local write's IDs finished (and were published, by the generator's `on_finished`):
+        wake this worker's readers once its position covers the write (writes may finish out of
+        order)."""
         self._wakes[stream].add(upto, *woken)
         self._notifier.position_moved()
 

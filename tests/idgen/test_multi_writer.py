@@ -118,6 +118,23 @@ async def test_out_of_order_finish(make: Make, db_pool: asyncpg.Pool) -> None:
     assert await stored_positions(db_pool) == {"a": 9}
 
 
+async def test_on_finished_hears_each_finish_before_the_upsert(make: Make, db_pool: asyncpg.Pool) -> None:
+    """Replication is told as soon as the IDs finish (Synapse's order), once per block, failed
+    blocks too; `stream_positions` follows before the block returns."""
+    gen = await make("a", ["a"])
+    await write(gen)
+    heard: list[int] = []
+    gen.on_finished = lambda: heard.append(gen.get_current_token_for_writer("a"))
+    async with gen.get_next_mult(3):
+        assert heard == []
+    assert heard == [4]  # the listener could announce the block's IDs
+    with pytest.raises(RuntimeError):
+        async with gen.get_next():
+            raise RuntimeError("the write failed")
+    assert heard == [4, 5]  # a failed write's ID is a finished gap, announced too
+    assert await stored_positions(db_pool) == {"a": 5}
+
+
 async def test_concurrent_writers_in_one_process_share_upserts(make: Make, db_pool: asyncpg.Pool) -> None:
     gen = await make("a", ["a"])
 

@@ -15,7 +15,8 @@ Phases (each prints progress on stderr; the result is one JSON document plus a t
    round's write path / ceiling (the machine's speed drifts by 20% and more between phases,
    so one slow phase must not decide the figure).
 3. HTTP: the same through `POST /rooms/{room}/send` on real worker subprocesses, 1 and 2 persisters.
-4. latency: persist-to-visible on every sync worker at a fixed offered load over HTTP.
+4. latency: persist-to-visible on every sync worker at a fixed offered load over HTTP, seen by an
+   observer in a process of its own (`visible.py`), split at the RDATA line on the channel.
 5. invalidations: `--churn-members` users join a room, send and leave, over and over, through 2
    persisters over HTTP, as fast as it goes and then at the latency phase's offered rate. The
    caches-stream messages the persisters wrote are counted against the per-key invalidations they
@@ -45,10 +46,11 @@ from workers import event_loop
 from workers.config import WorkerConfig
 from workers.handlers.persist import MAX_BATCH
 from workers.handlers.sync_stored import STORED_STREAMS
-from workers.harness.bench._common import Figure, percentile, progress, scratch_database
+from workers.harness.bench._common import Figure, progress, scratch_database
+from workers.harness.bench.visible import Observer, Split
 from workers.harness.bench.write_path import in_processes
 from workers.harness.cluster import LocalCluster
-from workers.harness.cluster_client import ClusterClient, timeline_events
+from workers.harness.cluster_client import ClusterClient
 from workers.harness.loadgen import invalidation_counts
 from workers.routing import writer_for_room
 from workers.services import given_or_embedded
@@ -57,34 +59,21 @@ from workers.storage import connect
 
 async def _http_load(
     cluster: LocalCluster, seconds: float, concurrency: int, rate: float | None = None
-) -> tuple[int, list[float]]:
-    """Send messages for `seconds` (at `rate` per second if given); returns (sent, latencies ms)."""
-    latencies: list[float] = []
+) -> tuple[int, Split | None]:
+    """Send messages for `seconds` (at `rate` per second if given, observed from a process of its
+    own: see `visible.py`); returns (sent, the persist-to-visible split when a rate was given)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         client = ClusterClient(session, cluster.urls, cluster.event_writers)
         await client.register(f"@bench-{uuid.uuid4().hex[:8]}")
         room_ids = [await client.create_room("public") for _ in range(4 * len(cluster.event_writers))]
-        probes: list[tuple[ClusterClient, str]] = []
-        for worker in cluster.sync_workers if rate is not None else []:
-            probe = ClusterClient(session, cluster.urls, cluster.event_writers)
-            await probe.register(f"@probe-{worker}-{uuid.uuid4().hex[:8]}")
-            for room in room_ids:
-                await probe.membership(room, "join")
-            probes.append((probe, worker))
-        arrivals: dict[str, list[float]] = {}
-        stop = asyncio.Event()
-
-        async def follow(probe: ClusterClient, worker: str) -> None:
-            token = (await probe.sync(worker))["next_batch"]
-            while not stop.is_set():
-                result = await probe.sync(worker, token, 500)
-                now = time.time()
-                for event in timeline_events(result):
-                    arrivals.setdefault(event["event_id"], []).append(now)
-                token = result["next_batch"]
-
-        followers = [asyncio.create_task(follow(p, w)) for p, w in probes]
-        await asyncio.sleep(0.5 if probes else 0)
+        observer = None
+        if rate is not None:
+            observer = Observer(
+                cluster.urls, cluster.event_writers, cluster.sync_workers, room_ids,
+                cluster.redis_url, cluster.channel_prefix,
+            )  # fmt: skip
+            await observer.start()
+            await asyncio.sleep(0.5)
         sent: dict[str, float] = {}
         deadline = time.monotonic() + seconds
         interval = concurrency / rate if rate else 0.0
@@ -103,19 +92,16 @@ async def _http_load(
                     await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
         await asyncio.gather(*(sender(i) for i in range(concurrency)))
-        await asyncio.sleep(1.0 if probes else 0)
-        stop.set()
-        await asyncio.gather(*followers, return_exceptions=True)
-    if probes:
-        async with connect(cluster.database_url) as conn:
-            rows = await conn.fetch(
-                "SELECT event_id, received_ts FROM events WHERE event_id = ANY($1)", list(sent)
-            )
-        for row in rows:
-            seen = arrivals.get(row["event_id"], [])
-            if len(seen) == len(probes):
-                latencies.append(max(0.0, (max(seen) - row["received_ts"] / 1000) * 1000))
-    return len(sent), latencies
+    if observer is None:
+        return len(sent), None
+    await asyncio.sleep(1.0)
+    arrivals = await observer.stop()
+    async with connect(cluster.database_url) as conn:
+        rows = await conn.fetch(
+            "SELECT event_id, received_ts FROM events WHERE event_id = ANY($1)", list(sent)
+        )
+    received = {row["event_id"]: row["received_ts"] for row in rows}
+    return len(sent), Split.of(received, arrivals, len(cluster.sync_workers))
 
 
 async def _churn_load(
@@ -284,14 +270,16 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
     )  # fmt: skip
     await cluster.start()
     try:
-        sent, latencies = await _http_load(cluster, args.seconds, 8, rate=args.rate)
+        sent, split = await _http_load(cluster, args.seconds, 8, rate=args.rate)
     finally:
         await cluster.stop()
+    assert split is not None
     result["latency_offered_per_s"] = args.rate
     result["latency_achieved_per_s"] = round(sent / args.seconds, 1)
-    result["latency_p50_ms"] = round(percentile(latencies, 50), 2)
-    result["latency_p99_ms"] = round(percentile(latencies, 99), 2)
-    result["latency_samples"] = len(latencies)
+    result["latency_p50_ms"], result["latency_p99_ms"] = split.total
+    result["latency_to_channel_ms"] = split.to_channel
+    result["latency_channel_to_visible_ms"] = split.channel_to_visible
+    result["latency_samples"] = split.samples
     result.update(await _invalidation_phase(args, admin_url, redis_url, workdir))
     if args.rss_events:
         result.update(await _memory_phase(args, admin_url, redis_url, workdir))
@@ -409,7 +397,9 @@ def _table(result: dict[str, Any]) -> str:
     lines.append(
         f"persist-to-visible on every sync worker at {result['latency_offered_per_s']}/s offered "
         f"({result['latency_achieved_per_s']}/s achieved): p50 {result['latency_p50_ms']} ms, "
-        f"p99 {result['latency_p99_ms']} ms ({result['latency_samples']} samples)"
+        f"p99 {result['latency_p99_ms']} ms ({result['latency_samples']} samples); of which persist to"
+        f" the RDATA on the channel p50/p99 {result['latency_to_channel_ms']} ms, the channel to the"
+        f" /sync answer {result['latency_channel_to_visible_ms']} ms"
     )
     for label in ("saturated", "offered"):
         counts = result.get(f"invalidation_{label}")
@@ -481,6 +471,11 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             result["latency_p99_ms"] <= 20,
         )
     )
+    halves = (("persist to its RDATA on the channel", "latency_to_channel_ms"),
+              ("the channel to the /sync answer", "latency_channel_to_visible_ms"))  # fmt: skip
+    for half, key in halves:
+        for i, p in enumerate(("p50", "p99")):
+            found.append(Figure("cluster", f"of which {half}, {p}", result[key][i], "ms"))
     for label, load in (("saturated", "as fast as it goes"), ("offered", offered)):
         counts = result.get(f"invalidation_{label}")
         if counts is None or counts["ratio"] is None:
