@@ -1,6 +1,8 @@
 """`fanout bench cluster`: what the worker cluster sustains, beside a raw ceiling measured in the same run.
 
-Phases (each prints progress on stderr; the result is one JSON document plus a table):
+Phases (each prints progress on stderr; the result is one JSON document plus a table). Each
+phase's database is dropped when it ends: millions of rows left behind would keep autovacuum busy
+on the two cores through the phases after it.
 
 1. ceiling: plain asyncpg inserting the write path's rows (random event IDs, 16 rooms), batches of
    `--batch` events (default: the persister's largest batch): one nextval-for-n query and one
@@ -46,7 +48,7 @@ from workers import event_loop
 from workers.config import WorkerConfig
 from workers.handlers.persist import MAX_BATCH
 from workers.handlers.sync_stored import STORED_STREAMS
-from workers.harness.bench._common import Figure, progress, scratch_database
+from workers.harness.bench._common import Figure, drop_database, progress, scratch_database
 from workers.harness.bench.visible import Observer, Split
 from workers.harness.bench.write_path import in_processes
 from workers.harness.cluster import LocalCluster
@@ -167,6 +169,7 @@ async def _invalidation_phase(
             events, rows, per_key = await _churn_load(cluster, args.seconds, args.churn_members, rate)
         finally:
             await cluster.stop()
+            await drop_database(admin_url, db)
         found[f"invalidation_{label}"] = {
             "events_per_s": round(events / args.seconds, 1),
             "messages": rows,
@@ -192,13 +195,16 @@ async def _write_phase(
     db = await scratch_database(admin_url, "writepath")
     writers = [f"p{i}" for i in range(1, k + 1)]
     prefix = f"bench-{uuid.uuid4().hex[:6]}"
-    count, _ = in_processes(
-        "write",
-        [
-            (db, redis_url, prefix, w, writers, args.seconds, 0, args.concurrency, serve_reads)
-            for w in writers
-        ],
-    )
+    try:
+        count, _ = in_processes(
+            "write",
+            [
+                (db, redis_url, prefix, w, writers, args.seconds, 0, args.concurrency, serve_reads)
+                for w in writers
+            ],
+        )
+    finally:
+        await drop_database(admin_url, db)
     return float(count / args.seconds)
 
 
@@ -221,9 +227,12 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
                 f"ceiling: raw asyncpg batched insert from {k} process(es) (round {round_no}/{args.rounds})"
             )
             db = await scratch_database(admin_url, "ceiling")
-            count, _ = in_processes(
-                "ceiling", [(db, args.seconds, args.batch, f"c{i}", connections) for i in range(k)]
-            )
+            try:
+                count, _ = in_processes(
+                    "ceiling", [(db, args.seconds, args.batch, f"c{i}", connections) for i in range(k)]
+                )
+            finally:
+                await drop_database(admin_url, db)
             ceilings.append(count / args.seconds)
             progress(
                 f"write path: EventPersister driven directly, {k} persister process(es) (round {round_no})"
@@ -261,6 +270,7 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
             sent, _ = await _http_load(cluster, args.seconds, args.http_concurrency)
         finally:
             await cluster.stop()
+            await drop_database(admin_url, db)
         result[f"http_{k}"] = round(sent / args.seconds, 1)
     progress(f"latency: {args.rate} events/s offered over HTTP, 2 persisters, 2 sync workers")
     db = await scratch_database(admin_url, "latency")
@@ -273,6 +283,7 @@ async def _run(args: argparse.Namespace, admin_url: str, redis_url: str, workdir
         sent, split = await _http_load(cluster, args.seconds, 8, rate=args.rate)
     finally:
         await cluster.stop()
+        await drop_database(admin_url, db)
     assert split is not None
     result["latency_offered_per_s"] = args.rate
     result["latency_achieved_per_s"] = round(sent / args.seconds, 1)
@@ -365,6 +376,7 @@ async def _memory_phase(
         rss = _peak_rss_mb(spec.process.pid)
     finally:
         await cluster.stop()
+        await drop_database(admin_url, db)
     return {
         "memory_events": count,
         "memory_events_per_s": round(count / elapsed, 1),
