@@ -18,9 +18,6 @@ once the IDs finished (`finished`).
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,8 +38,6 @@ from workers.handlers.stream_writes import StreamWriter, UserStreamWrites
 from workers.handlers.sync_stored import StoredSections
 from workers.handlers.to_device import ToDeviceInbox
 from workers.streams import account_data, device_lists, to_device
-
-log = logging.getLogger(__name__)
 
 _Factory = Callable[[asyncpg.Pool, MultiWriterIdGenerator, Sequence[str]], Stream[Any]]
 #: name -> (tables, sequence, stream factory) of each stored stream.
@@ -72,18 +67,10 @@ class StoredStreams:
         self._server_name = config.server_name
         self.generators = generators
         self.changes: dict[str, StreamChangeCache] = {}
-        #: Per stream, the highest ID allocated by anyone, read from the sequence after each line
-        #: of a writer this process does not follow (such a writer's rows never reach the change
-        #: cache, so its floor must end above all of them).
-        self.allocated: dict[str, int] = {}
-        self._reading: dict[str, bool] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         for stream, generator in generators.items():
+            # Rows at or below every position known now were written before this process.
             self.changes[stream] = StreamChangeCache(
-                stream,
-                _highest(generator),
-                config.cache_max_entries * 10,
-                functools.partial(self._floor_after_blind, stream),
+                stream, _highest(generator), config.cache_max_entries * 10
             )
         self.writes: dict[str, UserStreamWrites] = {}
 
@@ -145,7 +132,7 @@ class StoredStreams:
             self.writes[device_lists.DEVICE_LISTS], self._pool, self._server_name, self._fetch_remote
         )
         self.to_device = ToDeviceInbox(self.writes[to_device.TO_DEVICE], self._pool, self._server_name)
-        self.sections = StoredSections(self._pool, caches, self.changes, self.to_device)
+        self.sections = StoredSections(self._pool, caches, self.changes, self.generators, self.to_device)
 
     async def apply(self, stream: str, rows: Sequence[tuple[int, Row]]) -> tuple[set[str], set[str]]:
         """Record `rows` ((token, row) pairs) in the stream's change cache; (rooms, users) to wake."""
@@ -185,41 +172,8 @@ class StoredStreams:
 
     def _foreign_writer(self, stream: str, instance: str) -> None:
         changes = self.changes.get(stream)
-        if changes is None:
-            return
-        changes.blind()
-        if stream in self._reading:
-            self._reading[stream] = True  # read again once the read in flight is done
-            return
-        self._reading[stream] = False
-        task = asyncio.get_running_loop().create_task(self._read_allocated(stream))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _read_allocated(self, stream: str) -> None:
-        """Read the sequence after a foreign line (again if another came during the read)."""
-        try:
-            while True:
-                try:
-                    value = await self.generators[stream].get_max_allocated_token()
-                except (OSError, asyncpg.PostgresError) as e:
-                    log.warning(
-                        "could not read the %s sequence after a foreign line (%s); retrying", stream, e
-                    )
-                    self.changes[stream].blind()  # stays blind until the read succeeds
-                    await asyncio.sleep(1.0)
-                    continue
-                self.allocated[stream] = max(self.allocated.get(stream, 0), value)
-                if not self._reading.get(stream):
-                    return
-                self._reading[stream] = False
-        finally:
-            self._reading.pop(stream, None)
-
-    def _floor_after_blind(self, stream: str) -> int:
-        """Where a change cache's floor goes when its blind period ends: above every position
-        known and every ID allocated when the last foreign line was heard."""
-        return max(_highest(self.generators[stream]), self.allocated.get(stream, 0))
+        if changes is not None:
+            changes.blind()
 
     def _own_position(self, stream: str) -> Callable[[], int]:
         generator = self.generators[stream]

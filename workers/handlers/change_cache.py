@@ -8,7 +8,8 @@ know, and the caller queries the database.
 Fed with every row of the stream, local and replicated, before the stream's position advances
 (the ordering rule), so a token that covers a change never meets a cache that misses it. The
 floor starts at the highest position this process knew of at start-up (rows at or below it were
-written before and never reach this cache) and rises when old entries are dropped to bound size.
+written before and never reach this cache) and rises when old entries are dropped to bound size,
+and when the cache `reopen`s after being `blind`.
 
 It also answers "who changed after p?" (`changed_after`), so a sync that would otherwise test
 every user it shares a room with (a thousand, in a big room) tests only the few that changed.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable
 
 #: How long after the last line of a writer this process does not follow the cache stays blind.
 BLIND_S = 30.0
@@ -28,11 +28,9 @@ FEW_CHANGED = 100
 
 
 class StreamChangeCache:
-    __slots__ = ("_blind_until", "_last", "_order", "_position", "floor", "max_entries", "name")
+    __slots__ = ("_blind_until", "_last", "_order", "floor", "max_entries", "name")
 
-    def __init__(
-        self, name: str, floor: int, max_entries: int = 100_000, position: Callable[[], int] | None = None
-    ) -> None:
+    def __init__(self, name: str, floor: int, max_entries: int = 100_000) -> None:
         self.name = name
         self.floor = floor
         self.max_entries = max_entries
@@ -40,25 +38,28 @@ class StreamChangeCache:
         #: (stream id, entity) sorted; an entry whose entity changed again later is stale and
         #: skipped (its id differs from `_last`), and dropped when the list is rebuilt.
         self._order: list[tuple[int, str]] = []
-        #: The highest position this process knows of the stream (for the floor after `blind`).
-        self._position = position or (lambda: self.floor)
         self._blind_until = 0.0
 
     def blind(self) -> None:
         """A writer this process does not follow wrote to the stream (its lines are refused while
         the workers disagree on `stream_writers`): its rows never reach this cache, so answer
-        "maybe" to everything until `BLIND_S` after the last such line, then start again with the
-        floor at the highest position known then."""
+        "maybe" to everything until `BLIND_S` after the last such line and a `reopen` after that
+        (as `RecentEvents` does)."""
         self._blind_until = time.monotonic() + BLIND_S
 
+    def blind_over(self) -> bool:
+        """The blind period is over: `reopen` with the highest ID allocated, read now."""
+        return bool(self._blind_until) and time.monotonic() >= self._blind_until
+
+    def reopen(self, max_allocated: int) -> None:
+        """Answer again, above `max_allocated` (read from the sequence after the blind period: the
+        foreign writer's rows are at or below it, a removed writer's included)."""
+        if self.blind_over():
+            self._blind_until = 0.0
+            self.floor = max(self.floor, max_allocated)
+
     def _blind(self) -> bool:
-        if not self._blind_until:
-            return False
-        if time.monotonic() < self._blind_until:
-            return True
-        self._blind_until = 0.0
-        self.floor = max(self.floor, self._position())
-        return False
+        return bool(self._blind_until)
 
     def changed(self, entity: str, stream_id: int) -> None:
         """`entity` changed at `stream_id`."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import asyncpg
 
-from idgen import SyncToken
+from idgen import MultiWriterIdGenerator, SyncToken
 from workers.handlers.caches import SyncCaches
 from workers.handlers.change_cache import FEW_CHANGED, StreamChangeCache
 from workers.handlers.to_device import ToDeviceInbox
@@ -62,11 +62,13 @@ class StoredSections:
         pool: asyncpg.Pool,
         caches: SyncCaches,
         changes: dict[str, StreamChangeCache],
+        generators: dict[str, MultiWriterIdGenerator],
         inbox: ToDeviceInbox,
     ) -> None:
         self._pool = pool
         self._caches = caches
         self._changes = changes
+        self._generators = generators
         self._inbox = inbox
         #: (user, device) -> the `since` position up to which this worker deleted the device's
         #: acknowledged messages: while the user's last message is above it, a sync runs the
@@ -83,6 +85,7 @@ class StoredSections:
         events: list[Event],
     ) -> tuple[StoredUpdates, SyncToken]:
         """The sections for (since, now] (since None: an initial sync) and the token they reach."""
+        await self.reopen_blind_caches()
         updates = StoredUpdates()
         joined = user_rooms.joined()
         await self._account_data(updates, user_id, joined, since, now)
@@ -91,6 +94,13 @@ class StoredSections:
         if since is not None:
             await self._device_lists(updates, user_id, joined, since, now, events)
         return updates, now
+
+    async def reopen_blind_caches(self) -> None:
+        """Reopen each change cache whose blind period is over, above the sequence's value now
+        (read by the first syncs after the blind period; until then the cache says "maybe")."""
+        for stream, changes in self._changes.items():
+            if changes.blind_over():
+                changes.reopen(await self._generators[stream].get_max_allocated_token())
 
     async def _account_data(
         self, updates: StoredUpdates, user_id: str, joined: set[str], since: SyncToken | None, now: SyncToken

@@ -63,13 +63,13 @@ def test_blind_while_a_writer_it_does_not_follow_writes(monkeypatch: pytest.Monk
     """During a change of `stream_writers` a reader refuses the lines of a writer it does not know
     yet: that writer's rows never reach the cache, so it must not answer "unchanged" meanwhile."""
     monkeypatch.setattr(change_cache, "BLIND_S", 0.05)
-    known = {"position": 10}
-    cache = StreamChangeCache("s", floor=10, position=lambda: known["position"])
+    cache = StreamChangeCache("s", floor=10)
     assert not cache.may_have_changed("@a", 10)
     cache.blind()
     assert cache.may_have_changed("@a", 10) and cache.any_may_have_changed(["@a", "@b"], 10) == ["@a", "@b"]
-    known["position"] = 25  # what the foreign writer wrote lies at or below what is known now
     time.sleep(0.06)
+    assert cache.blind_over() and cache.may_have_changed("@a", 25)  # blind until reopened
+    cache.reopen(25)  # what the foreign writer wrote lies at or below the sequence's value now
     assert cache.may_have_changed("@a", 20)  # below the new floor: ask the database
     assert not cache.may_have_changed("@a", 25) and cache.floor == 25
 

@@ -24,11 +24,11 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from pubsub.wire import RData, parse_line
 from workers import event_loop
 from workers.harness.bench._common import percentile, progress
 from workers.harness.cluster_client import ClusterClient, timeline_events
-
-_RDATA_EVENTS = "RDATA events "
+from workers.streams.events import EVENTS, EventRow
 
 
 @dataclass
@@ -127,14 +127,13 @@ async def _observe_async(
             if message is None or message["type"] != "pmessage":
                 continue
             now = time.time()
-            line = message["data"].decode()
-            if line.startswith(_RDATA_EVENTS):
-                # The row's first string is its event id (a line that ends a token's rows starts
-                # with the previous token and the row count: numbers).
-                row: list[Any] = json.loads(line.split(" ", 4)[4])
-                event_id = next((x for x in row if isinstance(x, str)), None)
-                if event_id is not None:
-                    arrivals.published.setdefault(event_id, now)
+            command = parse_line(message["data"])
+            if isinstance(command, RData) and command.stream == EVENTS:
+                fields: list[Any] = json.loads(command.row_json)
+                # A token's last row starts with the previous token and the row count
+                # (`Stream.encode_payload`).
+                row = EventRow(*fields[2:] if command.token is not None else fields)
+                arrivals.published.setdefault(row.event_id, now)
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         tokens = []
