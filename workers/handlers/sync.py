@@ -35,7 +35,7 @@ from workers.handlers.notifier import Notifier
 from workers.handlers.recent_events import EventBodies, Placed, RecentEvents
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.sync_filter import SyncFilter
-from workers.handlers.sync_rooms import RoomSections, empty_response
+from workers.handlers.sync_rooms import PENDING, RoomSections, empty_response
 from workers.handlers.sync_stored import STORED_STREAMS, StoredSections, StoredUpdates
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import events as store
@@ -166,7 +166,7 @@ class SyncHandler:
             return await self._initial(user_id, device_id, sync_filter)
         since = await self.decode(since_text)
         since = await self._bounded(since)
-        if not await self._wait_until_covered(since):
+        if not await self._wait_until_covered(since, min(timeout_s, self._catch_up_wait_s)):
             # We are behind the client and did not catch up in time: nothing new, same token.
             self.behind_timeouts += 1
             self.observers.behind()
@@ -192,7 +192,7 @@ class SyncHandler:
                         sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
                     sections.add_ephemeral(typing, presence)
                     sections.add_stored(stored, sync_filter.includes)
-                    await sections.load_state(self._state_events, self._invite_state)
+                    await sections.load_state(self._state_events, self._state_at, self._pending_state)
                     body = await self._response(sections, now)
                     if woken_at is not None and events:
                         self._observe(woken_at, events)
@@ -215,13 +215,14 @@ class SyncHandler:
         events = now.get("events")
         positions = {w: events.get_stream_pos_for_instance(w) for w in (*self._writers, *events.instance_map)}
         sections = RoomSections(user_id, sync_filter.timeline_limit)
+        pending: list[int] = []
         async with self._pool.acquire() as conn:
             for room_id, history in sorted(user_rooms.history.items()):
                 if not sync_filter.includes(room_id) or not history:
                     continue
                 position, membership = history[-1]
-                if membership == "invite":
-                    sections.add_invite(room_id)
+                if membership in PENDING:
+                    pending.append(position)
                 elif membership == "join":
                     recent = await store.room_events(
                         conn, room_id, after=position - 1, positions=positions,
@@ -229,10 +230,12 @@ class SyncHandler:
                         limit=sync_filter.timeline_limit + 1,
                     )  # fmt: skip
                     sections.add_joined_room(room_id, recent[::-1])
+            for event in (await store.events_at(conn, pending)).values():
+                sections.add_pending(event)
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
         stored, now = await self._stored(user_id, device_id, user_rooms, None, now, [])
         sections.add_stored(stored, sync_filter.includes)
-        await sections.load_state(self._state_events, self._invite_state)
+        await sections.load_state(self._state_events, self._state_at, self._pending_state)
         return await self._response(sections, now)
 
     async def _response(self, sections: RoomSections, now: SyncToken) -> dict[str, Any]:
@@ -278,18 +281,22 @@ class SyncHandler:
             found = await store.events_by_ids(conn, list(state.values()))
         return [found[i] for _, i in sorted(state.items()) if i in found]
 
-    async def _invite_state(self, room_id: str, user_id: str) -> list[dict[str, Any]]:
-        """The stripped state an invitee is shown: the room's own (its name, topic, ... and the
-        invitee's member event), and for a room on another server what its invite carried."""
-        here = [
-            e.stripped()
-            for e in await self._state_events(room_id)
-            if e.type in STRIPPED_STATE or (e.type == MEMBER_EVENT and e.state_key == user_id)
-        ]
+    async def _state_at(self, room_id: str, last: Event) -> list[Event]:
+        """The room's state as of `last` (every event of a room has one writer, so the room's
+        orderings are its order)."""
         async with self._pool.acquire() as conn:
-            remote = await room_store.remote_invite_state(conn, user_id, room_id) or []
-        seen = {(e["type"], e["state_key"]) for e in here}
-        return [e for e in remote if (e.get("type"), e.get("state_key")) not in seen] + here
+            return await store.state_at(conn, room_id, last.stream_ordering)
+
+    async def _pending_state(self, room_id: str, event: Event) -> list[dict[str, Any]]:
+        """The stripped state shown with the user's invite or knock `event`, as of that event: the
+        room's name, topic, ... (for a room on another server, what its invite carried). The
+        section adds `event` itself, so the user's own member event is left out here."""
+        async with self._pool.acquire() as conn:
+            here = await store.state_at(conn, room_id, event.stream_ordering, types=sorted(STRIPPED_STATE))
+            remote = await room_store.remote_invite_state(conn, str(event.state_key), room_id) or []
+        stripped = [e.stripped() for e in here if e.type != MEMBER_EVENT]
+        seen = {(e["type"], e["state_key"]) for e in stripped} | {(MEMBER_EVENT, event.state_key)}
+        return [e for e in remote if (e.get("type"), e.get("state_key")) not in seen] + stripped
 
     async def room_state(self, user_id: str, room_id: str) -> list[Event] | None:
         """The room's current state, or None when the user is not joined."""
@@ -312,8 +319,10 @@ class SyncHandler:
             self._ratelog.warning("clamped", "a since token beyond every sequence was clamped: %s", since)
         return bounded
 
-    async def _wait_until_covered(self, since: SyncToken) -> bool:
-        deadline = time.monotonic() + self._catch_up_wait_s
+    async def _wait_until_covered(self, since: SyncToken, within_s: float) -> bool:
+        """Wait until this worker's token covers `since`, at most `within_s` (the client's own
+        timeout, capped by the catch-up window: a `timeout=0` client is answered at once)."""
+        deadline = time.monotonic() + within_s
         while not _ordered(since).is_before_or_eq(_ordered(self.current_token())):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
