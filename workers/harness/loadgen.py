@@ -69,6 +69,12 @@ class LoadReport:
     events_sent: int = 0
     rejected: int = 0
     failed: int = 0
+    #: Answers with status 500 (writes and syncs): a fault must be answered 503, never 500.
+    internal_errors: int = 0
+    membership_changes: int = 0
+    #: Sync answers that listed a room under `leave` and under `invite` or `knock` at once.
+    left_and_pending_seen: int = 0
+    pending_seen: int = 0
     seconds: float = 0.0
     syncs: int = 0
     latency_ms: list[float] = field(default_factory=list)
@@ -104,6 +110,10 @@ class LoadReport:
             "events_sent": self.events_sent,
             "rejected_by_rules": self.rejected,
             "failed_requests": self.failed,
+            "internal_errors": self.internal_errors,
+            "membership_changes": self.membership_changes,
+            "invites_and_knocks_seen": self.pending_seen,
+            "left_and_pending_seen": self.left_and_pending_seen,
             "seconds": round(self.seconds, 2),
             "events_per_s": round(self.events_per_s, 1),
             "syncs": self.syncs,
@@ -142,6 +152,7 @@ class _Reader:
         self.arrivals: dict[str, float] = {}
         self.typing_seen = self.presence_seen = 0
         self.failed_syncs = 0
+        self.internal_errors = 0
         self.token: str | None = None
 
     async def initial(self) -> None:
@@ -162,6 +173,7 @@ class _Reader:
                     raise
                 # A worker or its database is down (a fault scenario): ask again, same token.
                 self.failed_syncs += 1
+                self.internal_errors += isinstance(e, RequestRefused) and e.status == 500
                 await asyncio.sleep(0.2)
                 continue
             now = time.time()
@@ -339,6 +351,7 @@ class LoadDriver:
                 if e.status < 500:
                     raise
                 self.report.failed += 1
+                self.report.internal_errors += e.status == 500
                 if room:
                     self._set(user, room, UNKNOWN)
                 return
@@ -373,6 +386,7 @@ class LoadDriver:
                 await owner.membership(room, "leave" if what in ("kick", "unban") else what, target=user)
             self._set(user, room, "leave" if what in ("kick", "unban") else what)
             written += 1
+            self.report.membership_changes += 1
         return written
 
     async def _stored_write(self, kind: str, client: ClusterClient) -> None:
@@ -498,6 +512,13 @@ class LoadDriver:
             len({i for r in reader.records for i in r.event_ids}) for reader in readers
         )
         self.report.typing_seen = sum(r.typing_seen for r in readers)
+        self.report.internal_errors += sum(r.internal_errors for r in readers)
+        for record in (r for reader in readers for r in reader.records):
+            pending = {room for section, room in record.sections or () if section in ("invite", "knock")}
+            self.report.pending_seen += len(pending)
+            self.report.left_and_pending_seen += sum(
+                1 for section, room in record.sections or () if section == "leave" and room in pending
+            )
         self.report.presence_seen = sum(r.presence_seen for r in readers)
         if self.plan.expect_ephemeral:
             # Ephemeral by nature (a typing start may be over before anyone syncs), so no exactly-once:
