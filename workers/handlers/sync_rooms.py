@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.handlers.room_versions import RoomVersion, render
+from workers.handlers.sync_filter import SyncFilter
 from workers.handlers.sync_stored import StoredUpdates
 from workers.model import MEMBER_EVENT, Event
 
-StateLoader = Callable[[str], Awaitable[list[Event]]]
+#: (room, the members whose member events are wanted (None: every member)) -> the room's
+#: current state events.
+StateLoader = Callable[[str, "set[str] | None"], Awaitable[list[Event]]]
 #: (room, the last event the state must reflect) -> the room's state events as of that event.
 StateAtLoader = Callable[[str, Event], Awaitable[list[Event]]]
 #: (room, the user's invite or knock event) -> the stripped state events shown with it, as of that
@@ -107,9 +110,13 @@ class _Room:
 
 
 class RoomSections:
-    def __init__(self, user_id: str, timeline_limit: int) -> None:
+    """One answer's rooms, as `sync_filter` shapes them (its timeline filter chooses what each
+    timeline shows; the rooms' sections come from the user's own membership events regardless)."""
+
+    def __init__(self, user_id: str, sync_filter: SyncFilter) -> None:
         self.user_id = user_id
-        self.limit = timeline_limit
+        self.filter = sync_filter
+        self.limit = sync_filter.timeline_limit
         self.join: dict[str, _Room] = {}
         self.leave: dict[str, _Room] = {}
         #: room -> the user's invite or knock event; its section is the event's membership.
@@ -117,6 +124,10 @@ class RoomSections:
         self.pending_state: dict[str, list[dict[str, Any]]] = {}
         self.presence: list[dict[str, Any]] = []
         self.stored = StoredUpdates()
+
+    def shown(self, event: Event) -> bool:
+        """Whether the timeline filter shows `event`."""
+        return self.filter.timeline.allows(event.type, event.sender)
 
     def add_window(self, events: Sequence[Event]) -> None:
         """The visible events of an incremental sync's window, in stream order."""
@@ -126,18 +137,38 @@ class RoomSections:
         for room_id, room_events in by_room.items():
             placed = place_room(self.user_id, room_events)
             if placed.join is not None:
-                room = self.join[room_id] = self._room(placed.join, more_before=False)
-                room.full_state = placed.joined_in_window
+                room = self._window_room(placed.join)
+                if room.timeline or room.skipped_state or placed.joined_in_window:
+                    self.join[room_id] = room
+                    room.full_state = placed.joined_in_window
             if placed.leave is not None:
-                room = self.leave[room_id] = self._room(placed.leave, more_before=False)
+                room = self.leave[room_id] = self._window_room(placed.leave)
                 room.state_at_end = placed.joined_in_window
             if placed.pending is not None:
                 self.pending[room_id] = placed.pending
 
+    def _window_room(self, events: Sequence[Event]) -> _Room:
+        """A room of an incremental window: the events the filter shows in its timeline, and the
+        state events it hides in its state (the client still learns what changed)."""
+        if self.filter.timeline.everything:
+            return self._room(events, more_before=False)
+        room = self._room([e for e in events if self.shown(e)], more_before=False)
+        for event in events:
+            if event.state_key is not None and not self.shown(event):
+                room.skipped_state[(event.type, event.state_key)] = event
+        return room
+
     def add_joined_room(self, room_id: str, recent: Sequence[Event]) -> None:
-        """An initial sync's joined room: its last `limit + 1` events (more than `limit`: limited)."""
+        """An initial sync's joined room: its last `limit + 1` events the filter shows (more than
+        `limit`: limited)."""
         room = self.join[room_id] = self._room(recent, more_before=len(recent) > self.limit)
         room.full_state = True
+
+    def add_left_room(self, room_id: str, recent: Sequence[Event]) -> None:
+        """An initial sync's left room: its last `limit + 1` shown events up to the user's leave or
+        ban, with the state as of that event."""
+        room = self.leave[room_id] = self._room(recent, more_before=len(recent) > self.limit)
+        room.state_at_end = True
 
     def add_pending(self, event: Event) -> None:
         """An initial sync's invite or knock: the user's own member event that set it."""
@@ -145,19 +176,31 @@ class RoomSections:
 
     def add_ephemeral(self, typing: dict[str, dict[str, Any]], presence: list[dict[str, Any]]) -> None:
         """`m.typing` events of joined rooms (a room with nothing else new is listed for them) and
-        `m.presence` events; typing for rooms the user has just left or not joined is dropped."""
+        `m.presence` events, as the filter's `room.ephemeral` and `presence` let through; typing
+        for rooms the user has just left or not joined is dropped."""
         for room_id, event in typing.items():
-            if room_id not in self.leave and room_id not in self.pending:
+            if (
+                room_id not in self.leave
+                and room_id not in self.pending
+                and self.filter.ephemeral.select([event])
+            ):
                 self.join.setdefault(room_id, _Room()).ephemeral.append(event)
-        self.presence = list(presence)
+        self.presence = self.filter.presence.select(presence)
 
-    def add_stored(self, updates: StoredUpdates, includes: Callable[[str], bool]) -> None:
+    def add_stored(self, updates: StoredUpdates) -> None:
         """Account data, to-device messages and device lists; a joined room whose account data
         changed is listed for it (rooms the filter leaves out are not)."""
         self.stored = updates
+        self.stored.account_data = self.filter.account_data.select(updates.account_data)
         for room_id, events in updates.room_account_data.items():
-            if includes(room_id) and room_id not in self.leave and room_id not in self.pending:
-                self.join.setdefault(room_id, _Room()).account_data.extend(events)
+            wanted = self.filter.room_account_data.select(events)
+            if (
+                wanted
+                and self.filter.includes(room_id)
+                and room_id not in self.leave
+                and room_id not in self.pending
+            ):
+                self.join.setdefault(room_id, _Room()).account_data.extend(wanted)
 
     def want_full_state(self, room_ids: Iterable[str]) -> None:
         for room_id in room_ids:
@@ -178,14 +221,19 @@ class RoomSections:
     async def load_state(
         self, state: StateLoader, state_at: StateAtLoader, pending_state: PendingStateLoader
     ) -> None:
-        """Fill in the state of rooms that need it: full state, limited timelines, rooms joined and
-        left inside the window, invites and knocks."""
+        """Fill in the state of rooms that need it: full state, limited or filtered timelines,
+        rooms joined and left inside the window, invites and knocks; then the filter's
+        `room.state` and lazy-loaded members."""
         for room_id, room in self.join.items():
+            members = self._members(room)
             if room.full_state:
                 in_timeline = {e.event_id for e in room.timeline}
-                room.state = [e for e in await state(room_id) if e.event_id not in in_timeline]
+                room.state = [e for e in await state(room_id, members) if e.event_id not in in_timeline]
             else:
                 room.state = list(room.skipped_state.values())
+                if members is not None:
+                    room.state += await self._missing_members(room, await state(room_id, members))
+            room.state = self._filtered_state(room.state, members)
         for room_id, room in self.leave.items():
             if room.state_at_end and room.timeline:
                 in_timeline = {e.event_id for e in room.timeline}
@@ -193,8 +241,34 @@ class RoomSections:
                 room.state = [e for e in at_end if e.event_id not in in_timeline]
             else:
                 room.state = list(room.skipped_state.values())
+            room.state = self._filtered_state(room.state, self._members(room))
         for room_id, event in self.pending.items():
             self.pending_state[room_id] = await pending_state(room_id, event)
+
+    def _members(self, room: _Room) -> set[str] | None:
+        """With lazy-loaded members: the members whose member events the state carries (the
+        timeline's senders and the user); None: every member."""
+        if not self.filter.lazy_load_members:
+            return None
+        return {e.sender for e in room.timeline} | {self.user_id}
+
+    async def _missing_members(self, room: _Room, current: list[Event]) -> list[Event]:
+        """The member events of the timeline's senders that neither the timeline nor the state
+        carries (an incremental room with lazy-loaded members: the client may not know them)."""
+        have = {(e.type, e.state_key) for e in (*room.timeline, *room.state)}
+        senders = {e.sender for e in room.timeline}
+        return [
+            e for e in current
+            if e.type == MEMBER_EVENT and e.state_key in senders and (e.type, e.state_key) not in have
+        ]  # fmt: skip
+
+    def _filtered_state(self, events: list[Event], members: set[str] | None) -> list[Event]:
+        wanted = self.filter.state
+        return [
+            e for e in events
+            if (wanted.everything or wanted.allows(e.type, e.sender))
+            and (members is None or e.type != MEMBER_EVENT or e.state_key in members)
+        ]  # fmt: skip
 
     def rooms(self) -> set[str]:
         """The rooms whose events the response renders."""
