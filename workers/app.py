@@ -198,6 +198,7 @@ class Worker:
             self._load_rooms_for_user,
             self._load_joined_members,
             self._load_current_state,
+            self._load_room_visibility,
             config.cache_max_entries,
         )
         self.room_versions = RoomVersions(self.pool, config.cache_max_entries)
@@ -482,6 +483,10 @@ class Worker:
     async def _load_current_state(self, room_id: str) -> dict[tuple[str, str], str]:
         async with self.pool.acquire() as conn:
             return await event_store.current_state(conn, room_id)
+
+    async def _load_room_visibility(self, room_id: str) -> tuple[tuple[int, str], ...]:
+        async with self.pool.acquire() as conn:
+            return await event_store.visibility_changes(conn, room_id)
 
     # -- health and shutdown -------------------------------------------------------------------
 
