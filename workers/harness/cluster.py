@@ -43,6 +43,10 @@ class WorkerSpec:
     process: subprocess.Popen[bytes] | None = None
 
 
+#: The loopback networks: a local cluster's own clients.
+LOOPBACK = ["127.0.0.0/8", "::1/128"]
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -128,6 +132,10 @@ class LocalCluster:
             "background_tasks": spec.background_tasks,
             "serve_reads": not (spec.writes_events and self.write_only_persisters),
             "log_level": self.log_level,
+            # A local test cluster: anyone registers, and its loopback clients (the load generator
+            # and the tests, many users from one address) are not rate limited.
+            "registration": "open",
+            "rc_exempt_addresses": LOOPBACK,
             **self.extra_config,
             **self.worker_config.get(spec.name, {}),
         }

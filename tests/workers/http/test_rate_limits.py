@@ -1,0 +1,85 @@
+"""The rate limiter against a real Redis (and a Redis Cluster): one budget shared by every limiter
+on the prefix, peek and record for failed logins, and failing open when Redis goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.conftest import RedisTarget, both_backends
+from workers.config import RateLimit
+from workers.harness.faultproxy import FaultProxy, target_of, through
+from workers.http import rate_limits
+from workers.http.rate_limits import RateLimiter, RateLimitSettings
+
+BURST_3 = RateLimit(per_second=2, burst_count=3)
+
+
+def limiter(url: str, prefix: str, cluster: tuple[str, ...] = ()) -> RateLimiter:
+    client = rate_limits.RedisCluster.from_url(url) if cluster else rate_limits.redis.asyncio.Redis.from_url(url)
+    return RateLimiter(client, prefix, RateLimitSettings({"message": BURST_3}), None, CollectorRegistry())
+
+
+@both_backends
+async def test_two_limiters_share_one_budget(redis_target: RedisTarget, channel_prefix: str) -> None:
+    first, second = (limiter(redis_target.url, channel_prefix, redis_target.cluster) for _ in range(2))
+    try:
+        taken = [await (first, second)[i % 2].retry_after_ms("message", "user", "@a:hs") for i in range(3)]
+        assert taken == [0, 0, 0]
+        wait_ms = await second.retry_after_ms("message", "user", "@a:hs")
+        assert 0 < wait_ms <= 500  # one more is due after 1/per_second
+        assert await first.retry_after_ms("message", "user", "@b:hs") == 0  # another subject's own budget
+        await asyncio.sleep(wait_ms / 1000 + 0.05)
+        assert await first.retry_after_ms("message", "user", "@a:hs") == 0
+        with pytest.raises(rate_limits.ApiError) as refused:
+            await first.check("message", "user", "@a:hs")
+        assert refused.value.status == 429 and refused.value.errcode == "M_LIMIT_EXCEEDED"
+        assert 0 < refused.value.extra["retry_after_ms"] <= 500
+        assert refused.value.headers == {"Retry-After": "1"}
+        async with redis_target.client() as client:
+            ttl = await client.pttl(rate_limits.rate_limit_key(channel_prefix, "message", "user", "@a:hs"))
+        assert 0 < ttl <= 1500  # the key goes once the budget is full again
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_peek_takes_nothing_and_record_goes_over(redis_url: str, channel_prefix: str) -> None:
+    rl = limiter(redis_url, channel_prefix)
+    try:
+        for _ in range(5):
+            assert await rl.retry_after_ms("message", "account", "@c:hs", "peek") == 0
+        for _ in range(10):  # failed logins are recorded even past the limit, capped at one burst
+            await rl.record("message", "account", "@c:hs")
+        wait_ms = await rl.retry_after_ms("message", "account", "@c:hs", "peek")
+        assert 400 < wait_ms <= 500  # a full burst used: one more after 1/per_second, never longer
+        await asyncio.sleep(wait_ms / 1000 + 0.05)
+        assert await rl.retry_after_ms("message", "account", "@c:hs", "peek") == 0
+    finally:
+        await rl.close()
+
+
+async def test_redis_gone_fails_open_logs_once_and_counts(
+    redis_url: str, channel_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with FaultProxy(*target_of(redis_url)) as proxy:
+        rl = limiter(through(redis_url, proxy), channel_prefix)
+        try:
+            for _ in range(3):
+                assert await rl.retry_after_ms("message", "user", "@d:hs") == 0
+            assert await rl.retry_after_ms("message", "user", "@d:hs") > 0
+            proxy.cut()
+            with caplog.at_level(logging.WARNING, logger=rate_limits.__name__):
+                for _ in range(5):
+                    await rl.check("message", "user", "@d:hs")  # let through
+            assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+            assert "rate limits are off" in caplog.records[0].message
+            assert rl.unavailable._value.get() == 5
+            proxy.restore()
+            await asyncio.sleep(rate_limits.SKIP_AFTER_ERROR_S + 0.1)
+            assert await rl.retry_after_ms("message", "user", "@d:hs") > 0  # limited again
+        finally:
+            await rl.close()
