@@ -47,7 +47,8 @@ def now_ms() -> int:
 
 
 def random_token(length: int) -> str:
-    return "".join(secrets.choice(TOKEN_CHARACTERS) for _ in range(length))
+    """Letters and digits only: a token is typed and pasted, and `-x` reads as an option."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(length))
 
 
 def _token(record: Any) -> RegistrationToken:
