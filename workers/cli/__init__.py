@@ -41,6 +41,7 @@ BENCHES: dict[str, str] = {
     "http": "workers.harness.bench.http",
     "longpoll": "workers.harness.bench.longpoll",
     "scale": "workers.harness.bench.scale",
+    "ratelimit": "workers.harness.bench.ratelimit",
     "all": "workers.harness.bench.all",
 }
 

@@ -22,6 +22,7 @@ looked up only when a check would refuse them.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import math
@@ -227,8 +228,9 @@ class RateLimiter:
             return await user_admin.is_admin(conn, user_id)
 
     def middleware(self) -> Middleware:
-        """Limits the room routes of `ROUTE_ACTIONS`: per client address before the handler runs,
-        per user once the handler has looked up its access token (through `ON_REQUESTER`)."""
+        """Limits the room routes of `ROUTE_ACTIONS`: per client address, checked while the handler
+        looks up the access token (the two round trips overlap), then per user once the token's
+        owner is known (through `ON_REQUESTER`, before the handler acts)."""
 
         @web.middleware
         async def rate_limited(
@@ -241,23 +243,20 @@ class RateLimiter:
             address = self.client_address(request)
             if self.exempt_address(address):
                 return await handler(request)
+            by_address = asyncio.ensure_future(self.retry_after_ms(action, "address", address))
 
-            async def per_user(who: Requester) -> None:
+            async def on_requester(who: Requester) -> None:
+                wait_ms = await by_address
+                if wait_ms and not await self._admin(who.user_id):
+                    self.refused.labels(action, "address").inc()
+                    raise limit_exceeded(wait_ms)
                 await self.check(action, "user", who.user_id, who.user_id)
 
-            wait_ms = await self.retry_after_ms(action, "address", address)
-            if wait_ms:
-                # Refused by address: an admin behind it is still let through, once known.
-                async def admin_or_refuse(who: Requester) -> None:
-                    if not await self._admin(who.user_id):
-                        self.refused.labels(action, "address").inc()
-                        raise limit_exceeded(wait_ms)
-                    await per_user(who)
-
-                request[ON_REQUESTER] = admin_or_refuse
-            else:
-                request[ON_REQUESTER] = per_user
-            return await handler(request)
+            request[ON_REQUESTER] = on_requester
+            try:
+                return await handler(request)
+            finally:
+                await by_address  # done already unless the handler refused before the token
 
         return rate_limited
 
