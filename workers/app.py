@@ -74,6 +74,7 @@ from workers.startup_retry import connect_with_retry
 from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
+from workers.storage.named_pool import TransactionTimer
 from workers.stored import NAMES as STORED_STREAMS
 from workers.stored import StoredStreams
 from workers.streams.caches import CACHES, CacheRow, caches_stream
@@ -158,6 +159,7 @@ class Worker:
                 lambda: create_pool(config.database_url, config.db_pool_size),
                 config.startup_retry_s, _POSTGRES_DOWN,
             )  # fmt: skip
+            self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
         with self._phase("connect_redis"):
             await connect_with_retry(
                 "Redis", config.redis_url, lambda: _ping_redis(config.redis_url),

@@ -137,6 +137,12 @@ class WorkerConfig(BaseSettings):
         " balancer that adds the header, or every client shares the balancer's address); off: the"
         " TCP peer",
     )
+    db_slow_transaction_s: float = Field(
+        1.0,
+        gt=0,
+        description="A database transaction held longer than this many seconds is logged (its name"
+        " and duration); every one is timed in fanout_db_transaction_seconds{name}",
+    )
 
     channel_prefix: str = Field("fanout", description="Pub/sub channel (and key) prefix of this cluster")
     stream_writers: dict[str, list[str]] = Field(
