@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from tests.cluster.conftest import MakeCluster
+from tests.conftest import both_backends
 from workers.harness.cluster_client import PASSWORD
 
 C = "/_matrix/client/v3"
@@ -76,6 +77,7 @@ async def test_registration_is_closed_by_default_and_takes_a_token(make_cluster:
         assert (status, refused["errcode"]) == (401, "M_UNAUTHORIZED")  # its one use is spent
 
 
+@both_backends
 async def test_rate_limits_hold_across_workers(make_cluster: MakeCluster) -> None:
     cluster = await make_cluster(
         persisters=1, sync_workers=2, background_workers=0,
