@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
+import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import RedisTarget, both_backends
+from tests.workers.conftest import MakeWorker
 from workers.config import RateLimit
 from workers.harness.faultproxy import FaultProxy, target_of, through
 from workers.http import rate_limits
@@ -90,3 +93,31 @@ async def test_redis_gone_fails_open_logs_once_and_counts(
             assert waits[:3] == [0, 0, 0] and waits[3] > 0  # limited again
         finally:
             await rl.close()
+
+
+async def test_registration_attempts_are_limited_per_address(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """Calls that complete the auth stage count; the first call (the flows) does not. Limits hold
+    on another worker, and an exempt address is not limited."""
+    limits = {"rc_exempt_addresses": ["198.51.100.0/24"], "x_forwarded": True,
+              "rc_registration": {"per_second": 0.1, "burst_count": 2}}  # fmt: skip
+    first = await make_worker("p1", ["p1"], **limits)
+    second = await make_worker("r1", ["p1"], **limits)
+    urls = [f"http://127.0.0.1:{w.http_port}/_matrix/client/v3/register" for w in (first, second)]
+
+    async def register(i: int, address: str, auth: bool = True) -> tuple[int, dict[str, Any]]:
+        body = {
+            "username": f"user{i}",
+            "password": "pw",
+            **({"auth": {"type": "m.login.dummy"}} if auth else {}),
+        }
+        async with http.post(urls[i % 2], json=body, headers={"X-Forwarded-For": address}) as resp:
+            return resp.status, await resp.json()
+
+    assert [(await register(i, "192.0.2.1", auth=False))[0] for i in range(4)] == [401] * 4
+    answers = [await register(i, "192.0.2.1") for i in range(3)]
+    assert [status for status, _ in answers] == [200, 200, 429]
+    assert answers[2][1]["errcode"] == "M_LIMIT_EXCEEDED" and answers[2][1]["retry_after_ms"] > 0
+    assert (await register(3, "192.0.2.2"))[0] == 200  # another address has its own budget
+    assert [(await register(i, "198.51.100.9"))[0] for i in range(4, 8)] == [200] * 4
