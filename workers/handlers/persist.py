@@ -18,6 +18,9 @@ Order on the writer, for every batch:
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
+A send retried with its client transaction id (`persist(..., may_exist=True)`) is looked up before
+step 1, once per batch for all such events: one already stored is answered with the stored row
+and takes no stream ID, so no follower sees a gap to catch up on.
 A failed transaction fails every request of the batch (their IDs become harmless gaps). Its commit
 may still have happened (a connection lost at COMMIT): `on_uncertain` runs inside the ID blocks,
 so the worker can make readers fetch those IDs from the database and forget what it cached.
@@ -108,24 +111,32 @@ class EventPersister:
         self._drained: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        #: Ids of queued events that may be stored already (see `persist`).
+        self._may_exist: set[str] = set()
         self.batches = 0
         self.events = 0
         self.failed_batches = 0
         #: Batches PostgreSQL refused and that were persisted again in halves.
         self.isolations = 0
+        #: Retried sends answered from the stored event before any stream ID was taken.
+        self.answered_stored = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(
             self._run(), name=f"persister-{'backfill' if self._backfill else 'live'}"
         )
 
-    def persist(self, event: NewEvent) -> asyncio.Future[Event]:
+    def persist(self, event: NewEvent, *, may_exist: bool = False) -> asyncio.Future[Event]:
         """Queue `event`; the future gives it persisted, with its stream ordering, once its batch
         finished. (A future rather than a coroutine: one frame less per event on the write path.)
-        Raises PersisterStopped or PersisterOverloaded at once."""
+        `may_exist`: the event id comes from a client transaction id, so a retry may find it
+        stored; its batch then looks it up before taking stream IDs and answers with the stored
+        event. Raises PersisterStopped or PersisterOverloaded at once."""
         queue = self._queue
         if self._stopping or len(queue) >= self._max_queue:
             self._check_room(1)  # raises
+        if may_exist:
+            self._may_exist.add(event.event_id)
         future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
         queue.append((event, future))
         self._unfinished += 1  # `_queued(1)`, inline: this runs once per event
@@ -237,10 +248,17 @@ class EventPersister:
             if not future.done():
                 future.set_exception(error)
 
-    async def _answer_existing(self, batch: list[_Pending]) -> list[_Pending]:
-        """Resolve the requests whose event id is already stored with the stored event; the rest."""
+    async def _answer_existing(
+        self, batch: list[_Pending], event_ids: Sequence[str] | None = None
+    ) -> list[_Pending]:
+        """Resolve the requests whose event id is already stored (looking up `event_ids` only, when
+        given) with the stored event; the rest, in order."""
         async with self._pool.acquire() as conn:
-            stored = await events_by_ids(conn, [new.event_id for new, _ in batch])
+            stored = await events_by_ids(
+                conn, [new.event_id for new, _ in batch] if event_ids is None else event_ids
+            )
+        if not stored:
+            return batch
         rest: list[_Pending] = []
         for new, future in batch:
             event = stored.get(new.event_id)
@@ -250,7 +268,24 @@ class EventPersister:
                 future.set_result(event)
         return rest
 
+    async def _answer_stored(self, batch: list[_Pending]) -> list[_Pending]:
+        """`_answer_existing` for the requests whose event may exist (no query when none may)."""
+        may_exist = self._may_exist
+        if not may_exist:
+            return batch
+        candidates = [new.event_id for new, _ in batch if new.event_id in may_exist]
+        if not candidates:
+            return batch
+        may_exist.difference_update(candidates)
+        rest = await self._answer_existing(batch, candidates)
+        self.answered_stored += len(batch) - len(rest)
+        return rest
+
     async def _persist_batch(self, batch: list[_Pending], allocated: asyncio.Future[None]) -> None:
+        batch = await self._answer_stored(batch)
+        if not batch:
+            allocated.set_result(None)
+            return
         now = int(time.time() * 1000)
         changes = StateChanges()
         if not self._backfill:
