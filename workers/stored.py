@@ -34,6 +34,7 @@ from workers.handlers.change_cache import StreamChangeCache
 from workers.handlers.device_lists import DeviceLists, RemoteDevices
 from workers.handlers.forwarding import Forwarder
 from workers.handlers.notifier import DeferredWakes, Notifier
+from workers.handlers.one_time_keys import OneTimeKeys
 from workers.handlers.stream_writes import StreamWriter, UserStreamWrites
 from workers.handlers.sync_stored import StoredSections
 from workers.handlers.to_device import ToDeviceInbox
@@ -131,6 +132,7 @@ class StoredStreams:
         self.device_lists = DeviceLists(
             self.writes[device_lists.DEVICE_LISTS], self._pool, self._server_name, self._fetch_remote
         )
+        self.one_time_keys = OneTimeKeys(self.writes[device_lists.DEVICE_LISTS], self._pool)
         self.to_device = ToDeviceInbox(self.writes[to_device.TO_DEVICE], self._pool, self._server_name)
         self.sections = StoredSections(self._pool, caches, self.changes, self.generators, self.to_device)
 

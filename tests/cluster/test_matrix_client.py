@@ -7,6 +7,7 @@ body's shape. The clients know nothing of routing: each talks to one worker of i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 from collections.abc import AsyncIterator
@@ -112,3 +113,41 @@ async def test_nio_register_login_create_invite_join_send_sync(
     refused = await stale.sync(timeout=0)  # the token is gone on every worker
     await stale.close()
     assert isinstance(refused, nio.SyncError) and refused.status_code == "M_UNKNOWN_TOKEN"
+
+
+async def test_nio_one_time_keys_upload_then_claims_on_every_worker_at_once(
+    cluster: LocalCluster, clients: list[nio.AsyncClient]
+) -> None:
+    alice, bob = clients[0], clients[1]
+    assert isinstance(await alice.register("alice", PASSWORD), nio.RegisterResponse)
+    assert isinstance(await bob.register("bob", PASSWORD), nio.RegisterResponse)
+    alg = "signed_curve25519"
+    keys = {f"{alg}:K{n:03d}": {"key": f"k{n}", "signatures": {}} for n in range(40)}
+    fallback = {f"{alg}:F": {"key": "f", "fallback": True, "signatures": {}}}
+    # No Olm library here: nio's own request builder and response parser (with its schema check),
+    # which its Olm layer calls with the keys it made.
+    uploaded = await bob._send(
+        nio.KeysUploadResponse,
+        *nio.Api.keys_upload(bob.access_token, {"one_time_keys": keys, "fallback_keys": fallback}),
+    )
+    assert isinstance(uploaded, nio.KeysUploadResponse) and uploaded.signed_curve25519_count == 40
+    claimers = [on(url, alice) for url in cluster.urls.values()]
+    wanted = {bob.user_id: [bob.device_id]}
+    answers = await asyncio.gather(
+        *(
+            claimers[n % len(claimers)]._send(
+                nio.KeysClaimResponse, *nio.Api.keys_claim(alice.access_token, wanted)
+            )
+            for n in range(50)
+        )
+    )
+    for client in claimers:
+        await client.close()
+    handed = []
+    for answer in answers:
+        assert isinstance(answer, nio.KeysClaimResponse), answer
+        handed += list(answer.one_time_keys[bob.user_id][bob.device_id])
+    assert sorted(k for k in handed if k != f"{alg}:F") == sorted(keys)  # each key exactly once
+    assert handed.count(f"{alg}:F") == 10
+    counted = await bob._send(nio.KeysUploadResponse, *nio.Api.keys_upload(bob.access_token, {}))
+    assert isinstance(counted, nio.KeysUploadResponse) and counted.signed_curve25519_count == 0

@@ -9,6 +9,9 @@ this user since?" without a query in the common case.
   changed in the window; an initial sync gets all of it.
 * to-device: the syncing device's messages (`workers.handlers.to_device`); when more wait than one
   sync carries, `now`'s to_device component stops before the first one left.
+* one-time keys: the syncing device's one-time keys left per algorithm and the algorithms of its
+  unused fallback keys, read at every sync (they change with claims, which no stream records; a
+  count is not news, so it never ends a long-poll by itself).
 * device lists (incremental syncs only): `changed` holds the users sharing a joined room with the
   syncing user (themself included) whose device list changed in the window, and those who newly
   share one (they joined a room of the user's, or the user joined theirs); `left` holds those who
@@ -25,6 +28,7 @@ import asyncpg
 from idgen import MultiWriterIdGenerator, SyncToken
 from workers.handlers.caches import SyncCaches
 from workers.handlers.change_cache import FEW_CHANGED, StreamChangeCache
+from workers.handlers.one_time_keys import read_counts
 from workers.handlers.to_device import ToDeviceInbox
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import account_data as account_store
@@ -49,8 +53,13 @@ class StoredUpdates:
     to_device: list[dict[str, Any]] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
+    #: The syncing device's one-time keys left per algorithm (`device_one_time_keys_count`).
+    one_time_key_counts: dict[str, int] = field(default_factory=dict)
+    #: Its unused fallback keys' algorithms (`device_unused_fallback_key_types`); None: no device.
+    unused_fallback_key_types: list[str] | None = None
 
     def __bool__(self) -> bool:
+        """Whether there is news for the client (the key counts are not: they come with any answer)."""
         return bool(
             self.account_data or self.room_account_data or self.to_device or self.changed or self.left
         )
@@ -91,6 +100,10 @@ class StoredSections:
         await self._account_data(updates, user_id, joined, since, now)
         if device_id is not None:
             now = await self._to_device(updates, user_id, device_id, since, now)
+            async with self._pool.acquire() as conn:
+                counts = await read_counts(conn, user_id, device_id)
+            updates.one_time_key_counts = counts.one_time
+            updates.unused_fallback_key_types = counts.unused_fallback
         if since is not None:
             await self._device_lists(updates, user_id, joined, since, now, events)
         return updates, now

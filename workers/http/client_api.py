@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from workers.handlers.account_data import AccountData
 from workers.handlers.device_lists import DeviceLists
 from workers.handlers.messages import Messages
+from workers.handlers.one_time_keys import OneTimeKeys
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.sync import SyncHandler
 from workers.handlers.to_device import ToDeviceInbox
@@ -83,6 +84,7 @@ class ApiDeps:
     #: The stored user streams (None in tests that build only the routes).
     account_data: AccountData | None = None
     device_lists: DeviceLists | None = None
+    one_time_keys: OneTimeKeys | None = None
     to_device: ToDeviceInbox | None = None
     default_room_version: str = DEFAULT_ROOM_VERSION
     #: What the federation invite stand-in takes instead of a signature (None: refused).
@@ -108,7 +110,9 @@ class ClientApi:
                 ).routes(),
                 *SyncRoutes(deps.pool, deps.sync, deps.ephemeral).routes(),
                 *EphemeralRoutes(deps.pool, deps.ephemeral).routes(),
-                *KeyRoutes(deps.pool, deps.accounts.server_name, deps.device_lists).routes(),
+                *KeyRoutes(
+                    deps.pool, deps.accounts.server_name, deps.device_lists, deps.one_time_keys
+                ).routes(),
                 *self._stored_routes(),
                 *AdminRoutes(deps.pool, deps.writes).routes(),
                 *FederationStandIn(deps.writes, deps.federation_secret).routes(),
