@@ -38,6 +38,7 @@ from workers.http.errors import ApiError, api_error_for, unavailable
 from workers.http.federation import FederationStandIn
 from workers.http.health import health_routes
 from workers.http.keys import KeyRoutes
+from workers.http.room_markers import RoomMarkerRoutes
 from workers.http.rooms import RoomRoutes
 from workers.http.sync import SyncRoutes
 from workers.model import DEFAULT_ROOM_VERSION, SUPPORTED_ROOM_VERSIONS
@@ -126,6 +127,7 @@ class ClientApi:
         routes: list[web.RouteDef] = []
         if deps.account_data is not None:
             routes += AccountDataRoutes(deps.pool, deps.account_data).routes()
+            routes += RoomMarkerRoutes(deps.pool, deps.account_data).routes()
         if deps.device_lists is not None and deps.to_device is not None:
             routes += DeviceRoutes(deps.pool, deps.device_lists, deps.to_device).routes()
         return routes
