@@ -41,13 +41,18 @@ def on(url: str, like: nio.AsyncClient) -> nio.AsyncClient:
     return client
 
 
+async def alice_and_bob(clients: list[nio.AsyncClient]) -> tuple[nio.AsyncClient, nio.AsyncClient]:
+    """The first two clients, registered as alice and bob."""
+    for client, name in zip(clients, ("alice", "bob"), strict=False):
+        assert isinstance(await client.register(name, PASSWORD), nio.RegisterResponse)
+    return clients[0], clients[1]
+
+
 async def test_nio_register_login_create_invite_join_send_sync(
     cluster: LocalCluster, clients: list[nio.AsyncClient]
 ) -> None:
     urls = list(cluster.urls.values())
-    alice, bob = clients[0], clients[1]
-    assert isinstance(await alice.register("alice", PASSWORD), nio.RegisterResponse)
-    assert isinstance(await bob.register("bob", PASSWORD), nio.RegisterResponse)
+    alice, bob = await alice_and_bob(clients)
     # Log in again on another worker: a second device.
     laptop = nio.AsyncClient(urls[2], "@alice:localhost")
     login = await laptop.login(PASSWORD, device_name="laptop")
@@ -118,9 +123,7 @@ async def test_nio_register_login_create_invite_join_send_sync(
 async def test_nio_one_time_keys_upload_then_claims_on_every_worker_at_once(
     cluster: LocalCluster, clients: list[nio.AsyncClient]
 ) -> None:
-    alice, bob = clients[0], clients[1]
-    assert isinstance(await alice.register("alice", PASSWORD), nio.RegisterResponse)
-    assert isinstance(await bob.register("bob", PASSWORD), nio.RegisterResponse)
+    alice, bob = await alice_and_bob(clients)
     alg = "signed_curve25519"
     keys = {f"{alg}:K{n:03d}": {"key": f"k{n}", "signatures": {}} for n in range(40)}
     fallback = {f"{alg}:F": {"key": "f", "fallback": True, "signatures": {}}}
@@ -151,3 +154,45 @@ async def test_nio_one_time_keys_upload_then_claims_on_every_worker_at_once(
     assert handed.count(f"{alg}:F") == 10
     counted = await bob._send(nio.KeysUploadResponse, *nio.Api.keys_upload(bob.access_token, {}))
     assert isinstance(counted, nio.KeysUploadResponse) and counted.signed_curve25519_count == 0
+
+
+async def test_nio_receipts_read_markers_and_forget_across_workers(
+    cluster: LocalCluster, clients: list[nio.AsyncClient]
+) -> None:
+    urls = list(cluster.urls.values())
+    alice, bob = await alice_and_bob(clients)
+    created = await alice.room_create(name="Seen", invite=[bob.user_id])
+    assert isinstance(created, nio.RoomCreateResponse)
+    room = created.room_id
+    joiner = on(urls[2], bob)
+    assert isinstance(await joiner.join(room), nio.JoinResponse)
+    await joiner.close()
+    sent = await alice.room_send(room, "m.room.message", {"msgtype": "m.text", "body": "read me"})
+    assert isinstance(sent, nio.RoomSendResponse)
+    bob_elsewhere = on(urls[-1], bob)
+    marked = await bob_elsewhere.update_receipt_marker(room, sent.event_id)  # thread "main"
+    assert isinstance(marked, nio.UpdateReceiptMarkerResponse), marked
+    markers = await bob_elsewhere.room_read_markers(room, sent.event_id, private_read_event=sent.event_id)
+    assert isinstance(markers, nio.RoomReadMarkersResponse), markers
+    await bob_elsewhere.close()
+    # bob's fully-read marker is his room's account data, on every worker.
+    for url in urls:
+        reader = on(url, bob)
+        fully_read: list[str] = []
+        for _ in range(20):
+            synced = await reader.sync(timeout=0, full_state=True)
+            assert isinstance(synced, nio.SyncResponse), synced
+            joined = synced.rooms.join.get(room)
+            events = [] if joined is None else joined.account_data
+            fully_read = [e.event_id for e in events if isinstance(e, nio.FullyReadEvent)]
+            if fully_read:
+                break
+        await reader.close()
+        assert fully_read == [sent.event_id], url
+    # Forget: refused while joined, then the room is forgotten once left.
+    refused = await alice.room_forget(room)
+    assert isinstance(refused, nio.RoomForgetError) and refused.status_code == "M_UNKNOWN"
+    assert isinstance(await bob.room_leave(room), nio.RoomLeaveResponse)
+    forgetter = on(urls[1], bob)
+    assert isinstance(await forgetter.room_forget(room), nio.RoomForgetResponse)
+    await forgetter.close()

@@ -25,6 +25,7 @@ from workers.handlers.account_data import AccountData
 from workers.handlers.device_lists import DeviceLists
 from workers.handlers.messages import Messages
 from workers.handlers.one_time_keys import OneTimeKeys
+from workers.handlers.receipts import Receipts
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.sync import SyncHandler
 from workers.handlers.to_device import ToDeviceInbox
@@ -86,6 +87,7 @@ class ApiDeps:
     account_data: AccountData | None = None
     device_lists: DeviceLists | None = None
     one_time_keys: OneTimeKeys | None = None
+    receipts: Receipts | None = None
     to_device: ToDeviceInbox | None = None
     default_room_version: str = DEFAULT_ROOM_VERSION
     #: What the federation invite stand-in takes instead of a signature (None: refused).
@@ -127,7 +129,7 @@ class ClientApi:
         routes: list[web.RouteDef] = []
         if deps.account_data is not None:
             routes += AccountDataRoutes(deps.pool, deps.account_data).routes()
-            routes += RoomMarkerRoutes(deps.pool, deps.account_data).routes()
+            routes += RoomMarkerRoutes(deps.pool, deps.account_data, deps.receipts).routes()
         if deps.device_lists is not None and deps.to_device is not None:
             routes += DeviceRoutes(deps.pool, deps.device_lists, deps.to_device).routes()
         return routes
