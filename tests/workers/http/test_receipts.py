@@ -106,14 +106,22 @@ async def test_receipts_from_any_worker_reach_every_worker_and_private_ones_only
     assert await refused(fully) == (400, "M_INVALID_PARAM")
 
 
-async def test_a_token_from_before_receipts_reads_them_from_the_start(
-    make_worker: MakeWorker, http: aiohttp.ClientSession
-) -> None:
+async def one_worker_room(
+    make_worker: MakeWorker, http: aiohttp.ClientSession, messages: int
+) -> tuple[Worker, ClusterClient, str, list[str]]:
+    """One worker, alice, her room and the ids of the `messages` she sent into it."""
     worker = await make_worker("p1", ["p1"])
     alice = client_for(http, [worker], ["p1"])
     await alice.register("alice")
     room = await alice.create_room("public")
-    sent = (await alice.send(room, "m.room.message", {"body": "hi"}))["event_id"]
+    sent = [(await alice.send(room, "m.room.message", {"body": str(n)}))["event_id"] for n in range(messages)]
+    return worker, alice, room, sent
+
+
+async def test_a_token_from_before_receipts_reads_them_from_the_start(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    worker, alice, room, [sent] = await one_worker_room(make_worker, http, 1)
     assert await receipt(alice, room, "m.read", sent, via="p1") == {}
     token = (await alice.sync("p1"))["next_batch"]
     older = token.rsplit("_", 1)[0]  # the receipts component is the last one
@@ -128,11 +136,7 @@ async def test_a_token_from_before_receipts_reads_them_from_the_start(
 async def test_catch_up_reads_receipt_rows_in_synapse_grammar_and_the_wire_refuses_bad_ones(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
-    worker = await make_worker("p1", ["p1"])
-    alice = client_for(http, [worker], ["p1"])
-    await alice.register("alice")
-    room = await alice.create_room("public")
-    sent = [(await alice.send(room, "m.room.message", {"body": str(n)}))["event_id"] for n in range(2)]
+    worker, alice, room, sent = await one_worker_room(make_worker, http, 2)
     await receipt(alice, room, "m.read", sent[0], via="p1")
     await receipt(alice, room, "m.read.private", sent[1], via="p1", thread_id="main")
     await receipt(alice, room, "m.read", sent[1], via="p1")  # replaces the first, at a newer id
