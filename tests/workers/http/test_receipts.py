@@ -4,6 +4,7 @@ writer from any worker, replicated, and read by /sync's stored sections on every
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 from urllib.parse import quote
 
@@ -157,3 +158,35 @@ async def test_catch_up_reads_receipt_rows_in_synapse_grammar_and_the_wire_refus
     ):
         with pytest.raises(ValidationError):
             stream.parse_payload(bad, numbered=False)
+
+
+async def test_receipts_racing_from_two_workers_only_ever_move_forward(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    workers = [await make_worker(n, ["p1"]) for n in ("p1", "r1")]
+    alice, bob, carol = (client_for(http, workers, ["p1"]) for _ in range(3))
+    for client, name in ((alice, "alice"), (bob, "bob"), (carol, "carol")):
+        await client.register(name, via="r1")
+    room = await alice.create_room("public", via="p1")
+    for client in (bob, carol):
+        await client.membership(room, "join", via="r1")
+    sent = [(await alice.send(room, "m.room.message", {"body": str(n)}))["event_id"] for n in range(20)]
+    rng = random.Random(7)
+    posts = [(client, event_id) for client in (bob, carol) for event_id in sent]
+    rng.shuffle(posts)
+    await asyncio.gather(
+        *(
+            receipt(client, room, "m.read", event_id, via=("p1", "r1")[n % 2])
+            for n, (client, event_id) in enumerate(posts)
+        )
+    )
+    for worker in workers:
+        got = await seen(
+            worker, alice, None, lambda r: readers(r, room, sent[-1]) == {bob.user_id, carol.user_id}
+        )
+        assert set(got[room]["content"]) == {sent[-1]}  # nobody's receipt stayed behind
+    async with workers[0].pool.acquire() as conn:
+        rows = await conn.fetch("SELECT user_id, event_id FROM receipts WHERE room_id = $1", room)
+    assert sorted((r["user_id"], r["event_id"]) for r in rows) == sorted(
+        [(bob.user_id, sent[-1]), (carol.user_id, sent[-1])]
+    )
