@@ -48,7 +48,7 @@ from workers.config import ConfigError, WorkerConfig
 from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
-from workers.handlers.caches import LruCache, SyncCaches
+from workers.handlers.caches import CacheRows, LruCache, SyncCaches
 from workers.handlers.federation_sender import FederationSenderStandIn
 from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
@@ -61,6 +61,7 @@ from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler, SyncObservers
 from workers.http.accounts import AccountSettings
+from workers.http.auth import TOKEN_CACHE, token_loader
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.federation_client import FederationClient
 from workers.http.health import CacheCollector, ReadinessCollector, health_routes
@@ -76,6 +77,7 @@ from workers.storage.migrate import apply_migrations
 from workers.stored import NAMES as STORED_STREAMS
 from workers.stored import StoredStreams
 from workers.streams.caches import CACHES, CacheRow, caches_stream
+from workers.streams.device_lists import DEVICE_LISTS
 from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream
 from workers.worker_metrics import WorkerMetrics
 
@@ -138,7 +140,10 @@ class Worker:
     def writers(self, stream: str) -> list[str]:
         if stream in (BACKFILL,):
             return self.config.writers_of(EVENTS)
-        if stream == CACHES or stream in STORED_STREAMS:
+        if stream == CACHES:  # a device_lists writer records the access tokens it ends there
+            own = self.config.writers_of(CACHES) or self.config.writers_of(EVENTS)
+            return own + [w for w in self.writers(DEVICE_LISTS) if w not in own]
+        if stream in STORED_STREAMS:
             return self.config.writers_of(stream) or self.config.writers_of(EVENTS)
         return self.config.writers_of(stream)
 
@@ -199,6 +204,8 @@ class Worker:
             self._load_joined_members,
             self._load_current_state,
             config.cache_max_entries,
+            # Only where the caches stream's rows are applied: elsewhere an ended token would stay.
+            access_token=token_loader(self.pool) if config.serve_reads else None,
         )
         self.room_versions = RoomVersions(self.pool, config.cache_max_entries)
         self.sync = SyncHandler(
@@ -243,6 +250,11 @@ class Worker:
                 self.replication, self.caches, self.notifier, self.replication.handler.is_connected
             )
             self.sync.stored = self.stored.sections
+            if self.name in self.writers(DEVICE_LISTS):
+                self.stored.device_lists.cache_rows = CacheRows(
+                    self.name, self.generators[CACHES], lambda rows: self._committed([], [], rows),
+                    self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
+                )  # fmt: skip
             await self.replication.start()
         with self._phase("catch_up"):
             await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
@@ -321,6 +333,8 @@ class Worker:
             )
         )
         app = api.application()
+        if self.caches.access_tokens is not None:
+            app[TOKEN_CACHE] = self.caches.access_tokens
         app.middlewares.insert(0, request_timing(self.registry))
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         self.room_writes.forwarder = self.ephemeral.requests
@@ -448,6 +462,12 @@ class Worker:
             self.replication.stage_unknown(CACHES, max(cache_ids))
         self.caches.on_events(events)
         self.room_views.on_events(events)
+
+    def _cache_row_uncertain(self, stream_id: int, row: CacheInvalidation) -> None:
+        """A caches row whose transaction failed where it may have committed: applied here (an
+        invalidation is always safe) and fetched from the database by readers."""
+        self.caches.on_invalidations([row])
+        self.replication.stage_unknown(CACHES, stream_id)
 
     def _finished(
         self,

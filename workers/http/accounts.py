@@ -25,7 +25,7 @@ from aiohttp import web
 from workers import identifiers
 from workers.handlers.device_lists import DeviceLists
 from workers.handlers.passwords import hash_password, verify_password
-from workers.http.auth import access_token, requester
+from workers.http.auth import access_token, forget_tokens, requester, token_key
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, unavailable
 from workers.storage import users
@@ -195,19 +195,21 @@ class Accounts:
     async def logout(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
         if who.device_id is not None and self._devices is not None:
-            # The device goes with its tokens, recorded on the device_lists stream.
-            await self._devices.delete(who.user_id, [who.device_id])
-        else:
+            # The device goes with its tokens, recorded on the device_lists and caches streams.
+            forget_tokens(request, await self._devices.delete(who.user_id, [who.device_id]))
+        else:  # a token without a device is never cached (workers.http.auth)
             async with self._pool.acquire() as conn:
                 await users.log_out(conn, access_token(request))
+        forget_tokens(request, [token_key(access_token(request))])
         return web.json_response({})
 
     async def logout_all(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
-        if self._devices is not None:
-            await self._devices.delete(who.user_id, None)
-        async with self._pool.acquire() as conn:
-            await users.log_out_all(conn, who.user_id)
+        if self._devices is not None:  # every device and every token of the user
+            forget_tokens(request, await self._devices.delete(who.user_id, None))
+        else:
+            async with self._pool.acquire() as conn:
+                forget_tokens(request, users.ended_token_keys(await users.log_out_all(conn, who.user_id)))
         return web.json_response({})
 
     async def whoami(self, request: web.Request) -> web.Response:

@@ -23,7 +23,7 @@ from workers import identifiers
 from workers.handlers.device_lists import DeviceLists
 from workers.handlers.passwords import verify_password
 from workers.handlers.to_device import ToDeviceInbox
-from workers.http.auth import requester
+from workers.http.auth import forget_tokens, requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked
 from workers.storage import users
@@ -95,7 +95,7 @@ class DeviceRoutes:
         who = await requester(self._pool, request)
         await self._password_stage(who.user_id, body.get("auth"))
         if device_ids:
-            await self._devices.delete(who.user_id, device_ids)
+            forget_tokens(request, await self._devices.delete(who.user_id, device_ids))
         return web.json_response({})
 
     async def _password_stage(self, user_id: str, auth: Any) -> None:
