@@ -105,3 +105,34 @@ async def test_an_ended_token_is_refused_at_once_where_it_ended_and_soon_everywh
         assert await whoami(http, urls["sync2"], token) == 401
         for url in urls.values():
             await refused_within(http, url, token)
+
+
+async def test_a_password_change_ends_every_other_session_everywhere(
+    cluster: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    urls = cluster.urls
+    user = await register(http, urls["persister1"], "bob")
+    asker = await session(http, urls["sync1"], user, "ASKER")
+    same_device = await session(http, urls["sync2"], user, "ASKER")  # a second token on the device
+    other = await session(http, urls["persister2"], user, "OTHER")
+    await cached_everywhere(http, cluster, asker, same_device, other)
+    change = {"new_password": "a new one", "logout_devices": True}
+    status, flows = await call(http, "POST", f"{urls['sync2']}{CLIENT}/account/password", change, token=asker)
+    assert status == 401 and flows["flows"] == [{"stages": ["m.login.password"]}]
+    auth = {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": user},
+            "password": PASSWORD, "session": flows["session"]}  # fmt: skip
+    change["auth"] = auth
+    password_url = f"{urls['sync2']}{CLIENT}/account/password"
+    assert await call(http, "POST", password_url, change, token=asker) == (200, {})
+    for ended in (same_device, other):
+        assert await whoami(http, urls["sync2"], ended) == 401
+        for url in urls.values():
+            await refused_within(http, url, ended)
+    for url in urls.values():  # the session that asked stays, and so does its device
+        assert await whoami(http, url, asker) == 200
+    status, devices = await call(http, "GET", f"{urls['sync1']}{CLIENT}/devices", token=asker)
+    assert [d["device_id"] for d in devices["devices"]] == ["ASKER"]
+    login = {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": user}}
+    login_url = f"{urls['sync1']}{CLIENT}/login"
+    assert (await call(http, "POST", login_url, {**login, "password": PASSWORD}))[0] == 403
+    assert (await call(http, "POST", login_url, {**login, "password": "a new one"}))[0] == 200

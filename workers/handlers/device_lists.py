@@ -88,10 +88,21 @@ class DeviceLists:
         )
         return answer.get("found") is True
 
-    async def delete(self, user_id: str, device_ids: list[str] | None) -> list[str] | None:
+    async def delete(
+        self,
+        user_id: str,
+        device_ids: list[str] | None,
+        *,
+        except_device: str | None = None,
+        except_token: str | None = None,
+    ) -> list[str] | None:
         """Delete devices (None: every one, and every token of the user) with their access tokens
-        and waiting messages; the caches keys of the tokens that ended (None: possibly any)."""
-        answer = await self.writes.run(user_id, "delete", {"user_id": user_id, "device_ids": device_ids})
+        and waiting messages, keeping `except_device` and the token whose key is `except_token`;
+        the caches keys of the tokens that ended (None: possibly any)."""
+        args = {"user_id": user_id, "device_ids": device_ids}
+        if except_device is not None or except_token is not None:
+            args |= {"except_device": except_device, "except_token": except_token}
+        answer = await self.writes.run(user_id, "delete", args)
         ended = answer.get("ended_tokens")
         return ended if isinstance(ended, list) and all(isinstance(k, str) for k in ended) else None
 
@@ -163,6 +174,9 @@ class DeviceLists:
             not isinstance(device_ids, list) or not all(isinstance(d, str) for d in device_ids)
         ):
             raise ValueError("device_ids must be a list of strings or null")
+        except_device = text_arg(args, "except_device", optional=True)
+        except_token = text_arg(args, "except_token", optional=True)
+        kept_token = None if except_token is None else bytes.fromhex(except_token)
 
         if self.cache_rows is None:
             raise OwnerUnavailable(self.writes.name, "this device_lists writer writes no caches stream")
@@ -171,7 +185,9 @@ class DeviceLists:
 
             async def mutate(conn: Conn) -> bool:
                 nonlocal ended
-                deleted, tokens = await users.delete_devices(conn, user_id, device_ids)
+                deleted, tokens = await users.delete_devices(
+                    conn, user_id, device_ids, except_device, kept_token
+                )
                 if tokens:
                     ended = users.ended_token_keys(tokens)
                     await pending.write(conn, ACCESS_TOKEN_CACHE, ended)

@@ -9,18 +9,23 @@ one replication delay (by catch-up from the database if the row's RDATA is lost)
 by time. A token without a device (made before devices existed) is never cached: it can end
 without a caches row. Elsewhere (no `TOKEN_CACHE`) each request reads PostgreSQL.
 
-The spec lets a client send the token as `Authorization: Bearer` or as `?access_token=`.
+The spec lets a client send the token as `Authorization: Bearer` or as `?access_token=`. A
+request that needs the password again (deleting devices, changing the password) confirms it with
+user-interactive auth's one stage here (`confirm_password`).
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import asyncpg
 from aiohttp import web
 
 from workers.handlers.caches import LruCache
+from workers.handlers.passwords import verify_password
 from workers.http.errors import ApiError, unavailable
 from workers.storage import users
 from workers.storage.users import Requester
@@ -32,6 +37,7 @@ TOKEN_CACHE: web.AppKey[LruCache[str, Requester]] = web.AppKey("token_cache", Lr
 #: read the server's FATAL while idle but not yet the close, and the protocol is stuck
 #: ("cannot switch to state 12; another operation (2) is in progress"), or the close came first.
 _STALE_CONNECTION = (asyncpg.InternalClientError, asyncpg.ConnectionDoesNotExistError)
+_PASSWORD_FLOWS = {"flows": [{"stages": ["m.login.password"]}], "params": {}}
 
 
 class _Uncached(Exception):
@@ -111,6 +117,29 @@ async def requester(pool: asyncpg.Pool, request: web.Request) -> Requester:
     if found is None:
         raise _unknown()
     return found
+
+
+async def confirm_password(pool: asyncpg.Pool, user_id: str, auth: Any) -> None:
+    """User-interactive auth with its one stage, m.login.password, for `user_id`: a 401 with the
+    flows (and a session) unless `auth` completes it."""
+    if not isinstance(auth, dict) or auth.get("type") != "m.login.password":
+        raise ApiError(401, "M_UNAUTHORIZED", "confirm with your password", **_flows(auth))
+    identifier = auth.get("identifier")
+    name = identifier.get("user") if isinstance(identifier, dict) else auth.get("user")
+    password = auth.get("password")
+    async with pool.acquire() as conn:
+        stored = await users.password_hash(conn, user_id)
+    if (
+        name not in (user_id, user_id[1:].partition(":")[0])
+        or not isinstance(password, str)
+        or not await verify_password(password, stored)
+    ):
+        raise ApiError(401, "M_FORBIDDEN", "invalid password", **_flows(auth))
+
+
+def _flows(auth: Any) -> dict[str, Any]:
+    session = auth.get("session") if isinstance(auth, dict) else None
+    return {**_PASSWORD_FLOWS, "session": session if isinstance(session, str) else secrets.token_urlsafe(16)}
 
 
 def forget_tokens(request: web.Request, keys: Iterable[str] | None) -> None:

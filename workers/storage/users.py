@@ -128,24 +128,36 @@ async def rename_device(conn: Conn, user_id: str, device_id: str, display_name: 
 
 
 async def delete_devices(
-    conn: Conn, user_id: str, device_ids: list[str] | None
+    conn: Conn,
+    user_id: str,
+    device_ids: list[str] | None,
+    except_device: str | None = None,
+    except_token: bytes | None = None,
 ) -> tuple[list[str], list[bytes]]:
     """Delete devices (None: all of the user's) with their access tokens (None: every token of the
-    user, one without a device too); the device ids deleted and the hashes of the tokens deleted."""
+    user, one without a device too), keeping `except_device` and the token hashed `except_token`
+    (a password change keeps the session that made it); the device ids and token hashes deleted."""
     records = await conn.fetch(
         "DELETE FROM devices WHERE user_id = $1 AND ($2::text[] IS NULL OR device_id = ANY($2::text[]))"
-        " RETURNING device_id",
+        " AND device_id IS DISTINCT FROM $3 RETURNING device_id",
         user_id,
         device_ids,
+        except_device,
     )
     deleted = [r["device_id"] for r in records]
     tokens = await conn.fetch(
-        "DELETE FROM access_tokens"
-        " WHERE user_id = $1 AND ($2::text[] IS NULL OR device_id = ANY($2::text[])) RETURNING token_hash",
+        "DELETE FROM access_tokens WHERE user_id = $1"
+        " AND ($2::text[] IS NULL OR device_id = ANY($2::text[])) AND token_hash IS DISTINCT FROM $3"
+        " RETURNING token_hash",
         user_id,
         device_ids,
+        except_token,
     )
     return deleted, [r["token_hash"] for r in tokens]
+
+
+async def set_password_hash(conn: Conn, user_id: str, password_hash: str) -> None:
+    await conn.execute("UPDATE users SET password_hash = $2 WHERE user_id = $1", user_id, password_hash)
 
 
 async def list_devices(conn: Conn, user_id: str) -> list[tuple[str, str | None]]:
