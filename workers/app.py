@@ -206,6 +206,7 @@ class Worker:
             config.cache_max_entries,
             # Only where the caches stream's rows are applied: elsewhere an ended token would stay.
             access_token=token_loader(self.pool) if config.serve_reads else None,
+            access_token_entries=config.access_token_cache_entries,
         )
         self.room_versions = RoomVersions(self.pool, config.cache_max_entries)
         self.sync = SyncHandler(

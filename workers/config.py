@@ -122,6 +122,12 @@ class WorkerConfig(BaseSettings):
         30, ge=1, description="Days of the invalidation log kept by the prune_invalidations background task"
     )
     cache_max_entries: int = Field(10_000, ge=1, description="Entries per in-process cache (LRU)")
+    access_token_cache_entries: int = Field(
+        100_000,
+        ge=1,
+        description="Access tokens a reading worker keeps in memory (LRU, about 320 bytes each); a token"
+        " beyond them costs a database read per request",
+    )
     startup_retry_s: float = Field(
         30.0, ge=0, le=3600, description="Seconds to retry Postgres and Redis at start-up before exiting 1"
     )

@@ -125,6 +125,7 @@ class SyncCaches:
         current_state: Callable[[str], Awaitable[dict[tuple[str, str], str]]],
         max_size: int = 10_000,
         access_token: Callable[[str], Awaitable[Requester]] | None = None,
+        access_token_entries: int = 100_000,
     ) -> None:
         self.rooms_for_user: LruCache[str, UserRooms] = LruCache("rooms_for_user", max_size, rooms_for_user)
         self.joined_members: LruCache[str, frozenset[str]] = LruCache(
@@ -137,7 +138,7 @@ class SyncCaches:
         #: writer that ends a token sends its key there (`CacheRows`).
         self.access_tokens: LruCache[str, Requester] | None = None
         if access_token is not None:
-            self.access_tokens = LruCache(ACCESS_TOKEN_CACHE, max_size, access_token)
+            self.access_tokens = LruCache(ACCESS_TOKEN_CACHE, access_token_entries, access_token)
 
     def all(self) -> list[LruCache[str, object]]:
         caches = [self.rooms_for_user, self.joined_members, self.current_state, self.access_tokens]
