@@ -136,3 +136,20 @@ async def test_a_password_change_ends_every_other_session_everywhere(
     login_url = f"{urls['sync1']}{CLIENT}/login"
     assert (await call(http, "POST", login_url, {**login, "password": PASSWORD}))[0] == 403
     assert (await call(http, "POST", login_url, {**login, "password": "a new one"}))[0] == 200
+
+
+async def test_a_device_lists_writer_that_writes_no_events_ends_tokens_everywhere(
+    make_cluster: MakeCluster, http: aiohttp.ClientSession
+) -> None:
+    """sync2 writes device_lists and no events: it writes the caches rows of the tokens it ends too."""
+    cluster = await make_cluster(
+        persisters=1, sync_workers=2, background_workers=0, stream_writers={"device_lists": ["sync2"]}
+    )
+    urls = cluster.urls
+    user = await register(http, urls["sync1"], "carol")
+    token = await session(http, urls["persister1"], user, "PHONE")
+    await cached_everywhere(http, cluster, token)
+    assert await call(http, "POST", f"{urls['sync1']}{CLIENT}/logout", {}, token=token) == (200, {})
+    assert await whoami(http, urls["sync1"], token) == 401
+    for url in urls.values():
+        await refused_within(http, url, token)
