@@ -16,12 +16,20 @@ list changes, and the to-device messages sent to the user's device.
 
 Visibility, defined here independently of the sync handler: an event is visible to a user when
 the user's membership in the room just after the event is `join` (replaying the room's member
-events in stream order), or when it is the user's own membership event.
+events in stream order), or when it is the user's own membership event. A client receives the
+visible events in the timelines of `rooms.join` and `rooms.leave` and, for its own invite or knock,
+as the last entry of `invite_state` / `knock_state`; the loads record all three.
+
+Membership windows, as the spec and Synapse place a room, checked when a record lists its rooms'
+sections: for each sync's window and room, the user's own last membership event in the window
+decides: join -> `join`; leave or ban -> `leave`; invite or knock -> `invite` / `knock`, and also
+`leave` when the window holds a leave or ban. An invite or knock superseded in its window by
+another one with no leave, ban or join between is not delivered, so it is not expected.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from idgen import MultiWriterStreamToken, SyncToken
@@ -53,6 +61,8 @@ class SyncRecord:
     account_data: tuple[str, ...] = ()
     to_device: tuple[str, ...] = ()
     device_changed: tuple[str, ...] = ()
+    #: (section, room id) of every room the answer listed; None: not recorded (not checked).
+    sections: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +142,12 @@ def check_history(
                 problems.append(f"{user_id}: sync {index} events of a room not in stream order at {event_id}")
             last_ordering[event.room_id] = event.stream_ordering
     first, last = events_token(records[0].since), events_token(records[-1].next_batch)
+    windows = _membership_windows(user_id, records, stored, pos)
+    superseded = {e.event_id for window in windows.values() for e in window.superseded}
     expected = {
         e.event_id
         for e in visible_events(user_id, stored)
-        if pos(first, e) < e.stream_ordering <= pos(last, e)
+        if pos(first, e) < e.stream_ordering <= pos(last, e) and e.event_id not in superseded
     }
     for event_id in sorted(expected - seen.keys(), key=lambda i: by_id[i].stream_ordering):
         problems.append(f"{user_id}: missed {event_id} (ordering {by_id[event_id].stream_ordering})")
@@ -144,7 +156,69 @@ def check_history(
     ):
         if event_id in by_id:
             problems.append(f"{user_id}: got {event_id} which it may not see")
+    for (index, room_id), placed in sorted(windows.items()):
+        listed = records[index].sections
+        if listed is None:
+            continue
+        for section in sorted(placed.sections - {s for s, r in listed if r == room_id}):
+            problems.append(
+                f"{user_id}: sync {index} did not list {room_id} under {section}"
+                f" (its membership changes in the window: {', '.join(placed.changes)})"
+            )
     return problems
+
+
+@dataclass(slots=True)
+class _Window:
+    """One room in one sync's window: the user's own membership changes, the sections the room
+    must be listed in, and the invites or knocks a later one superseded."""
+
+    changes: list[str]
+    sections: set[str]
+    superseded: list[StoredEvent]
+
+
+def _membership_windows(
+    user_id: str,
+    records: Sequence[SyncRecord],
+    stored: Sequence[StoredEvent],
+    pos: Callable[[MultiWriterStreamToken, StoredEvent], int],
+) -> dict[tuple[int, str], _Window]:
+    """(sync index, room) -> the window of every room whose membership the user changed inside
+    some sync's window (events outside every window belong to no sync)."""
+    tokens = [(events_token(r.since), events_token(r.next_batch)) for r in records]
+    own: dict[tuple[int, str], list[StoredEvent]] = {}
+    for event in sorted(stored, key=lambda e: e.stream_ordering):
+        if event.type != "m.room.member" or event.state_key != user_id or event.membership is None:
+            continue
+        if event.stream_ordering <= 0:
+            continue
+        index = next(
+            (
+                i
+                for i, (low, high) in enumerate(tokens)
+                if pos(low, event) < event.stream_ordering <= pos(high, event)
+            ),
+            None,
+        )
+        if index is not None:
+            own.setdefault((index, event.room_id), []).append(event)
+    windows: dict[tuple[int, str], _Window] = {}
+    for key, events in own.items():
+        changes = [str(e.membership) for e in events]
+        last = changes[-1]
+        window = windows[key] = _Window(changes, set(), [])
+        if last == "join":
+            window.sections.add("join")
+        elif last in ("leave", "ban"):
+            window.sections.add("leave")
+        else:
+            window.sections.add(last)
+            settled = max((i for i, m in enumerate(changes) if m not in ("invite", "knock")), default=-1)
+            if any(m in ("leave", "ban") for m in changes):
+                window.sections.add("leave")
+            window.superseded = events[settled + 1 : -1]
+    return windows
 
 
 def check_stored_streams(

@@ -153,3 +153,42 @@ def test_the_stored_streams_check_passes_a_correct_history_and_catches_each_faul
     assert any(
         "outside its sync's window" in p for p in check_stored_streams(ALICE, outside, CHANGES, sent, IDS)
     )
+
+
+CHURN = [
+    _event(1, "p1", "$join", member="join"),
+    _event(2, "p1", "$msg"),
+    _event(3, "p1", "$leave", member="leave"),
+    _event(4, "p1", "$invite", member="invite"),
+    _event(5, "p1", "$invite2", member="invite"),
+]
+
+
+def _listed(since: str, upto: str, ids: tuple[str, ...], *sections: str) -> SyncRecord:
+    return SyncRecord("sync1", since, upto, ids, sections=tuple((s, "!r") for s in sections))
+
+
+def test_a_window_that_ends_in_an_invite_must_list_the_room_under_leave_too() -> None:
+    every = ("$join", "$msg", "$leave", "$invite2")
+    good = [_listed("s0", "s5", every, "leave", "invite")]
+    assert check_history(ALICE, good, CHURN, IDS) == []
+    only_invite = [_listed("s0", "s5", ("$invite2",), "invite")]
+    problems = check_history(ALICE, only_invite, CHURN, IDS)
+    assert any("did not list !r under leave" in p for p in problems), problems
+    assert any("missed $msg" in p for p in problems), problems
+
+
+def test_an_invite_superseded_in_its_window_is_not_expected_but_one_in_its_own_window_is() -> None:
+    one_window = [_listed("s0", "s5", ("$join", "$msg", "$leave", "$invite2"), "leave", "invite")]
+    assert check_history(ALICE, one_window, CHURN, IDS) == []
+    split = [
+        _listed("s0", "s4", ("$join", "$msg", "$leave", "$invite"), "leave", "invite"),
+        _listed("s4", "s5", ("$invite2",), "invite"),
+    ]
+    assert check_history(ALICE, split, CHURN, IDS) == []
+    missing = [split[0], _listed("s4", "s5", (), "invite")]
+    problems = check_history(ALICE, missing, CHURN, IDS)
+    assert any("missed $invite2" in p for p in problems), problems
+    unlisted = [split[0], _listed("s4", "s5", ("$invite2",))]
+    problems = check_history(ALICE, unlisted, CHURN, IDS)
+    assert any("did not list !r under invite" in p for p in problems), problems
