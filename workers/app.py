@@ -7,10 +7,11 @@ tasks this instance runs, then serve HTTP. Only then is /health ready.
 
 What an instance does comes from the configuration alone: it persists events when it is listed in
 `stream_writers.events`, runs the background tasks in `background_tasks`, and serves /sync and room
-state unless `serve_reads` is false. A worker that serves no reads applies no other writer's rows:
-it follows every stream for positions only (a persister still needs them: the position it
-announces when idle is the highest one it has heard of), which saves it the validation and the
-cache work of every row the other writers publish.
+state unless `serve_reads` is false. A worker that serves no reads applies no other writer's rows
+but the caches stream's (it still caches access tokens, and the caches rows end them): it follows
+every other stream for positions only (a persister still needs them: the position it announces
+when idle is the highest one it has heard of), which saves it the validation and the cache work
+of every row the other writers publish.
 
 Order on every replicated batch (the rule that keeps readers from seeing stale data): the apply
 callback invalidates caches, pubsub advances the generator, then the position listener wakes
@@ -204,8 +205,7 @@ class Worker:
             self._load_joined_members,
             self._load_current_state,
             config.cache_max_entries,
-            # Only where the caches stream's rows are applied: elsewhere an ended token would stay.
-            access_token=token_loader(self.pool) if config.serve_reads else None,
+            access_token=token_loader(self.pool),  # every worker applies the caches stream's rows
             access_token_entries=config.access_token_cache_entries,
         )
         self.room_versions = RoomVersions(self.pool, config.cache_max_entries)
@@ -239,7 +239,7 @@ class Worker:
                 ReplicationSettings.from_config(config),
                 streams,
                 apply=self._apply,
-                positions_only=[] if config.serve_reads else [s.name for s in streams],
+                positions_only=[] if config.serve_reads else [s.name for s in streams if s.name != CACHES],
                 drop_filter=self._drop_filter,
                 registry=self.registry,
             )

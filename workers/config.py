@@ -108,7 +108,8 @@ class WorkerConfig(BaseSettings):
     serve_reads: bool = Field(
         True,
         description="Serve /sync and room state, applying every writer's rows; false for a"
-        " persister that only writes (it then follows the other writers' positions only)",
+        " persister that only writes (it then applies only the caches stream's rows, for its token"
+        " cache, and follows the other streams' positions)",
     )
     default_room_version: str = Field(
         DEFAULT_ROOM_VERSION,
@@ -125,7 +126,7 @@ class WorkerConfig(BaseSettings):
     access_token_cache_entries: int = Field(
         100_000,
         ge=1,
-        description="Access tokens a reading worker keeps in memory (LRU, about 320 bytes each); a token"
+        description="Access tokens a worker keeps in memory (LRU, about 320 bytes each); a token"
         " beyond them costs a database read per request",
     )
     startup_retry_s: float = Field(

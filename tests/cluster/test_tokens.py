@@ -3,6 +3,7 @@ end on one worker is refused there at once and on every other worker within a re
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -138,17 +139,30 @@ async def test_a_password_change_ends_every_other_session_everywhere(
     assert (await call(http, "POST", login_url, {**login, "password": "a new one"}))[0] == 200
 
 
+async def token_cache_hits(http: aiohttp.ClientSession, url: str) -> float:
+    async with http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    found = re.search(r'^fanout_cache_hits_total\{cache="get_user_by_access_token"\} (\S+)$', text, re.M)
+    assert found is not None, "no token cache on this worker"
+    return float(found.group(1))
+
+
 async def test_a_device_lists_writer_that_writes_no_events_ends_tokens_everywhere(
     make_cluster: MakeCluster, http: aiohttp.ClientSession
 ) -> None:
-    """sync2 writes device_lists and no events: it writes the caches rows of the tokens it ends too."""
+    """sync2 writes device_lists and no events: it writes the caches rows of the tokens it ends too.
+    persister1 serves no reads, and caches tokens all the same."""
     cluster = await make_cluster(
-        persisters=1, sync_workers=2, background_workers=0, stream_writers={"device_lists": ["sync2"]}
-    )
+        persisters=1, sync_workers=2, background_workers=0, stream_writers={"device_lists": ["sync2"]},
+        write_only_persisters=True,
+    )  # fmt: skip
     urls = cluster.urls
     user = await register(http, urls["sync1"], "carol")
     token = await session(http, urls["persister1"], user, "PHONE")
+    before = await token_cache_hits(http, urls["persister1"])
     await cached_everywhere(http, cluster, token)
+    await cached_everywhere(http, cluster, token)
+    assert await token_cache_hits(http, urls["persister1"]) > before
     assert await call(http, "POST", f"{urls['sync1']}{CLIENT}/logout", {}, token=token) == (200, {})
     assert await whoami(http, urls["sync1"], token) == 401
     for url in urls.values():

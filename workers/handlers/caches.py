@@ -134,7 +134,7 @@ class SyncCaches:
         self.current_state: LruCache[str, dict[tuple[str, str], str]] = LruCache(
             "current_state", max_size, current_state
         )
-        #: Access token (hex SHA-256) -> its owner, on a worker that applies the caches stream; the
+        #: Access token (hex SHA-256) -> its owner (every worker applies the caches stream); the
         #: writer that ends a token sends its key there (`CacheRows`).
         self.access_tokens: LruCache[str, Requester] | None = None
         if access_token is not None:

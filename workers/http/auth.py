@@ -1,13 +1,14 @@
 """Who is asking: the access token of a client request.
 
-A worker that applies the caches stream keeps the owners of recent tokens in memory
-(`SyncCaches.access_tokens`, keyed by the token's hex SHA-256, reached through the application's
-`TOKEN_CACHE`): a known token costs no query. A token ends only on its user's device_lists writer,
-in one transaction with a caches-stream row naming it (`DeviceLists._delete`): the worker that took
-the request drops it at once (`forget_tokens`), every other worker when it applies that row, within
-one replication delay (by catch-up from the database if the row's RDATA is lost). Nothing expires
-by time. A token without a device (made before devices existed) is never cached: it can end
-without a caches row. Elsewhere (no `TOKEN_CACHE`) each request reads PostgreSQL.
+Every worker keeps the owners of recent tokens in memory (`SyncCaches.access_tokens`, keyed by the
+token's hex SHA-256, reached through the application's `TOKEN_CACHE`; a write-only worker applies
+the caches stream for it): a known token costs no query. A token ends only on its user's
+device_lists writer, in one transaction with a caches-stream row naming it (`DeviceLists._delete`):
+the worker that took the request drops it at once (`forget_tokens`), every other worker when it
+applies that row, within one replication delay (by catch-up from the database if the row's RDATA is
+lost). Nothing expires by time. A token without a device (made before devices existed) is never
+cached: it can end without a caches row. Elsewhere (no `TOKEN_CACHE`) each request reads
+PostgreSQL.
 
 The spec lets a client send the token as `Authorization: Bearer` or as `?access_token=`. A
 request that needs the password again (deleting devices, changing the password) confirms it with
