@@ -10,6 +10,7 @@ import pydantic_core
 
 MEMBER_EVENT = "m.room.member"
 CREATE_EVENT = "m.room.create"
+VISIBILITY_EVENT = "m.room.history_visibility"
 #: The version of a room whose m.room.create content names none (the spec's default for that case).
 IMPLICIT_ROOM_VERSION = "1"
 #: The room versions this server creates rooms in and accepts invites to.

@@ -15,7 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from typing import Generic, Protocol, TypeVar
 
 from idgen import MultiWriterIdGenerator
-from workers.model import ACCESS_TOKEN_CACHE, CURRENT_STATE_CACHE, MEMBER_EVENT, CacheInvalidation, UserRooms
+from workers.model import (
+    ACCESS_TOKEN_CACHE,
+    CURRENT_STATE_CACHE,
+    MEMBER_EVENT,
+    VISIBILITY_EVENT,
+    CacheInvalidation,
+    UserRooms,
+)
 from workers.storage import Conn
 from workers.storage.events import insert_invalidations
 from workers.storage.users import Requester
@@ -116,13 +123,14 @@ class EventLike(Protocol):
 
 class SyncCaches:
     """The caches a sync worker reads: a user's rooms (with the user's membership history), a room's
-    joined members, a room's state."""
+    joined members, a room's state, a room's history visibility changes."""
 
     def __init__(
         self,
         rooms_for_user: Callable[[str], Awaitable[UserRooms]],
         joined_members: Callable[[str], Awaitable[frozenset[str]]],
         current_state: Callable[[str], Awaitable[dict[tuple[str, str], str]]],
+        room_visibility: Callable[[str], Awaitable[tuple[tuple[int, str], ...]]],
         max_size: int = 10_000,
         access_token: Callable[[str], Awaitable[Requester]] | None = None,
         access_token_entries: int = 100_000,
@@ -134,6 +142,9 @@ class SyncCaches:
         self.current_state: LruCache[str, dict[tuple[str, str], str]] = LruCache(
             "current_state", max_size, current_state
         )
+        self.room_visibility: LruCache[str, tuple[tuple[int, str], ...]] = LruCache(
+            "room_visibility", max_size, room_visibility
+        )
         #: Access token (hex SHA-256) -> its owner (every worker applies the caches stream); the
         #: writer that ends a token sends its key there (`CacheRows`).
         self.access_tokens: LruCache[str, Requester] | None = None
@@ -141,7 +152,10 @@ class SyncCaches:
             self.access_tokens = LruCache(ACCESS_TOKEN_CACHE, access_token_entries, access_token)
 
     def all(self) -> list[LruCache[str, object]]:
-        caches = [self.rooms_for_user, self.joined_members, self.current_state, self.access_tokens]
+        caches = [
+            self.rooms_for_user, self.joined_members, self.current_state, self.room_visibility,
+            self.access_tokens,
+        ]  # fmt: skip
         return [c for c in caches if c is not None]  # type: ignore[misc]
 
     async def sharing_a_room(self, user_id: str, among: Iterable[str] | None = None) -> set[str]:
@@ -167,6 +181,8 @@ class SyncCaches:
             if event.state_key is None:
                 continue
             self.current_state.invalidate(event.room_id)
+            if event.type == VISIBILITY_EVENT:
+                self.room_visibility.invalidate(event.room_id)
             if event.type == MEMBER_EVENT:
                 self.joined_members.invalidate(event.room_id)
                 self.rooms_for_user.invalidate(event.state_key)
@@ -180,6 +196,7 @@ class SyncCaches:
                     if key.startswith("!"):  # a room id; the user ids after it start with "@"
                         self.current_state.invalidate(key)
                         self.joined_members.invalidate(key)
+                        self.room_visibility.invalidate(key)
                     else:
                         self.rooms_for_user.invalidate(key)
             elif (cache := by_name.get(row.cache_func)) is not None:

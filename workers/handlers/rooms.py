@@ -20,6 +20,7 @@ import asyncpg
 
 from workers import identifiers
 from workers.errors import RoomRuleError
+from workers.handlers import history_visibility
 from workers.handlers.caches import EventLike, LruCache
 from workers.handlers.power_levels import PowerLevels
 from workers.model import (
@@ -245,8 +246,6 @@ PRESETS = {
     "trusted_private_chat": ("invite", "can_join"),
     "public_chat": ("public", "forbidden"),
 }
-#: The visibility the cluster enforces in every room (see docs/api.md).
-HISTORY_VISIBILITY = "joined"
 
 
 class UnsupportedRoomVersion(BadEvent):
@@ -351,7 +350,7 @@ def plan_room(
     overridden = {(e["type"], e.get("state_key", "")) for e in initial}
     for kind, content in (
         (JOIN_RULES_EVENT, {"join_rule": join_rule}),
-        ("m.room.history_visibility", {"history_visibility": HISTORY_VISIBILITY}),
+        ("m.room.history_visibility", {"history_visibility": history_visibility.DEFAULT}),  # every preset
         ("m.room.guest_access", {"guest_access": guest_access}),
     ):
         if (kind, "") not in overridden:

@@ -19,7 +19,6 @@ every joined room's recent timeline and state, and the invites.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,13 +30,14 @@ import asyncpg
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches import SyncCaches
+from workers.handlers.history_visibility import JOINED, all_permissive, current, may_see
 from workers.handlers.notifier import Notifier
 from workers.handlers.recent_events import EventBodies, Placed, RecentEvents
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.sync_filter import SyncFilter
 from workers.handlers.sync_rooms import PENDING, RoomSections, empty_response
 from workers.handlers.sync_stored import STORED_STREAMS, StoredSections, StoredUpdates
-from workers.model import MEMBER_EVENT, Event, UserRooms
+from workers.model import MEMBER_EVENT, VISIBILITY_EVENT, Event, UserRooms
 from workers.storage import Conn
 from workers.storage import events as store
 from workers.storage import rooms as room_store
@@ -191,6 +191,9 @@ class SyncHandler:
                 if events or typing or presence or stored or full_state or remaining <= 0 or self.closing:
                     sections = RoomSections(user_id, sync_filter)
                     sections.add_window(events)
+                    for room_id in sections.newly_joined():
+                        if current(await self._caches.room_visibility.get(room_id)) != JOINED:
+                            sections.history_hidden_before(room_id)
                     if full_state:
                         sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
                     sections.add_ephemeral(typing, presence)
@@ -228,7 +231,7 @@ class SyncHandler:
                 position, membership = history[-1]
                 if membership == "join":
                     recent = await self._recent(
-                        conn, room_id, position - 1, None, positions, events.stream, sections
+                        conn, room_id, history, None, positions, events.stream, sections
                     )
                     sections.add_joined_room(room_id, recent)
                 else:
@@ -238,10 +241,8 @@ class SyncHandler:
                 if event.membership in PENDING:
                     sections.add_pending(event)
                 elif event.membership == "ban" or event.sender != user_id or sync_filter.include_leave:
-                    joins = [p for p, m in history if m == "join"]
-                    after = joins[-1] - 1 if joins else position - 1
                     recent = await self._recent(
-                        conn, room_id, after, position, positions, events.stream, sections
+                        conn, room_id, history, position, positions, events.stream, sections
                     )
                     sections.add_left_room(room_id, recent)
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
@@ -254,22 +255,30 @@ class SyncHandler:
         self,
         conn: Conn,
         room_id: str,
-        after: int,
+        history: tuple[tuple[int, str], ...],
         upto: int | None,
         positions: dict[str, int],
         default_position: int,
         sections: RoomSections,
     ) -> list[Event]:
-        """A room's last `limit + 1` events in (after, upto] that the timeline filter shows, as far
-        as the token reaches, oldest first. A filter that hides events reads up to `MAX_RECENT`."""
+        """A room's last `limit + 1` events up to `upto` that the user may see (its history
+        visibility) and the timeline filter shows, as far as the token reaches, oldest first.
+        A room whose history was always `shared` or wider is read from its end; otherwise up to
+        `MAX_RECENT` events are read to find the visible ones."""
         wanted = sections.limit + 1
-        everything = sections.filter.timeline.everything
+        visibility = await self._caches.room_visibility.get(room_id)
+        open_history = all_permissive(visibility)
+        everything = sections.filter.timeline.everything and open_history
         found = await store.room_events(
-            conn, room_id, after=after, upto=upto, positions=positions, default_position=default_position,
+            conn, room_id, upto=upto, positions=positions, default_position=default_position,
             descending=True, limit=wanted if everything else MAX_RECENT,
         )  # fmt: skip
         if not everything:
-            found = [e for e in found if sections.shown(e)][:wanted]
+            user_id = sections.user_id
+            found = [
+                e for e in found
+                if sections.shown(e) and (open_history or _seen_in_history(e, user_id, history, visibility))
+            ][:wanted]  # fmt: skip
         return found[::-1]
 
     async def _response(self, sections: RoomSections, now: SyncToken) -> dict[str, Any]:
@@ -397,13 +406,17 @@ class SyncHandler:
             async with self._pool.acquire() as conn:
                 candidates = await store.events_for_rooms(conn, user_rooms.rooms, windows, default, limit)
         cut = candidates[self._max_events - 1].stream_ordering if len(candidates) > self._max_events else None
+        visibility = {r: await self._caches.room_visibility.get(r) for r in {e.room_id for e in candidates}}
         visible: list[Placed] = []
         per_room: dict[str, int] = {}
         shows = sync_filter.timeline
         for event in candidates:
             if cut is not None and event.stream_ordering > cut:
                 break
-            if not sync_filter.includes(event.room_id) or not _visible(event, user_id, user_rooms.history):
+            if not sync_filter.includes(event.room_id):
+                continue
+            joined_by = windows.get(event.instance_name, default)[1]
+            if not _visible(event, user_id, user_rooms.history, visibility, joined_by):
                 continue
             if shows.everything or shows.allows(event.type, event.sender):
                 count = per_room[event.room_id] = per_room.get(event.room_id, 0) + 1
@@ -420,12 +433,39 @@ class SyncHandler:
         return [bodies[e.event_id] for e in visible if e.event_id in bodies], now
 
 
-def _visible(event: Placed, user_id: str, history: dict[str, tuple[tuple[int, str], ...]]) -> bool:
-    if event.type == MEMBER_EVENT and event.state_key == user_id:
+def _visible(
+    event: Placed,
+    user_id: str,
+    history: dict[str, tuple[tuple[int, str], ...]],
+    visibility: dict[str, tuple[tuple[int, str], ...]],
+    joined_by: int,
+) -> bool:
+    """Whether the user sees `event` in a window that ends at `joined_by` for its writer: a
+    `shared` room's earlier events count only when the user joins inside the window."""
+    return may_see(
+        event.stream_ordering,
+        event.type == MEMBER_EVENT and event.state_key == user_id,
+        history.get(event.room_id, ()),
+        visibility.get(event.room_id, ()),
+        is_change=event.type == VISIBILITY_EVENT,
+        joined_by=joined_by,
+    )
+
+
+def _seen_in_history(
+    event: Event, user_id: str, history: tuple[tuple[int, str], ...], visibility: tuple[tuple[int, str], ...]
+) -> bool:
+    """Whether the user may see `event` now (any later join counts: not bound to a window);
+    backfilled history (negative orderings) is the room's past, shown to members like `shared`."""
+    if event.stream_ordering < 0:
         return True
-    changes = history.get(event.room_id, ())
-    index = bisect.bisect_right(changes, (event.stream_ordering, "\uffff")) - 1
-    return index >= 0 and changes[index][1] == "join"
+    return may_see(
+        event.stream_ordering,
+        event.type == MEMBER_EVENT and event.state_key == user_id,
+        history,
+        visibility,
+        is_change=event.type == VISIBILITY_EVENT,
+    )
 
 
 def _ordered(token: SyncToken) -> SyncToken:

@@ -102,6 +102,8 @@ class _Room:
     limited: bool = False
     skipped_state: dict[tuple[str, str], Event] = field(default_factory=dict)
     full_state: bool = False
+    #: The user joined inside the window (a room whose earlier history it may now see).
+    joined_in_window: bool = False
     #: A left room the user joined inside the window: its state as of the leave.
     state_at_end: bool = False
     state: list[Event] = field(default_factory=list)
@@ -140,7 +142,7 @@ class RoomSections:
                 room = self._window_room(placed.join)
                 if room.timeline or room.skipped_state or placed.joined_in_window:
                     self.join[room_id] = room
-                    room.full_state = placed.joined_in_window
+                    room.full_state = room.joined_in_window = placed.joined_in_window
             if placed.leave is not None:
                 room = self.leave[room_id] = self._window_room(placed.leave)
                 room.state_at_end = placed.joined_in_window
@@ -201,6 +203,16 @@ class RoomSections:
                 and room_id not in self.pending
             ):
                 self.join.setdefault(room_id, _Room()).account_data.extend(wanted)
+
+    def history_hidden_before(self, room_id: str) -> None:
+        """The user joined `room_id` inside the window and may now see history before the window
+        (a `shared`, `invited` or `world_readable` room): the timeline says `limited`, so the
+        client pages back from `prev_batch` with /messages."""
+        self.join[room_id].limited = True
+
+    def newly_joined(self) -> list[str]:
+        """The rooms the user joined inside the window."""
+        return [room_id for room_id, room in self.join.items() if room.joined_in_window]
 
     def want_full_state(self, room_ids: Iterable[str]) -> None:
         for room_id in room_ids:

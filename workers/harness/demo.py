@@ -89,7 +89,7 @@ async def run_demo(
     await migrate_url(database_url)
     cluster = LocalCluster(
         database_url, redis_url, workdir / "workers", channel_prefix=f"demo-{uuid.uuid4().hex[:8]}",
-        announce_interval_s=args.announce_interval,
+        announce_interval_s=args.announce_interval, registration="open",
         stream_writers={
             "typing": ["background1"], "presence": ["background1"],
             "account_data": ["persister1", "persister2"], "device_lists": ["persister1", "persister2"],

@@ -15,8 +15,10 @@ next_batch and events) and the events table at the end, and checks, per user:
 list changes, and the to-device messages sent to the user's device.
 
 Visibility, defined here independently of the sync handler: an event is visible to a user when
-the user's membership in the room just after the event is `join` (replaying the room's member
-events in stream order), or when it is the user's own membership event. A client receives the
+it is the user's own membership event, or the user's membership in the room just after the event
+is `join` (replaying the room's member events in stream order), or the user joins the room later
+inside the same sync window and the room's history visibility at the event is `shared` or
+`world_readable` (or `invited`, and the user was invited at the event). A client receives the
 visible events in the timelines of `rooms.join` and `rooms.leave` and, for its own invite or knock,
 as the last entry of `invite_state` / `knock_state`; the loads record all three.
 
@@ -29,6 +31,7 @@ another one with no leave, ban or join between is not delivered, so it is not ex
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +50,8 @@ class StoredEvent:
     type: str
     state_key: str | None
     membership: str | None
+    #: content.history_visibility of an m.room.history_visibility event.
+    visibility: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +92,37 @@ def events_token(text: str) -> MultiWriterStreamToken:
     return stream_token(text, "events")
 
 
-def visible_events(user_id: str, events: Iterable[StoredEvent]) -> list[StoredEvent]:
-    """The live events `user_id` may see, in stream order."""
+def visible_events(
+    user_id: str, events: Iterable[StoredEvent], joins_later: Callable[[StoredEvent], bool] | None = None
+) -> list[StoredEvent]:
+    """The live events `user_id` may see, in stream order. `joins_later(event)`: whether the user
+    joins the event's room after it inside the event's sync window (None: never)."""
     membership: dict[str, str] = {}
+    rules: dict[str, str] = {}
     visible: list[StoredEvent] = []
     for event in sorted((e for e in events if e.stream_ordering > 0), key=lambda e: e.stream_ordering):
+        rule = rules.get(event.room_id, "shared")
+        if event.type == "m.room.history_visibility" and event.state_key == "":
+            new = event.visibility if event.visibility in _RULES else "joined"
+            rules[event.room_id] = new
+            rule = min(rule, new, key=_RULES.index)
         own_member_event = event.type == "m.room.member" and event.state_key == user_id
         if own_member_event and event.membership is not None:
             membership[event.room_id] = event.membership
-        if own_member_event or membership.get(event.room_id) == "join":
+        at = membership.get(event.room_id)
+        if own_member_event or at == "join":
+            visible.append(event)
+        elif (
+            joins_later is not None
+            and (rule in ("world_readable", "shared") or (rule == "invited" and at == "invite"))
+            and joins_later(event)
+        ):
             visible.append(event)
     return visible
+
+
+#: History visibility values, widest first.
+_RULES = ("world_readable", "shared", "invited", "joined")
 
 
 def check_history(
@@ -142,11 +167,23 @@ def check_history(
                 problems.append(f"{user_id}: sync {index} events of a room not in stream order at {event_id}")
             last_ordering[event.room_id] = event.stream_ordering
     first, last = events_token(records[0].since), events_token(records[-1].next_batch)
-    windows = _membership_windows(user_id, records, stored, pos)
+    window_of = _WindowIndex(records, pos)
+    windows = _membership_windows(user_id, stored, window_of)
     superseded = {e.event_id for window in windows.values() for e in window.superseded}
+    joins: dict[str, list[tuple[int, int]]] = {}  # room -> (ordering, window) of the user's joins
+    for event in stored:
+        if event.type == "m.room.member" and event.state_key == user_id and event.membership == "join":
+            join_window = window_of(event)
+            if join_window is not None:
+                joins.setdefault(event.room_id, []).append((event.stream_ordering, join_window))
+
+    def joins_later(event: StoredEvent) -> bool:
+        later = [i for o, i in joins.get(event.room_id, ()) if o > event.stream_ordering]
+        return bool(later) and window_of(event) in later
+
     expected = {
         e.event_id
-        for e in visible_events(user_id, stored)
+        for e in visible_events(user_id, stored, joins_later)
         if pos(first, e) < e.stream_ordering <= pos(last, e) and e.event_id not in superseded
     }
     for event_id in sorted(expected - seen.keys(), key=lambda i: by_id[i].stream_ordering):
@@ -178,29 +215,41 @@ class _Window:
     superseded: list[StoredEvent]
 
 
+class _WindowIndex:
+    """event -> the index of the sync whose window (since, next_batch] holds it for its writer
+    (None: outside every window). The windows tile, so a binary search per writer finds it."""
+
+    def __init__(
+        self, records: Sequence[SyncRecord], pos: Callable[[MultiWriterStreamToken, StoredEvent], int]
+    ) -> None:
+        self._tokens = [(events_token(r.since), events_token(r.next_batch)) for r in records]
+        self._pos = pos
+        self._uptos: dict[str, list[int]] = {}
+
+    def __call__(self, event: StoredEvent) -> int | None:
+        uptos = self._uptos.get(event.instance_name)
+        if uptos is None:
+            uptos = self._uptos[event.instance_name] = [self._pos(high, event) for _, high in self._tokens]
+        index = bisect.bisect_left(uptos, event.stream_ordering)
+        if index == len(uptos):
+            return None
+        low, high = self._tokens[index]
+        inside = self._pos(low, event) < event.stream_ordering <= self._pos(high, event)
+        return index if inside else None
+
+
 def _membership_windows(
-    user_id: str,
-    records: Sequence[SyncRecord],
-    stored: Sequence[StoredEvent],
-    pos: Callable[[MultiWriterStreamToken, StoredEvent], int],
+    user_id: str, stored: Sequence[StoredEvent], window_of: _WindowIndex
 ) -> dict[tuple[int, str], _Window]:
     """(sync index, room) -> the window of every room whose membership the user changed inside
     some sync's window (events outside every window belong to no sync)."""
-    tokens = [(events_token(r.since), events_token(r.next_batch)) for r in records]
     own: dict[tuple[int, str], list[StoredEvent]] = {}
     for event in sorted(stored, key=lambda e: e.stream_ordering):
         if event.type != "m.room.member" or event.state_key != user_id or event.membership is None:
             continue
         if event.stream_ordering <= 0:
             continue
-        index = next(
-            (
-                i
-                for i, (low, high) in enumerate(tokens)
-                if pos(low, event) < event.stream_ordering <= pos(high, event)
-            ),
-            None,
-        )
+        index = window_of(event)
         if index is not None:
             own.setdefault((index, event.room_id), []).append(event)
     windows: dict[tuple[int, str], _Window] = {}

@@ -481,7 +481,9 @@ class LoadDriver:
         async with connect(self.database_url) as conn:
             rows = await conn.fetch(
                 "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
-                " json::jsonb->'content'->>'membership' AS membership FROM events ORDER BY stream_ordering"
+                " json::jsonb->'content'->>'membership' AS membership,"
+                " json::jsonb->'content'->>'history_visibility' AS visibility"
+                " FROM events ORDER BY stream_ordering"
             )
             self.report.invalidation_rows, self.report.per_key_invalidations = await invalidation_counts(conn)
             changes = await conn.fetch(

@@ -39,6 +39,9 @@ TOKEN_CACHE: web.AppKey[LruCache[str, Requester]] = web.AppKey("token_cache", Lr
 #: ("cannot switch to state 12; another operation (2) is in progress"), or the close came first.
 _STALE_CONNECTION = (asyncpg.InternalClientError, asyncpg.ConnectionDoesNotExistError)
 _PASSWORD_FLOWS = {"flows": [{"stages": ["m.login.password"]}], "params": {}}
+#: Request key of an optional `async (Requester) -> None` that runs (once) when the token's owner is known
+#: (the per-user rate limit of a route; it raises to refuse).
+ON_REQUESTER = "fanout.on_requester"
 
 
 class _Uncached(Exception):
@@ -107,6 +110,14 @@ def token_loader(pool: asyncpg.Pool) -> Callable[[str], Awaitable[Requester]]:
 
 async def requester(pool: asyncpg.Pool, request: web.Request) -> Requester:
     """The token's owner; 401 M_MISSING_TOKEN or M_UNKNOWN_TOKEN otherwise."""
+    found = await _owner(pool, request)
+    hook = request.pop(ON_REQUESTER, None)  # once per request, however often the handler asks
+    if hook is not None:
+        await hook(found)
+    return found
+
+
+async def _owner(pool: asyncpg.Pool, request: web.Request) -> Requester:
     token = access_token(request)
     cache = request.config_dict.get(TOKEN_CACHE)
     if cache is not None:

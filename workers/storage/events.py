@@ -351,3 +351,15 @@ async def events_at(conn: Conn, orderings: Sequence[int]) -> dict[int, Event]:
         f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_ordering = ANY($1::bigint[])", list(orderings)
     )
     return {r["stream_ordering"]: _event(r) for r in records}
+
+
+async def visibility_changes(conn: Conn, room_id: str) -> tuple[tuple[int, str], ...]:
+    """The room's `m.room.history_visibility` changes, (stream ordering, value) in stream order
+    (backfilled ones first: they are older than every live event)."""
+    records = await conn.fetch(
+        "SELECT stream_ordering, json::jsonb->'content'->>'history_visibility' AS value FROM events"
+        " WHERE room_id = $1 AND type = 'm.room.history_visibility' AND state_key = ''"
+        " ORDER BY stream_ordering",
+        room_id,
+    )
+    return tuple((r["stream_ordering"], str(r["value"])) for r in records)

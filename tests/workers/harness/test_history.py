@@ -192,3 +192,33 @@ def test_an_invite_superseded_in_its_window_is_not_expected_but_one_in_its_own_w
     unlisted = [split[0], _listed("s4", "s5", ("$invite2",))]
     problems = check_history(ALICE, unlisted, CHURN, IDS)
     assert any("did not list !r under invite" in p for p in problems), problems
+
+
+SHARED_ROOM = [
+    _event(1, "p1", "$before"),
+    _event(2, "p1", "$join", member="join"),
+    _event(3, "p1", "$leave", member="leave"),
+    _event(4, "p1", "$away"),
+    StoredEvent(5, "p1", "$narrow", "!r", "m.room.history_visibility", "", None, "joined"),
+    _event(6, "p1", "$hidden"),
+    _event(7, "p1", "$back", member="join"),
+]
+
+
+def test_shared_history_counts_only_when_the_join_is_in_the_same_window() -> None:
+    one = [_listed("s0", "s7", ("$before", "$join", "$leave", "$away", "$narrow", "$back"), "join")]
+    assert check_history(ALICE, one, SHARED_ROOM, IDS) == []  # $hidden: joined-only when sent
+    split = [
+        _listed("s0", "s3", ("$before", "$join", "$leave"), "leave"),
+        _listed("s3", "s7", ("$away", "$narrow", "$back"), "join"),
+    ]
+    assert check_history(ALICE, split, SHARED_ROOM, IDS) == []  # $before: joins in its window
+    too_much = [
+        _listed("s0", "s1", ("$before",)),
+        _listed("s1", "s7", ("$join", "$leave", "$away", "$narrow", "$back"), "join"),
+    ]
+    problems = check_history(ALICE, too_much, SHARED_ROOM, IDS)
+    assert any("got $before which it may not see" in p for p in problems), problems
+    missing = [_listed("s0", "s7", ("$join", "$leave", "$narrow", "$back"), "join")]
+    problems = check_history(ALICE, missing, SHARED_ROOM, IDS)
+    assert any("missed $before" in p for p in problems) and any("missed $away" in p for p in problems)

@@ -11,7 +11,10 @@ user's own membership events in the window,
   that event (its name then) and ends with the event itself; with a leave or ban in the window
   too, also `leave`, with the visible events up to the last of them. An invite or knock that a
   later one supersedes in the same window, with no leave, ban or join between, is not delivered.
-An event is visible when it is the user's own member event or the user is joined just after it.
+An event is visible when it is the user's own member event, or the user is joined just after it,
+or the user joins later in the same window and the room's history visibility at the event lets
+it see the event (`shared` or `world_readable`; `invited` when the user was invited then). The
+owner changes the history visibility at random too.
 Every answer is compared whole: the rooms of each section, each timeline, each pending event and
 the name its stripped state shows. At the end an initial sync lists the pending rooms the same way.
 """
@@ -54,29 +57,46 @@ class Expected:
 
 
 def model(
-    user: str, before: dict[str, str | None], window: list[Stored], names: dict[str, str | None]
+    user: str,
+    before: dict[str, str | None],
+    window: list[Stored],
+    names: dict[str, str | None],
+    visibility: dict[str, str],
 ) -> Expected:
     """What the answer for `window` must hold. `before`: the user's membership per room at the
-    window's start (updated in place); `names`: each room's name at the start (updated too)."""
+    window's start; `names`, `visibility`: each room's name and history visibility then (all
+    three updated in place)."""
     out = Expected({}, {}, {"invite": {}, "knock": {}})
     by_room: dict[str, list[Stored]] = {}
     for event in window:
         by_room.setdefault(event.room_id, []).append(event)
+    order = ("world_readable", "shared", "invited", "joined")
     for room, events in by_room.items():
         membership = before.get(room)
-        visible: list[Stored] = []
-        own: list[tuple[int, str, str | None]] = []  # (index in visible, membership, name then)
+        # Per event: (is own member event, membership just after it, visibility in force at it).
+        facts: list[tuple[bool, str | None, str]] = []
         for event in events:
-            if event.type == "m.room.name":
-                names[room] = str(event.content.get("name"))
+            rule = visibility[room]
+            if event.type == "m.room.history_visibility":
+                visibility[room] = str(event.content.get("history_visibility"))
+                rule = min(rule, visibility[room], key=order.index)  # the wider side of a change
             mine = event.type == "m.room.member" and event.state_key == user
             if mine:
                 membership = str(event.content["membership"])
-            if mine or membership == "join":
+            facts.append((mine, membership, rule))
+        before[room] = membership
+        joins = [i for i, (mine, m, _) in enumerate(facts) if mine and m == "join"]
+        visible: list[Stored] = []
+        own: list[tuple[int, str, str | None]] = []  # (index in visible, membership, name then)
+        for i, (event, (mine, at, rule)) in enumerate(zip(events, facts, strict=True)):
+            if event.type == "m.room.name":
+                names[room] = str(event.content.get("name"))
+            joins_later = any(j > i for j in joins)
+            shared = rule in ("world_readable", "shared") or (rule == "invited" and at == "invite")
+            if mine or at == "join" or (joins_later and shared):
                 visible.append(event)
             if mine:
-                own.append((len(visible) - 1, str(membership), names.get(room)))
-        before[room] = membership
+                own.append((len(visible) - 1, str(at), names.get(room)))
         ids = [e.event_id for e in visible]
         if not own or own[-1][1] == "join":
             if ids:
@@ -119,7 +139,8 @@ MOVES = {
     "join": [("me", "leave"), ("owner", "kick"), ("owner", "ban"), ("me", "send")],
     "ban": [("owner", "unban")],
 }
-ALWAYS = [("owner", "send"), ("owner", "rename"), ("me", "sync"), ("me", "sync")]
+ALWAYS = [("owner", "send"), ("owner", "rename"), ("owner", "visibility"), ("me", "sync"), ("me", "sync")]
+VISIBILITIES = ("world_readable", "shared", "invited", "joined")
 
 
 async def _window(pool: asyncpg.Pool, rooms: list[str], since: str, upto: str) -> list[Stored]:
@@ -146,6 +167,9 @@ async def _move(owner: ClusterClient, me: ClusterClient, room: str, who: str, wh
         await (owner if who == "owner" else me).send(room, "m.room.message", {"body": f"m{n}"})
     elif what == "rename":
         await owner.set_state(room, "m.room.name", "", {"name": f"name{n}"})
+    elif what == "visibility":
+        value = VISIBILITIES[n % len(VISIBILITIES)]
+        await owner.set_state(room, "m.room.history_visibility", "", {"history_visibility": value})
     elif who == "me":
         await me.membership(room, what)
     else:
@@ -189,6 +213,7 @@ async def test_every_answer_matches_the_spec_model_through_random_membership_cha
     membership: dict[str, str | None] = {public: None, knock: None}
     before: dict[str, str | None] = dict(membership)
     names: dict[str, str | None] = {public: "start", knock: "start"}
+    visibility = {public: "shared", knock: "shared"}
     since = (await me.sync("p1"))["next_batch"]
     steps = data.draw(st.integers(4, 16), label="steps")
     for n in range(steps):
@@ -201,7 +226,7 @@ async def test_every_answer_matches_the_spec_model_through_random_membership_cha
         if what == "sync" or n == steps - 1:
             body = await me.sync("p1", since, 0)
             window = await _window(pool, rooms, since, body["next_batch"])
-            expected = model(user, before, window, names)
+            expected = model(user, before, window, names, visibility)
             got = actual(body)
             assert {r: v for r, v in got.join.items() if r in rooms} == expected.join
             assert {r: v for r, v in got.leave.items() if r in rooms} == expected.leave
@@ -209,7 +234,7 @@ async def test_every_answer_matches_the_spec_model_through_random_membership_cha
             since = body["next_batch"]
             continue
         await _move(owner, me, room, who, what, n)
-        if what not in ("send", "rename"):
+        if what not in ("send", "rename", "visibility"):
             membership[room] = {"kick": "leave", "unban": "leave"}.get(what, what)
     initial = await me.sync("p1")
     for room in rooms:
