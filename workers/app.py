@@ -337,6 +337,8 @@ class Worker:
                 accepting=lambda: self._accepting,
                 account_data=self.stored.account_data,
                 device_lists=self.stored.device_lists,
+                one_time_keys=self.stored.one_time_keys,
+                receipts=self.stored.receipts,
                 to_device=self.stored.to_device,
                 default_room_version=config.default_room_version,
                 federation_secret=config.worker_secret,

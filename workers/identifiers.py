@@ -71,6 +71,17 @@ def _sigil_id(text: str, sigil: str, what: str) -> str:
     return text
 
 
+#: An event id of any room version: `$` and an opaque part (v1-v2 `$local:server`, v3+ a base64
+#: hash), in the characters the stream rows carry.
+_EVENT_ID = re.compile(r"^\$[A-Za-z0-9_.:=\-/+]+$")
+
+
+def check_event_id(text: str) -> str:
+    if len(text) > MAX_ID_LENGTH or not _EVENT_ID.match(text):
+        raise ValueError(f"{text[:80]!r} is not an event id ($...)")
+    return text
+
+
 def check_event_type(text: str) -> str:
     if not text or len(text) > MAX_ID_LENGTH or not text.isprintable():
         raise ValueError("event types are 1 to 255 printable characters")

@@ -1,4 +1,4 @@
-"""The stored user streams of a worker (account data, device lists, to-device), wired by `app.py`:
+"""The stored streams of a worker (account data, device lists, to-device, receipts), wired by `app.py`:
 
     self.stored = await StoredStreams.load(pool, config, name, writers)   # with the ID generators
     streams += self.stored.streams()                                       # replicated like events
@@ -6,12 +6,14 @@
     self.stored.set_forwarder(requests)                                    # with the HTTP side
 
 Each stream has one ID generator over its tables, its writers (`stream_writers.<stream>`, the
-events writers when unset), a `UserStreamWrites` that runs a user's writes on the user's writer,
-and a `StreamChangeCache` that /sync asks before it queries.
+events writers when unset), a `UserStreamWrites` that runs a user's writes on the user's writer
+(receipts: a `RoomStreamWrites`, a room's on the room's writer), and a `StreamChangeCache` that
+/sync asks before it queries (keyed by user; by room for receipts).
 
 Rows, local or replicated, go through `apply` before the stream's position advances: it records
 the change in the stream's change cache and says whom to wake (the user of an account-data or
-to-device row; everyone sharing a room with the user of a device-list row). A writer's own rows
+to-device row; everyone sharing a room with the user of a device-list row; the room of a receipt,
+or only its owner for a private one). A writer's own rows
 take the same path after commit (`committed`), are staged for RDATA there, and wake its readers
 once the IDs finished (`finished`).
 """
@@ -34,10 +36,12 @@ from workers.handlers.change_cache import StreamChangeCache
 from workers.handlers.device_lists import DeviceLists, RemoteDevices
 from workers.handlers.forwarding import Forwarder
 from workers.handlers.notifier import DeferredWakes, Notifier
-from workers.handlers.stream_writes import StreamWriter, UserStreamWrites
+from workers.handlers.one_time_keys import OneTimeKeys
+from workers.handlers.receipts import Receipts, woken_by
+from workers.handlers.stream_writes import RoomStreamWrites, StreamWriter, UserStreamWrites
 from workers.handlers.sync_stored import StoredSections
 from workers.handlers.to_device import ToDeviceInbox
-from workers.streams import account_data, device_lists, to_device
+from workers.streams import account_data, device_lists, receipts, to_device
 
 _Factory = Callable[[asyncpg.Pool, MultiWriterIdGenerator, Sequence[str]], Stream[Any]]
 #: name -> (tables, sequence, stream factory) of each stored stream.
@@ -45,6 +49,7 @@ _STREAMS: dict[str, tuple[list[tuple[str, str, str]], str, _Factory]] = {
     account_data.ACCOUNT_DATA: (account_data.TABLES, account_data.SEQUENCE, account_data.account_data_stream),
     device_lists.DEVICE_LISTS: (device_lists.TABLES, device_lists.SEQUENCE, device_lists.device_lists_stream),
     to_device.TO_DEVICE: (to_device.TABLES, to_device.SEQUENCE, to_device.to_device_stream),
+    receipts.RECEIPTS: (receipts.TABLES, receipts.SEQUENCE, receipts.receipts_stream),
 }
 NAMES = tuple(_STREAMS)
 
@@ -124,13 +129,18 @@ class StoredStreams:
                     stream, self.name, self.generators[stream], self._pool, self.committed, self.finished,
                     self.uncertain,
                 )  # fmt: skip
-            writes = UserStreamWrites(stream, self.name, writers, self.generators[stream], writer, notifier)
+            kind = RoomStreamWrites if stream == receipts.RECEIPTS else UserStreamWrites
+            writes = kind(stream, self.name, writers, self.generators[stream], writer, notifier)
             writes.hears = lambda instance, s=stream: hears(s, instance)  # type: ignore[misc]
             self.writes[stream] = writes
         self.account_data = AccountData(self.writes[account_data.ACCOUNT_DATA], self._pool)
         self.device_lists = DeviceLists(
             self.writes[device_lists.DEVICE_LISTS], self._pool, self._server_name, self._fetch_remote
         )
+        self.one_time_keys = OneTimeKeys(self.writes[device_lists.DEVICE_LISTS], self._pool)
+        receipt_writes = self.writes[receipts.RECEIPTS]
+        assert isinstance(receipt_writes, RoomStreamWrites)
+        self.receipts = Receipts(receipt_writes, self._pool)
         self.to_device = ToDeviceInbox(self.writes[to_device.TO_DEVICE], self._pool, self._server_name)
         self.sections = StoredSections(self._pool, caches, self.changes, self.generators, self.to_device)
 
@@ -141,6 +151,12 @@ class StoredStreams:
         users: set[str] = set()
         for token, row in rows:
             entity: str = row[0]  # every stored stream's row starts with its entity (a user id or server)
+            if stream == receipts.RECEIPTS:  # a room id
+                changes.changed(entity, token)
+                woken = woken_by(row)
+                rooms |= woken[0]
+                users |= woken[1]
+                continue
             if not entity.startswith("@"):
                 continue  # a remote server's queue: only the federation sender reads it
             changes.changed(entity, token)

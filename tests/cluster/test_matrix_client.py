@@ -7,7 +7,9 @@ body's shape. The clients know nothing of routing: each talks to one worker of i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import random
 from collections.abc import AsyncIterator
 
@@ -40,13 +42,18 @@ def on(url: str, like: nio.AsyncClient) -> nio.AsyncClient:
     return client
 
 
+async def alice_and_bob(clients: list[nio.AsyncClient]) -> tuple[nio.AsyncClient, nio.AsyncClient]:
+    """The first two clients, registered as alice and bob."""
+    for client, name in zip(clients, ("alice", "bob"), strict=False):
+        assert isinstance(await client.register(name, PASSWORD), nio.RegisterResponse)
+    return clients[0], clients[1]
+
+
 async def test_nio_register_login_create_invite_join_send_sync(
     cluster: LocalCluster, clients: list[nio.AsyncClient]
 ) -> None:
     urls = list(cluster.urls.values())
-    alice, bob = clients[0], clients[1]
-    assert isinstance(await alice.register("alice", PASSWORD), nio.RegisterResponse)
-    assert isinstance(await bob.register("bob", PASSWORD), nio.RegisterResponse)
+    alice, bob = await alice_and_bob(clients)
     # Log in again on another worker: a second device.
     laptop = nio.AsyncClient(urls[2], "@alice:localhost")
     login = await laptop.login(PASSWORD, device_name="laptop")
@@ -112,3 +119,106 @@ async def test_nio_register_login_create_invite_join_send_sync(
     refused = await stale.sync(timeout=0)  # the token is gone on every worker
     await stale.close()
     assert isinstance(refused, nio.SyncError) and refused.status_code == "M_UNKNOWN_TOKEN"
+
+
+async def test_nio_one_time_keys_upload_then_claims_on_every_worker_at_once(
+    cluster: LocalCluster, clients: list[nio.AsyncClient]
+) -> None:
+    alice, bob = await alice_and_bob(clients)
+    alg = "signed_curve25519"
+    keys = {f"{alg}:K{n:03d}": {"key": f"k{n}", "signatures": {}} for n in range(40)}
+    fallback = {f"{alg}:F": {"key": "f", "fallback": True, "signatures": {}}}
+    # No Olm library here: nio's own request builder and response parser (with its schema check),
+    # which its Olm layer calls with the keys it made.
+    uploaded = await bob._send(
+        nio.KeysUploadResponse,
+        *nio.Api.keys_upload(bob.access_token, {"one_time_keys": keys, "fallback_keys": fallback}),
+    )
+    assert isinstance(uploaded, nio.KeysUploadResponse) and uploaded.signed_curve25519_count == 40
+    synced = await bob.sync(timeout=0)
+    assert isinstance(synced, nio.SyncResponse) and synced.device_key_count.signed_curve25519 == 40
+    claimers = [on(url, alice) for url in cluster.urls.values()]
+    wanted = {bob.user_id: [bob.device_id]}
+    answers = await asyncio.gather(
+        *(
+            claimers[n % len(claimers)]._send(
+                nio.KeysClaimResponse, *nio.Api.keys_claim(alice.access_token, wanted)
+            )
+            for n in range(50)
+        )
+    )
+    for client in claimers:
+        await client.close()
+    handed = []
+    for answer in answers:
+        assert isinstance(answer, nio.KeysClaimResponse), answer
+        handed += list(answer.one_time_keys[bob.user_id][bob.device_id])
+    assert sorted(k for k in handed if k != f"{alg}:F") == sorted(keys)  # each key exactly once
+    assert handed.count(f"{alg}:F") == 10
+    counted = await bob._send(nio.KeysUploadResponse, *nio.Api.keys_upload(bob.access_token, {}))
+    assert isinstance(counted, nio.KeysUploadResponse) and counted.signed_curve25519_count == 0
+
+
+async def test_nio_receipts_read_markers_and_forget_across_workers(
+    cluster: LocalCluster, clients: list[nio.AsyncClient]
+) -> None:
+    urls = list(cluster.urls.values())
+    alice, bob = await alice_and_bob(clients)
+    created = await alice.room_create(name="Seen", invite=[bob.user_id])
+    assert isinstance(created, nio.RoomCreateResponse)
+    room = created.room_id
+    joiner = on(urls[2], bob)
+    assert isinstance(await joiner.join(room), nio.JoinResponse)
+    await joiner.close()
+    sent = await alice.room_send(room, "m.room.message", {"msgtype": "m.text", "body": "read me"})
+    assert isinstance(sent, nio.RoomSendResponse)
+    first = await alice.sync(timeout=0)
+    assert isinstance(first, nio.SyncResponse)
+    since = first.next_batch
+    bob_elsewhere = on(urls[-1], bob)
+    marked = await bob_elsewhere.update_receipt_marker(room, sent.event_id)  # thread "main"
+    assert isinstance(marked, nio.UpdateReceiptMarkerResponse), marked
+    markers = await bob_elsewhere.room_read_markers(room, sent.event_id, private_read_event=sent.event_id)
+    assert isinstance(markers, nio.RoomReadMarkersResponse), markers
+    await bob_elsewhere.close()
+    # alice sees bob's public receipt in the room's ephemeral events, never his private one.
+    seen: list[tuple[str, str, str, str | None]] = []
+    for _ in range(20):
+        synced = await alice.sync(timeout=2000, since=since)
+        assert isinstance(synced, nio.SyncResponse), synced
+        since = synced.next_batch
+        joined = synced.rooms.join.get(room)
+        for event in [] if joined is None else joined.ephemeral:
+            if isinstance(event, nio.ReceiptEvent):
+                seen += [(r.event_id, str(r.receipt_type), r.user_id, r.thread_id) for r in event.receipts]
+        if seen:
+            break
+    assert seen == [(sent.event_id, "m.read", bob.user_id, "main")]
+    # bob's fully-read marker is his room's account data, on every worker.
+    for url in urls:
+        reader = on(url, bob)
+        fully_read: list[str] = []
+        for _ in range(20):
+            synced = await reader.sync(timeout=0, full_state=True)
+            assert isinstance(synced, nio.SyncResponse), synced
+            joined = synced.rooms.join.get(room)
+            events = [] if joined is None else joined.account_data
+            fully_read = [e.event_id for e in events if isinstance(e, nio.FullyReadEvent)]
+            if fully_read:
+                break
+        await reader.close()
+        assert fully_read == [sent.event_id], url
+    # Forget: refused while joined, then the room is forgotten once left.
+    refused = await alice.room_forget(room)
+    assert isinstance(refused, nio.RoomForgetError) and refused.status_code == "M_UNKNOWN"
+    assert isinstance(await bob.room_leave(room), nio.RoomLeaveResponse)
+    forgetter = on(urls[1], bob)
+    assert isinstance(await forgetter.room_forget(room), nio.RoomForgetResponse)
+    await forgetter.close()
+    # A forgotten room is listed nowhere, even for a client that asks for left rooms.
+    with_left = json.dumps({"room": {"include_leave": True}})
+    for url in urls:
+        reader = on(url, bob)
+        after = await reader.sync(timeout=0, sync_filter=with_left)
+        await reader.close()
+        assert isinstance(after, nio.SyncResponse) and room not in after.rooms.leave, url

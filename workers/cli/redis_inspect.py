@@ -35,6 +35,7 @@ from workers.streams.caches import CACHES, CacheRow
 from workers.streams.device_lists import DEVICE_LISTS, DeviceListRow
 from workers.streams.events import BACKFILL, EVENTS, EventRow
 from workers.streams.presence import PRESENCE, PresenceRow
+from workers.streams.receipts import RECEIPTS, ReceiptRow
 from workers.streams.to_device import TO_DEVICE, ToDeviceRow
 from workers.streams.typing import TYPING, TypingRow
 
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 ROW_FIELDS: dict[str, tuple[str, ...]] = {
     EVENTS: EventRow._fields, BACKFILL: EventRow._fields, CACHES: CacheRow._fields,
     TYPING: TypingRow._fields, PRESENCE: PresenceRow._fields, ACCOUNT_DATA: AccountDataRow._fields,
-    DEVICE_LISTS: DeviceListRow._fields, TO_DEVICE: ToDeviceRow._fields,
+    DEVICE_LISTS: DeviceListRow._fields, TO_DEVICE: ToDeviceRow._fields, RECEIPTS: ReceiptRow._fields,
 }  # fmt: skip
 
 

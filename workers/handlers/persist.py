@@ -18,6 +18,9 @@ Order on the writer, for every batch:
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
+A send with a client transaction id (`persist(..., may_exist=True)`) first passes `RetryCheck`
+(`workers.handlers.retried_sends`): a retry of an answered send is answered with the stored event
+before it joins the queue, so it takes no stream ID and no follower sees a gap to catch up on.
 A failed transaction fails every request of the batch (their IDs become harmless gaps). Its commit
 may still have happened (a connection lost at COMMIT): `on_uncertain` runs inside the ID blocks,
 so the worker can make readers fetch those IDs from the database and forget what it cached.
@@ -37,6 +40,7 @@ import asyncpg
 from idgen import MultiWriterIdGenerator
 from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
+from workers.handlers.retried_sends import Pending, RetryCheck, answer_stored
 from workers.handlers.room_versions import RoomVersions
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
 from workers.storage.events import events_by_ids, insert_batch, needs_transaction
@@ -61,9 +65,6 @@ class PersisterStopped(PersisterError):
 
 #: (events, caches stream ids) of a batch that failed where its commit may still have happened.
 UncertainCallback = Callable[[Sequence[Event], Sequence[int]], None]
-
-#: A queued event and the future its caller awaits.
-_Pending = tuple[NewEvent, "asyncio.Future[Event]"]
 
 
 class EventPersister:
@@ -102,12 +103,13 @@ class EventPersister:
         # bookkeeping showed in write path profiles. `_arrived` is the future the loop last waited
         # on for work; `_drained` is made by `stop`, resolved when `_unfinished` (queued and
         # in-flight events) reaches 0.
-        self._queue: collections.deque[_Pending] = collections.deque()
+        self._queue: collections.deque[Pending] = collections.deque()
         self._arrived: asyncio.Future[None] | None = None
         self._unfinished = 0
         self._drained: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self.retry_check = RetryCheck(pool, self._enqueue_checked, self._answered_elsewhere)
         self.batches = 0
         self.events = 0
         self.failed_batches = 0
@@ -118,17 +120,23 @@ class EventPersister:
         self._task = asyncio.create_task(
             self._run(), name=f"persister-{'backfill' if self._backfill else 'live'}"
         )
+        self.retry_check.start()
 
-    def persist(self, event: NewEvent) -> asyncio.Future[Event]:
+    def persist(self, event: NewEvent, *, may_exist: bool = False) -> asyncio.Future[Event]:
         """Queue `event`; the future gives it persisted, with its stream ordering, once its batch
         finished. (A future rather than a coroutine: one frame less per event on the write path.)
-        Raises PersisterStopped or PersisterOverloaded at once."""
+        `may_exist`: the event id comes from a client transaction id, so the send may be a retry of
+        one already stored: it is looked up first (`RetryCheck`) and, if stored, answered with the
+        stored event. Raises PersisterStopped or PersisterOverloaded at once."""
         queue = self._queue
-        if self._stopping or len(queue) >= self._max_queue:
+        if self._stopping or len(queue) + len(self.retry_check.waiting) >= self._max_queue:
             self._check_room(1)  # raises
         future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+        self._unfinished += 1
+        if may_exist:
+            self.retry_check.add((event, future))
+            return future
         queue.append((event, future))
-        self._unfinished += 1  # `_queued(1)`, inline: this runs once per event
         arrived = self._arrived
         if arrived is not None and not arrived.done():
             arrived.set_result(None)
@@ -143,11 +151,27 @@ class EventPersister:
         self._queued(len(events))
         return list(await asyncio.gather(*futures))
 
+    def _enqueue_checked(self, pending: list[Pending]) -> None:
+        """Queue requests `RetryCheck` found not stored (already counted in `_unfinished`)."""
+        self._queue.extend(pending)
+        arrived = self._arrived
+        if arrived is not None and not arrived.done():
+            arrived.set_result(None)
+
+    def _answered_elsewhere(self, count: int) -> None:
+        self._unfinished -= count
+        self._maybe_drained()
+
+    def _maybe_drained(self) -> None:
+        if not self._unfinished and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
     def _check_room(self, count: int) -> None:
         if self._stopping:
             raise PersisterStopped("this worker is shutting down")
-        if len(self._queue) + count > self._max_queue:
-            raise PersisterOverloaded(f"{len(self._queue)} events queued")
+        queued = len(self._queue) + len(self.retry_check.waiting)
+        if queued + count > self._max_queue:
+            raise PersisterOverloaded(f"{queued} events queued")
 
     def _queued(self, count: int) -> None:
         self._unfinished += count
@@ -164,6 +188,7 @@ class EventPersister:
             await asyncio.shield(self._drained)
         if self._task is not None:
             await cancel_and_wait(self._task)
+        await self.retry_check.stop()
 
     async def _run(self) -> None:
         while True:
@@ -183,7 +208,7 @@ class EventPersister:
             task.add_done_callback(self._in_flight.discard)
             await allocated
 
-    async def _run_batch(self, batch: list[_Pending], allocated: asyncio.Future[None]) -> None:
+    async def _run_batch(self, batch: list[Pending], allocated: asyncio.Future[None]) -> None:
         try:
             await self._persist_batch(batch, allocated)
         except asyncpg.UniqueViolationError as e:
@@ -204,10 +229,9 @@ class EventPersister:
                 allocated.set_result(None)
             self._slots.release()
             self._unfinished -= len(batch)
-            if not self._unfinished and self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
+            self._maybe_drained()
 
-    async def _isolate(self, batch: list[_Pending], error: Exception) -> None:
+    async def _isolate(self, batch: list[Pending], error: Exception) -> None:
         """PostgreSQL refused the batch's data: persist it again in halves, in order, so that only
         the requests it refuses fail (the HTTP edge refuses what it knows PostgreSQL would; this is
         the fallback for the rest). A half gets new IDs; the failed attempt's are harmless gaps."""
@@ -228,7 +252,7 @@ class EventPersister:
             except Exception as e:
                 self._fail(half, e)
 
-    def _fail(self, batch: list[_Pending], error: Exception) -> None:
+    def _fail(self, batch: list[Pending], error: Exception) -> None:
         if not batch:
             return
         self.failed_batches += 1
@@ -237,20 +261,13 @@ class EventPersister:
             if not future.done():
                 future.set_exception(error)
 
-    async def _answer_existing(self, batch: list[_Pending]) -> list[_Pending]:
+    async def _answer_existing(self, batch: list[Pending]) -> list[Pending]:
         """Resolve the requests whose event id is already stored with the stored event; the rest."""
         async with self._pool.acquire() as conn:
             stored = await events_by_ids(conn, [new.event_id for new, _ in batch])
-        rest: list[_Pending] = []
-        for new, future in batch:
-            event = stored.get(new.event_id)
-            if event is None:
-                rest.append((new, future))
-            elif not future.done():
-                future.set_result(event)
-        return rest
+        return answer_stored(batch, stored)
 
-    async def _persist_batch(self, batch: list[_Pending], allocated: asyncio.Future[None]) -> None:
+    async def _persist_batch(self, batch: list[Pending], allocated: asyncio.Future[None]) -> None:
         now = int(time.time() * 1000)
         changes = StateChanges()
         if not self._backfill:
@@ -298,7 +315,7 @@ class EventPersister:
             if not future.done():
                 future.set_result(event)
 
-    async def _room_versions(self, batch: list[_Pending]) -> dict[str, str]:
+    async def _room_versions(self, batch: list[Pending]) -> dict[str, str]:
         """The version of each room of the batch (a new room's from its create event), for the rows."""
         if self._versions is None:
             return {}

@@ -10,8 +10,9 @@ and friends run on whichever worker the client reached:
 
 Idempotency: a send with a client transaction id gets an event id derived from (room, sender,
 device, txn) (`rooms.txn_event_id`). A retry that arrives while the first try is in flight shares
-its result; one that arrives after it was stored gets the stored event back (the persister
-answers a unique-id conflict with the stored row), also after a persister restart.
+its result; one that arrives after it was stored gets the stored event back, also after a persister
+restart: the persister looks such sends up before it takes stream IDs (`persist(may_exist=True)`),
+so a retry costs no stream ID and no follower catches up for it.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ class RoomWrites:
                 if stored is not None:  # a retry of a send the rules allowed then
                     return Written.of(stored)
             raise
-        return Written.of(await persister.persist(event))
+        return Written.of(await persister.persist(event, may_exist=txn))
 
     async def _check_redaction(self, event: NewEvent, view: rooms.RoomView) -> None:
         """A redaction names an event id in `content.redacts`; another sender's event (or one not

@@ -35,7 +35,7 @@ from pubsub.types import Row
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.notifier import Notifier
 from workers.handlers.visibility import wait_visible
-from workers.routing import writer_for_user
+from workers.routing import writer_for_room, writer_for_user
 from workers.storage import Conn
 
 #: (stream, [(stream id, row)]): the worker's hook after commit, before the IDs finish; it returns
@@ -124,7 +124,10 @@ class UserStreamWrites:
     """Runs a user's write of one stream on the writer that owns the user, from any worker.
 
     `ops` are the operations the writer runs (registered by the stream's handler); each answers a
-    JSON object, with `"position"` (`StreamPosition.to_json`) when it wrote something."""
+    JSON object, with `"position"` (`StreamPosition.to_json`) when it wrote something. Every
+    operation's arguments hold the key its writer is chosen by (`key_arg`)."""
+
+    key_arg = "user_id"
 
     def __init__(
         self,
@@ -148,8 +151,8 @@ class UserStreamWrites:
         self.forwarded = 0
         self.late_answers = 0
 
-    def owner(self, user_id: str) -> str:
-        return writer_for_user(user_id, self.writers, self.stream)
+    def owner(self, key: str) -> str:
+        return writer_for_user(key, self.writers, self.stream)
 
     def here(self) -> StreamWriter:
         """The writer, on a worker that writes this stream (OwnerUnavailable elsewhere)."""
@@ -157,12 +160,13 @@ class UserStreamWrites:
             raise OwnerUnavailable(self.name, f"this worker does not write the {self.stream} stream")
         return self.writer
 
-    async def run(self, user_id: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Run `op` for `user_id` on its writer. Raises OwnerUnavailable, ForwardRefused, or what
-        the operation raises when it runs here (ValueError for bad arguments)."""
+    async def run(self, key: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Run `op` for `key` (a user id; a room id for `RoomStreamWrites`) on its writer. Raises
+        OwnerUnavailable, ForwardRefused, or what the operation raises when it runs here
+        (ValueError for bad arguments)."""
         if not self.writers:
             raise OwnerUnavailable(f"{self.stream} writer", f"stream_writers.{self.stream} is empty", 30)
-        owner = self.owner(user_id)
+        owner = self.owner(key)
         if owner == self.name:
             return await self.ops[op](args)
         if self.forwarder is None:
@@ -185,12 +189,23 @@ class UserStreamWrites:
         run = self.ops.get(op)
         if run is None:
             raise ValueError(f"the {self.stream} stream has no operation {op!r}")
-        user_id = args.get("user_id")
-        if not isinstance(user_id, str):
-            raise ValueError("user_id is missing")
-        if self.owner(user_id) != self.name:
-            raise OwnerUnavailable(self.name, f"{user_id}'s {self.stream} writer is {self.owner(user_id)}")
+        key = args.get(self.key_arg)
+        if not isinstance(key, str):
+            raise ValueError(f"{self.key_arg} is missing")
+        if self.owner(key) != self.name:
+            raise OwnerUnavailable(self.name, f"{key}'s {self.stream} writer is {self.owner(key)}")
         return await run(args)
+
+
+class RoomStreamWrites(UserStreamWrites):
+    """The same for a stream written per room (receipts): a room's writes go to one writer, chosen
+    as a room's events writer is (`writer_for_room` over the stream's writers), so with the same
+    writers a room's receipts are written where its events are."""
+
+    key_arg = "room_id"
+
+    def owner(self, key: str) -> str:
+        return writer_for_room(key, self.writers)
 
 
 def text_arg(args: dict[str, Any], key: str, *, optional: bool = False) -> Any:

@@ -38,7 +38,7 @@ from workers.handlers.sync_filter import SyncFilter
 from workers.handlers.sync_rooms import PENDING, RoomSections, empty_response
 from workers.handlers.sync_stored import STORED_STREAMS, StoredSections, StoredUpdates
 from workers.model import MEMBER_EVENT, VISIBILITY_EVENT, Event, UserRooms
-from workers.storage import Conn
+from workers.storage import Conn, forgotten_rooms
 from workers.storage import events as store
 from workers.storage import rooms as room_store
 
@@ -198,6 +198,7 @@ class SyncHandler:
                         sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
                     sections.add_ephemeral(typing, presence)
                     sections.add_stored(stored)
+                    await self._drop_forgotten(user_id, user_rooms, sections)
                     await sections.load_state(self._state_events, self._state_at, self._pending_state)
                     body = await self._response(sections, now)
                     if woken_at is not None and events:
@@ -248,6 +249,7 @@ class SyncHandler:
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
         stored, now = await self._stored(user_id, device_id, user_rooms, None, now, [])
         sections.add_stored(stored)
+        await self._drop_forgotten(user_id, user_rooms, sections)
         await sections.load_state(self._state_events, self._state_at, self._pending_state)
         return await self._response(sections, now)
 
@@ -280,6 +282,15 @@ class SyncHandler:
                 if sections.shown(e) and (open_history or _seen_in_history(e, user_id, history, visibility))
             ][:wanted]  # fmt: skip
         return found[::-1]
+
+    async def _drop_forgotten(self, user_id: str, user_rooms: UserRooms, sections: RoomSections) -> None:
+        """Leave out the left rooms the user forgot (one indexed read, only when a left room is
+        listed)."""
+        if not sections.leave:
+            return
+        async with self._pool.acquire() as conn:
+            positions = await forgotten_rooms.forgotten_positions(conn, user_id)
+        sections.forget(forgotten_rooms.forgotten(user_rooms, positions))
 
     async def _response(self, sections: RoomSections, now: SyncToken) -> dict[str, Any]:
         versions = await self.room_versions.of_rooms(sections.rooms())

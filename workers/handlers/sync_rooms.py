@@ -190,19 +190,28 @@ class RoomSections:
         self.presence = self.filter.presence.select(presence)
 
     def add_stored(self, updates: StoredUpdates) -> None:
-        """Account data, to-device messages and device lists; a joined room whose account data
-        changed is listed for it (rooms the filter leaves out are not)."""
+        """Account data, receipts, to-device messages, device lists and key counts; a joined room
+        whose account data or receipts changed is listed for them (rooms the filter leaves out
+        are not)."""
         self.stored = updates
         self.stored.account_data = self.filter.account_data.select(updates.account_data)
         for room_id, events in updates.room_account_data.items():
             wanted = self.filter.room_account_data.select(events)
-            if (
-                wanted
-                and self.filter.includes(room_id)
-                and room_id not in self.leave
-                and room_id not in self.pending
-            ):
+            if wanted and self._joined_here(room_id):
                 self.join.setdefault(room_id, _Room()).account_data.extend(wanted)
+        for room_id, receipt in updates.receipts.items():
+            if self._joined_here(room_id) and self.filter.ephemeral.select([receipt]):
+                self.join.setdefault(room_id, _Room()).ephemeral.append(receipt)
+
+    def _joined_here(self, room_id: str) -> bool:
+        """Whether a room the window does not place may be listed under `join` for its ephemeral
+        events or account data: the filter includes it, and it is not left or pending."""
+        return self.filter.includes(room_id) and room_id not in self.leave and room_id not in self.pending
+
+    def forget(self, room_ids: Iterable[str]) -> None:
+        """Leave out of `leave` the rooms the user forgot (`POST /rooms/{roomId}/forget`)."""
+        for room_id in room_ids:
+            self.leave.pop(room_id, None)
 
     def history_hidden_before(self, room_id: str) -> None:
         """The user joined `room_id` inside the window and may now see history before the window
@@ -311,6 +320,9 @@ class RoomSections:
         body["account_data"]["events"] = self.stored.account_data
         body["to_device"]["events"] = self.stored.to_device
         body["device_lists"] = {"changed": self.stored.changed, "left": self.stored.left}
+        body["device_one_time_keys_count"] = self.stored.one_time_key_counts
+        if self.stored.unused_fallback_key_types is not None:
+            body["device_unused_fallback_key_types"] = self.stored.unused_fallback_key_types
         return body
 
     @staticmethod

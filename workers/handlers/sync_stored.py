@@ -1,4 +1,5 @@
-"""The /sync sections of the stored user streams: account data, to-device messages, device lists.
+"""The /sync sections of the stored streams: account data, to-device messages, device lists,
+receipts (and the device's one-time key counts).
 
 Each is read from the database between the client's `since` and the sync's `now` (per-writer
 windows of the stream's token component, `workers.storage.windows`). A `StreamChangeCache` per
@@ -9,6 +10,12 @@ this user since?" without a query in the common case.
   changed in the window; an initial sync gets all of it.
 * to-device: the syncing device's messages (`workers.handlers.to_device`); when more wait than one
   sync carries, `now`'s to_device component stops before the first one left.
+* receipts: per joined room, the `m.receipt` event of the receipts set in the window (an initial
+  sync: every receipt the rooms hold up to `now`), others' private receipts left out; the receipts
+  change cache is keyed by room.
+* one-time keys: the syncing device's one-time keys left per algorithm and the algorithms of its
+  unused fallback keys, read at every sync (they change with claims, which no stream records; a
+  count is not news, so it never ends a long-poll by itself).
 * device lists (incremental syncs only): `changed` holds the users sharing a joined room with the
   syncing user (themself included) whose device list changed in the window, and those who newly
   share one (they joined a room of the user's, or the user joined theirs); `left` holds those who
@@ -25,17 +32,22 @@ import asyncpg
 from idgen import MultiWriterIdGenerator, SyncToken
 from workers.handlers.caches import SyncCaches
 from workers.handlers.change_cache import FEW_CHANGED, StreamChangeCache
+from workers.handlers.one_time_keys import read_counts
+from workers.handlers.receipts import receipt_events
 from workers.handlers.to_device import ToDeviceInbox
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import account_data as account_store
 from workers.storage import device_lists as device_store
+from workers.storage import receipts as receipt_store
 from workers.storage.windows import Window
 from workers.streams.account_data import ACCOUNT_DATA
 from workers.streams.device_lists import DEVICE_LISTS
+from workers.streams.receipts import RECEIPTS
 from workers.streams.to_device import TO_DEVICE
 
-#: The stored streams' components of a sync token.
-STORED_STREAMS = (ACCOUNT_DATA, DEVICE_LISTS, TO_DEVICE)
+#: The stored streams' components of a sync token, in text order: a new stream goes last, and a
+#: token from before it has no component for it, which reads as the stream's start.
+STORED_STREAMS = (ACCOUNT_DATA, DEVICE_LISTS, TO_DEVICE, RECEIPTS)
 #: Devices whose clean-up position this worker remembers (the oldest are forgotten first).
 MAX_CLEANED = 100_000
 
@@ -49,10 +61,22 @@ class StoredUpdates:
     to_device: list[dict[str, Any]] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
+    #: room -> its `m.receipt` event (for the room's `ephemeral.events`).
+    receipts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The syncing device's one-time keys left per algorithm (`device_one_time_keys_count`).
+    one_time_key_counts: dict[str, int] = field(default_factory=dict)
+    #: Its unused fallback keys' algorithms (`device_unused_fallback_key_types`); None: no device.
+    unused_fallback_key_types: list[str] | None = None
 
     def __bool__(self) -> bool:
+        """Whether there is news for the client (the key counts are not: they come with any answer)."""
         return bool(
-            self.account_data or self.room_account_data or self.to_device or self.changed or self.left
+            self.account_data
+            or self.room_account_data
+            or self.to_device
+            or self.changed
+            or self.left
+            or self.receipts
         )
 
 
@@ -89,8 +113,13 @@ class StoredSections:
         updates = StoredUpdates()
         joined = user_rooms.joined()
         await self._account_data(updates, user_id, joined, since, now)
+        await self._receipts(updates, user_id, joined, since, now)
         if device_id is not None:
             now = await self._to_device(updates, user_id, device_id, since, now)
+            async with self._pool.acquire() as conn:
+                counts = await read_counts(conn, user_id, device_id)
+            updates.one_time_key_counts = counts.one_time
+            updates.unused_fallback_key_types = counts.unused_fallback
         if since is not None:
             await self._device_lists(updates, user_id, joined, since, now, events)
         return updates, now
@@ -114,6 +143,19 @@ class StoredSections:
             )
         updates.account_data = found
         updates.room_account_data = {r: e for r, e in rooms.items() if r in joined}
+
+    async def _receipts(
+        self, updates: StoredUpdates, user_id: str, joined: set[str], since: SyncToken | None, now: SyncToken
+    ) -> None:
+        low = None if since is None else since.get(RECEIPTS)
+        rooms = sorted(joined)
+        if low is not None:
+            rooms = self._changes[RECEIPTS].any_may_have_changed(rooms, low.stream)
+        if not rooms:
+            return
+        async with self._pool.acquire() as conn:
+            found = await receipt_store.room_receipts(conn, rooms, Window.between(low, now.get(RECEIPTS)))
+        updates.receipts = receipt_events(found, user_id)
 
     async def _to_device(
         self, updates: StoredUpdates, user_id: str, device_id: str, since: SyncToken | None, now: SyncToken

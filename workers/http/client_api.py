@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry
 from workers.handlers.account_data import AccountData
 from workers.handlers.device_lists import DeviceLists
 from workers.handlers.messages import Messages
+from workers.handlers.one_time_keys import OneTimeKeys
+from workers.handlers.receipts import Receipts
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.sync import SyncHandler
 from workers.handlers.to_device import ToDeviceInbox
@@ -38,6 +40,7 @@ from workers.http.federation import FederationStandIn
 from workers.http.health import health_routes
 from workers.http.keys import KeyRoutes
 from workers.http.rate_limits import RateLimiter
+from workers.http.room_markers import RoomMarkerRoutes
 from workers.http.rooms import RoomRoutes
 from workers.http.sync import SyncRoutes
 from workers.model import DEFAULT_ROOM_VERSION, SUPPORTED_ROOM_VERSIONS
@@ -84,6 +87,8 @@ class ApiDeps:
     #: The stored user streams (None in tests that build only the routes).
     account_data: AccountData | None = None
     device_lists: DeviceLists | None = None
+    one_time_keys: OneTimeKeys | None = None
+    receipts: Receipts | None = None
     to_device: ToDeviceInbox | None = None
     default_room_version: str = DEFAULT_ROOM_VERSION
     #: What the federation invite stand-in takes instead of a signature (None: refused).
@@ -112,7 +117,9 @@ class ClientApi:
                 ).routes(),
                 *SyncRoutes(deps.pool, deps.sync, deps.ephemeral).routes(),
                 *EphemeralRoutes(deps.pool, deps.ephemeral).routes(),
-                *KeyRoutes(deps.pool, deps.accounts.server_name, deps.device_lists).routes(),
+                *KeyRoutes(
+                    deps.pool, deps.accounts.server_name, deps.device_lists, deps.one_time_keys
+                ).routes(),
                 *self._stored_routes(),
                 *AdminRoutes(deps.pool, deps.writes).routes(),
                 *FederationStandIn(deps.writes, deps.federation_secret).routes(),
@@ -126,6 +133,7 @@ class ClientApi:
         routes: list[web.RouteDef] = []
         if deps.account_data is not None:
             routes += AccountDataRoutes(deps.pool, deps.account_data).routes()
+            routes += RoomMarkerRoutes(deps.pool, deps.account_data, deps.receipts).routes()
         if deps.device_lists is not None and deps.to_device is not None:
             routes += DeviceRoutes(deps.pool, deps.device_lists, deps.to_device).routes()
         return routes

@@ -23,11 +23,12 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
   `{"stream_orderings": [...]}`
 * `POST /rooms/{room_id}/remote_invite`      body: federation's invite body -> the invite event's
   place (`workers.http.federation`)
-* `POST /writes/{stream}/{op}`                body: the operation's arguments, with `user_id` ->
-  the operation's answer (`{"position": {"instance_name", "stream_id"}, ...}`): a write of the
-  account_data, device_lists or to_device stream on the user's writer
-  (`workers.handlers.stream_writes`; a remote user's device-list resync answers `{"devices"}` or
-  `{"error"}` when the user's server could not be asked)
+* `POST /writes/{stream}/{op}`                body: the operation's arguments, with `user_id` (a
+  receipt: `room_id`) -> the operation's answer (`{"position": {"instance_name", "stream_id"},
+  ...}`): a write of the account_data, device_lists or to_device stream on the user's writer, of
+  the receipts stream on the room's (`workers.handlers.stream_writes`; a remote user's device-list
+  resync answers `{"devices"}` or `{"error"}` when the user's server could not be asked; a refused
+  key upload or receipt answers `{"error", "errcode"}`)
 Room routes answer a room rule's refusal with the client's errcode (M_FORBIDDEN, M_NOT_FOUND, ...),
 which the forwarding worker passes on; a refused secret answers `IO.FANOUT.WORKER_AUTH`, which it
 does not (the client gets a 503: the cluster is misconfigured, not the request).

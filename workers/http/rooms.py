@@ -22,7 +22,7 @@ from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked, unavailable
 from workers.model import DEFAULT_ROOM_VERSION, MEMBER_EVENT, MEMBERSHIPS, NewEvent
-from workers.storage import directory
+from workers.storage import directory, forgotten_rooms
 from workers.storage import events as store
 
 CLIENT = "/_matrix/client/v3"
@@ -51,6 +51,7 @@ class RoomRoutes:
             web.post(f"{ROOM}/join", self.join),
             web.post(f"{ROOM}/leave", self.leave),
             web.post(f"{CLIENT}/knock/{{room}}", self.knock),
+            web.post(f"{ROOM}/forget", self.forget),
             web.post(f"{ROOM}/invite", self.member_op("invite")),
             web.post(f"{ROOM}/kick", self.member_op("leave")),
             web.post(f"{ROOM}/ban", self.member_op("ban")),
@@ -137,6 +138,18 @@ class RoomRoutes:
         who = await requester(self._pool, request)
         body = await json_body(request)
         await self._membership(self._room_id(request), who.user_id, who.user_id, "leave", body)
+        return web.json_response({})
+
+    async def forget(self, request: web.Request) -> web.Response:
+        """`POST /rooms/{roomId}/forget`: the room leaves the user's `rooms.leave` for good (until
+        a new membership); only once they left or were banned (400 M_UNKNOWN, as Synapse)."""
+        who = await requester(self._pool, request)
+        room_id = self._room_id(request)
+        await json_body(request)
+        async with self._pool.acquire() as conn:
+            refused = await forgotten_rooms.forget_room(conn, who.user_id, room_id)
+        if refused is not None:
+            raise ApiError(400, "M_UNKNOWN", f"{who.user_id} is in {room_id} ({refused}): leave it first")
         return web.json_response({})
 
     def member_op(self, membership: str) -> Any:

@@ -29,6 +29,9 @@ def test_describe_names_the_fields_of_every_streams_rows() -> None:
     assert describe(b'RDATA account_data p1 9 [8,1,"@a:hs",null,"m.tag"]').endswith(
         'user_id="@a:hs" room_id=null data_type="m.tag"'
     )
+    assert describe(b'RDATA receipts p1 4 [3,1,"!r:hs","m.read","@a:hs","$e",null,{"ts":1}]').endswith(
+        'room_id="!r:hs" receipt_type="m.read" user_id="@a:hs" event_id="$e" thread_id=null data={"ts": 1}'
+    )
     assert describe(b"RDATA account_data p1 9 [1,2]").endswith("[1,2]")  # not its shape: as it came
 
 

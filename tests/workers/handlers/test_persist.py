@@ -64,3 +64,23 @@ async def test_a_batch_postgres_refuses_is_persisted_in_halves_failing_only_the_
             "SELECT sender FROM events WHERE type = 'm.room.message' ORDER BY stream_ordering"
         )
     assert [r["sender"] for r in stored] == [f"@u{i}" for i in range(7)]
+
+
+async def test_possible_retries_are_answered_from_the_stored_event_without_ids_and_drained_on_stop(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    p1 = await make_worker("p1", ["p1"])
+    persister = p1.persister
+    assert persister is not None
+    sent = [NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"n": i}) for i in range(50)]
+    stored = await asyncio.gather(*(persister.persist(e, may_exist=True) for e in sent))
+    assert persister.retry_check.answered == 0  # first tries: looked up, not found, persisted
+    async with connect(database_url) as conn:
+        before = await conn.fetchval("SELECT last_value FROM events_stream_seq")
+        fresh = [NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"new": i}) for i in range(10)]
+        futures = [persister.persist(e, may_exist=True) for e in [*sent, *fresh]]
+        await persister.stop()  # takes nothing new, but finishes every request it took
+        assert all(f.done() for f in futures)
+        assert [f.result() for f in futures[:50]] == stored
+        assert await conn.fetchval("SELECT last_value FROM events_stream_seq") == before + 10
+    assert persister.retry_check.answered == 50

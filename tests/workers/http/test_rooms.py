@@ -43,20 +43,31 @@ async def test_a_retried_send_makes_one_event_even_across_a_persister_restart(
     await alice.register("alice", via="r1")
     room = await alice.create_room("public", via="r1")
     first = await alice.send(room, "m.room.message", {"body": "once"}, txn_id="t1", via="r1")
+
+    async def last_stream_id() -> int:
+        return int(await reader.pool.fetchval("SELECT last_value FROM events_stream_seq"))
+
+    before = await last_stream_id()
     again = await asyncio.gather(
         *(alice.send(room, "m.room.message", {"body": "once"}, txn_id="t1", via=v) for v in ("r1", "p1") * 5)
     )
     assert {a["event_id"] for a in again} == {first["event_id"]}
+    # Answered from the stored event: no stream ID taken, so no gap for any follower.
+    assert await last_stream_id() == before
+    assert p1.persister is not None and p1.persister.retry_check.answered > 0
     other = await alice.send(room, "m.room.message", {"body": "twice"}, txn_id="t2", via="r1")
     assert other["event_id"] != first["event_id"]
+    assert await last_stream_id() == before + 1
     await p1.stop()
     with pytest.raises(RequestRefused) as down:
         await alice.send(room, "m.room.message", {"body": "once"}, txn_id="t1", via="r1")
     assert (down.value.status, down.value.errcode) == (503, "M_UNKNOWN")
     assert down.value.body["retry_after_ms"] > 0
     await make_worker("p1", ["p1"])  # the persister is back
+    before = await last_stream_id()
     retried = await alice.send(room, "m.room.message", {"body": "once"}, txn_id="t1", via="r1")
     assert retried["event_id"] == first["event_id"]
+    assert await last_stream_id() == before
     async with reader.pool.acquire() as conn:
         count = await conn.fetchval(
             "SELECT count(*) FROM events WHERE json::jsonb->'content'->>'body' = 'once'"

@@ -1,0 +1,119 @@
+"""One-time and fallback keys over the Matrix API on several in-process workers: uploads go to the
+user's device_lists writer, claims run on whichever worker is asked, /sync tells the device its
+counts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from tests.workers.conftest import MakeWorker, client_for
+from tests.workers.http.test_stored_streams import refused
+from workers.app import Worker
+from workers.harness.cluster_client import ClusterClient
+from workers.routing import writer_for_user
+from workers.streams.device_lists import DEVICE_LISTS
+
+WRITERS = ["p1", "p2"]
+C = "/_matrix/client/v3"
+ALG = "signed_curve25519"
+
+
+def one_time_keys(first: int, count: int, tag: str = "k") -> dict[str, Any]:
+    return {f"{ALG}:K{n:04d}": {"key": f"{tag}{n}", "signatures": {}} for n in range(first, first + count)}
+
+
+async def upload(client: ClusterClient, via: str, **body: Any) -> dict[str, int]:
+    answer = await client._call("POST", f"{client.urls[via]}{C}/keys/upload", body)
+    counts: dict[str, int] = answer["one_time_key_counts"]
+    return counts
+
+
+async def claim(client: ClusterClient, via: str, wanted: dict[str, dict[str, str]]) -> dict[str, Any]:
+    answer: dict[str, Any] = await client._call(
+        "POST", f"{client.urls[via]}{C}/keys/claim", {"one_time_keys": wanted}
+    )
+    return answer
+
+
+async def sync_counts(worker: Worker, client: ClusterClient) -> tuple[dict[str, int], list[str] | None]:
+    """What /sync's stored sections tell `client`'s device of its keys on `worker`."""
+    assert worker.sync is not None and worker.sync.stored is not None and client.user_id and client.device_id
+    rooms = await worker.caches.rooms_for_user.get(client.user_id)
+    now = worker.sync.current_token()
+    updates, _ = await worker.sync.stored.collect(client.user_id, client.device_id, rooms, now, now, [])
+    assert not updates  # counts are no news: they never end a long-poll by themselves
+    return updates.one_time_key_counts, updates.unused_fallback_key_types
+
+
+async def test_upload_counts_conflicts_claims_and_fallback(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    workers = [await make_worker(n, WRITERS) for n in ("p1", "p2", "r1")]
+    alice, bob = (client_for(http, workers, WRITERS) for _ in range(2))
+    await alice.register("alice", via="r1")
+    await bob.register("bob", via="r1")
+    assert bob.user_id and bob.device_id
+    reader = workers[2]
+    assert writer_for_user(bob.user_id, WRITERS, DEVICE_LISTS) != "r1"  # the upload is forwarded
+    assert await upload(bob, "r1") == {ALG: 0}
+    assert await sync_counts(reader, bob) == ({ALG: 0}, [])
+    fallback = {f"{ALG}:F1": {"key": "f1", "fallback": True, "signatures": {}}}
+    counts = await upload(bob, "r1", one_time_keys=one_time_keys(0, 3), fallback_keys=fallback)
+    assert counts == {ALG: 3}
+    assert await sync_counts(reader, bob) == ({ALG: 3}, [ALG])
+    # The same keys again change nothing; a held key id with other content is refused, whole.
+    assert await upload(bob, "p1", one_time_keys=one_time_keys(0, 3)) == {ALG: 3}
+    changed = {**one_time_keys(3, 1), **one_time_keys(0, 1, tag="other")}
+    assert await refused(upload(bob, "r1", one_time_keys=changed)) == (400, "M_UNKNOWN")
+    assert await upload(bob, "r1", one_time_keys={"curve25519:X": "plain"}) == {ALG: 3, "curve25519": 1}
+    for bad in ({"nocolon": {}}, {f"{ALG}:K": 5}, ["list"]):
+        assert await refused(upload(bob, "r1", one_time_keys=bad)) == (400, "M_BAD_JSON")
+    # Claims: each one-time key once, then the fallback key (marked used, handed out again).
+    wanted = {bob.user_id: {bob.device_id: ALG}}
+    got = [await claim(alice, via, wanted) for via in ("r1", "p2", "p1", "r1", "p2")]
+    keys = [next(iter(g["one_time_keys"][bob.user_id][bob.device_id])) for g in got]
+    assert keys == [f"{ALG}:K0000", f"{ALG}:K0001", f"{ALG}:K0002", f"{ALG}:F1", f"{ALG}:F1"]
+    assert got[3]["one_time_keys"][bob.user_id][bob.device_id][f"{ALG}:F1"] == fallback[f"{ALG}:F1"]
+    assert await sync_counts(reader, bob) == ({ALG: 0, "curve25519": 1}, [])
+    # A new fallback key is unused again; the same one uploaded again stays used.
+    await upload(bob, "r1", fallback_keys=fallback)
+    assert (await sync_counts(reader, bob))[1] == []
+    await upload(bob, "r1", fallback_keys={f"{ALG}:F2": {"key": "f2", "fallback": True}})
+    assert (await sync_counts(reader, bob))[1] == [ALG]
+    # Unknown devices, algorithms without keys and remote users get nothing; remote servers fail.
+    nothing = await claim(
+        alice, "r1", {bob.user_id: {"NODEVICE": ALG}, alice.user_id or "": {alice.device_id or "": ALG},
+                      "@carol:elsewhere": {"D": ALG}},
+    )  # fmt: skip
+    assert nothing["one_time_keys"] == {} and set(nothing["failures"]) == {"elsewhere"}
+    assert await refused(claim(alice, "r1", {"not-a-user": {}})) == (400, "M_INVALID_PARAM")
+    # Deleting the device deletes its keys.
+    async with reader.pool.acquire() as conn:
+        await conn.execute("DELETE FROM devices WHERE user_id = $1", bob.user_id)
+        assert await conn.fetchval("SELECT count(*) FROM e2e_one_time_keys") == 0
+        assert await conn.fetchval("SELECT count(*) FROM e2e_fallback_keys") == 0
+
+
+async def test_two_workers_claiming_at_once_get_each_key_once(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    workers = [await make_worker(n, ["p1"]) for n in ("p1", "r1")]
+    alice, bob = (client_for(http, workers, ["p1"]) for _ in range(2))
+    await alice.register("alice", via="r1")
+    await bob.register("bob", via="r1")
+    assert bob.user_id and bob.device_id
+    keys = 120
+    assert await upload(bob, "p1", one_time_keys=one_time_keys(0, keys)) == {ALG: keys}
+    fallback = {f"{ALG}:F": {"key": "f", "fallback": True}}
+    await upload(bob, "p1", fallback_keys=fallback)
+    wanted = {bob.user_id: {bob.device_id: ALG}}
+    claims = 150  # more than there are keys: the last ones get the fallback key
+    got = await asyncio.gather(*(claim(alice, ("p1", "r1")[n % 2], wanted) for n in range(claims)))
+    handed = [next(iter(g["one_time_keys"][bob.user_id][bob.device_id])) for g in got]
+    one_time = [k for k in handed if k != f"{ALG}:F"]
+    assert sorted(one_time) == sorted(one_time_keys(0, keys))  # every key, each exactly once
+    assert handed.count(f"{ALG}:F") == claims - keys
+    assert await sync_counts(workers[1], bob) == ({ALG: 0}, [])
