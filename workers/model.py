@@ -21,6 +21,9 @@ MEMBERSHIPS = frozenset({"join", "leave", "invite", "ban", "knock"})
 # moved in it ([!room, @member, ..., !room2, ...]; the sigil tells them apart): one row covers
 # every cache that depends on those rooms' current state and on those members' room lists.
 CURRENT_STATE_CACHE = "cs_cache_fake"
+#: Rows of the caches stream whose keys are the hex SHA-256 of access tokens that ended (Synapse's
+#: cache of the same purpose has this name); keys None: every cached token.
+ACCESS_TOKEN_CACHE = "get_user_by_access_token"
 MEMBERS_PER_INVALIDATION = 50
 #: The most keys one such row carries (the caches stream's row type bounds it the same way).
 KEYS_PER_INVALIDATION = MEMBERS_PER_INVALIDATION + 1
