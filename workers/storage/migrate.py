@@ -153,9 +153,12 @@ def check_compatible(state: SchemaState, shipped: Sequence[Migration]) -> None:
         )
 
 
-#: A granted session advisory lock's bigint key, from the two halves pg_locks shows.
+#: A granted session advisory lock of this database: its bigint key, from the two halves pg_locks
+#: shows (advisory locks are per database; pg_locks lists the whole server's).
 _ADVISORY_KEY = (
-    "locktype = 'advisory' AND granted AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint)"
+    "locktype = 'advisory' AND granted AND objsubid = 1"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND ((classid::bigint << 32) | objid::bigint)"
 )
 
 

@@ -236,7 +236,8 @@ async def test_two_workers_racing_one_applies_the_other_waits_for_the_lock(
     waiting = 0
     for _ in range(600):  # until both ask for the lock (their start-up takes a few seconds)
         waiting = await holder.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             MIGRATION_LOCK_KEY & 0xFFFFFFFF,
         )
         if waiting == 2 or any(task.done() for task in started):
