@@ -14,8 +14,9 @@ starts, and a scripted session that writes to every stream and syncs between ste
 * `tokens.json`: the release, its sync token's stream order, the `instance_map` rows the tokens
   refer to and each sync's `next_batch`, with the step it followed.
 
-Every stream the workers report in /health must have produced a line, or the recording fails: a
-new stream extends the session here, and its lines become one more file. Run it when a release is
+Every stream a reading worker reports in /health (the streams it follows, the generators it holds),
+and typing and presence, must have sent a row, or the recording fails: a new stream extends
+the session here, and its lines become one more file. Run it when a release is
 cut (CHANGELOG.md) and commit the files; tests/compat replays them against HEAD.
 """
 
@@ -64,6 +65,10 @@ class Recording:
         self.channels: dict[str, set[str]] = {}
         self.cluster: list[str] = []
         self.tokens: list[dict[str, str]] = []
+
+    def with_rows(self) -> set[str]:
+        """The streams an RDATA line was heard of (every stream announces positions anyway)."""
+        return {s for s, lines in self.streams.items() if any(line.startswith("RDATA ") for line in lines)}
 
     def hear(self, channel: str, data: bytes) -> None:
         """File one received message by its stream; a line this release cannot parse is a bug."""
@@ -164,15 +169,16 @@ async def record(database_url: str, redis_url: str, out: Path, workdir: Path) ->
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             await _session(cluster.urls, session, recording)
             await asyncio.sleep(1.5)  # every writer's next POSITION
-            streams = set((await cluster.health("sync1")).get("streams", {}))
+            health = await cluster.health("sync1")
+            streams = {*health["replication"]["streams"], *health["persisted_upto"], "typing", "presence"}
     finally:
         await cluster.stop()
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await listener
-    silent = sorted(streams - set(recording.streams))
+    silent = sorted(streams - recording.with_rows())
     if silent:
-        raise RuntimeError(f"streams {silent} sent no line: extend the session in {__name__}")
+        raise RuntimeError(f"streams {silent} sent no row: extend the session in {__name__}")
     async with connect(database_url) as conn:
         rows = await conn.fetch("SELECT instance_id, instance_name FROM instance_map ORDER BY 1")
     _write(out, recording, {str(r["instance_id"]): r["instance_name"] for r in rows})
