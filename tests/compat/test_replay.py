@@ -101,6 +101,18 @@ def test_every_recorded_line_parses() -> None:
             parse_line(line)
 
 
+async def _publish(redis_url: str, channel: str, lines: list[str]) -> None:
+    """Publish `lines` in order, as their writers did."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        async with client.pipeline(transaction=False) as pipe:
+            for line in lines:
+                pipe.publish(channel, line)
+            await pipe.execute()
+    finally:
+        await client.aclose()
+
+
 def _with_a_newer_field(line: str) -> str:
     """The line as the next release would send it, had it appended a field to the row."""
     return f'{line[:-1]},"a field of the next release"]' if line.startswith("RDATA ") else line
@@ -121,15 +133,8 @@ async def test_head_reads_the_previous_release_lines(
     await _restore_sequences(database_url)
     worker = await start_reader()
     handler = _reading(worker, stream)
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        async with client.pipeline(transaction=False) as pipe:
-            for line in _lines(path):
-                line = _with_a_newer_field(line) if newer else line
-                pipe.publish(base_channel(channel_prefix) + CHANNELS[stream], line)
-            await pipe.execute()
-    finally:
-        await client.aclose()
+    lines = [_with_a_newer_field(line) if newer else line for line in _lines(path)]
+    await _publish(redis_url, base_channel(channel_prefix) + CHANNELS[stream], lines)
     rows = sum(1 for cmd in commands if isinstance(cmd, RData))
     head_stream = handler.streams.get(stream)
     received = lambda: handler.metrics.value(  # noqa: E731
@@ -180,6 +185,21 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None
         await asyncio.sleep(0.05)
 
 
+async def test_head_skips_a_stream_it_does_not_know(
+    redis_url: str, channel_prefix: str, start_reader: StartReader
+) -> None:
+    """The recorded events lines as the next release's new stream would come: skipped, counted."""
+    lines = [
+        line.replace(" events ", " a_stream_of_the_next_release ", 1)
+        for line in _lines(COMPAT / "wire" / "streams" / "events.lines")
+    ]
+    handler = (await start_reader()).replication.handler  # type: ignore[union-attr]
+    await _publish(redis_url, base_channel(channel_prefix), lines)
+    skipped = lambda: handler.metrics.value("fanout_repl_dropped_total", {"reason": "unknown_stream"})  # noqa: E731
+    await _until(lambda: skipped() == len(lines))
+    assert handler.metrics.rejected == {}
+
+
 async def test_head_takes_the_previous_release_cluster_commands(
     redis_url: str, channel_prefix: str, start_reader: StartReader
 ) -> None:
@@ -190,12 +210,7 @@ async def test_head_takes_the_previous_release_cluster_commands(
         for name in ("REPLICATE", "USER_SYNC", "CLEAR_USER_SYNC")
     )
     before = heard()
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        for line in lines:
-            await client.publish(base_channel(channel_prefix), line)
-    finally:
-        await client.aclose()
+    await _publish(redis_url, base_channel(channel_prefix), lines)
     await _until(lambda: heard() - before >= len(lines))
     assert handler.metrics.rejected == {}
 
