@@ -193,7 +193,7 @@ async def test_head_skips_a_stream_it_does_not_know(
         line.replace(" events ", " a_stream_of_the_next_release ", 1)
         for line in _lines(COMPAT / "wire" / "streams" / "events.lines")
     ]
-    handler = (await start_reader()).replication.handler  # type: ignore[union-attr]
+    handler = (await start_reader()).replication.handler
     await _publish(redis_url, base_channel(channel_prefix), lines)
     skipped = lambda: handler.metrics.value("fanout_repl_dropped_total", {"reason": "unknown_stream"})  # noqa: E731
     await _until(lambda: skipped() == len(lines))
@@ -204,7 +204,7 @@ async def test_head_takes_the_previous_release_cluster_commands(
     redis_url: str, channel_prefix: str, start_reader: StartReader
 ) -> None:
     lines = _lines(COMPAT / "wire" / "cluster.lines")
-    handler = (await start_reader()).replication.handler  # type: ignore[union-attr]
+    handler = (await start_reader()).replication.handler
     heard = lambda: sum(  # noqa: E731
         handler.metrics.value("fanout_repl_commands_in_total", {"command": name, "stream": ""})
         for name in ("REPLICATE", "USER_SYNC", "CLEAR_USER_SYNC")
