@@ -30,7 +30,7 @@ import json
 import shutil
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -206,25 +206,34 @@ def _write(out: Path, recording: Recording, instance_map: dict[str, str]) -> Non
     (out / "tokens.json").write_text(json.dumps(tokens, indent=1) + "\n")
 
 
-async def _create_database(admin_url: str) -> str:
+@contextlib.asynccontextmanager
+async def _scratch_database(admin_url: str) -> AsyncIterator[str]:
+    """A fresh database beside `admin_url`'s, dropped afterwards."""
     base, _, _ = admin_url.rpartition("/")
     name = f"compat_{uuid.uuid4().hex[:8]}"
     async with connect(admin_url) as conn:
         await conn.execute(f"CREATE DATABASE {name}")
-    return f"{base}/{name}"
+    try:
+        yield f"{base}/{name}"
+    finally:
+        async with connect(admin_url) as conn:
+            await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.harness.compat", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("tests/compat"))
-    parser.add_argument("--database-url", help="an admin URL (a fresh database is created beside it)")
+    parser.add_argument(
+        "--database-url", help="an admin URL: a scratch database is created beside it, dropped afterwards"
+    )
     parser.add_argument("--redis-url")
     args = parser.parse_args(argv)
     with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
 
         async def run() -> Recording:
             with tempfile.TemporaryDirectory(prefix="fanout-compat-") as workdir:
-                return await record(await _create_database(admin_url), redis_url, args.out, Path(workdir))
+                async with _scratch_database(admin_url) as database_url:
+                    return await record(database_url, redis_url, args.out, Path(workdir))
 
         recording = asyncio.run(run())
     counts = ", ".join(f"{s} {len(lines)}" for s, lines in sorted(recording.streams.items()))
