@@ -65,6 +65,7 @@ from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.federation_client import FederationClient
 from workers.http.health import CacheCollector, ReadinessCollector, health_routes
 from workers.http.limits import runner_limits
+from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
 from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
 from workers.model import CacheInvalidation, Event, UserRooms
@@ -73,6 +74,7 @@ from workers.startup_retry import connect_with_retry
 from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
+from workers.storage.named_pool import TransactionTimer
 from workers.stored import NAMES as STORED_STREAMS
 from workers.stored import StoredStreams
 from workers.streams.caches import CACHES, CacheRow, caches_stream
@@ -121,6 +123,7 @@ class Worker:
         self.generators: dict[str, MultiWriterIdGenerator] = {}
         self.lease: InstanceLease | None = None
         self._postgres_probe: PostgresProbe | None = None
+        self.rate_limits: RateLimiter | None = None
         #: Set when this process lost its instance name: it must stop (and exit 1).
         self.lease_lost = asyncio.Event()
         self.metrics = WorkerMetrics(self.registry, lambda: self.notifier.waiting)
@@ -156,6 +159,7 @@ class Worker:
                 lambda: create_pool(config.database_url, config.db_pool_size),
                 config.startup_retry_s, _POSTGRES_DOWN,
             )  # fmt: skip
+            self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
         with self._phase("connect_redis"):
             await connect_with_retry(
                 "Redis", config.redis_url, lambda: _ping_redis(config.redis_url),
@@ -198,6 +202,7 @@ class Worker:
             self._load_rooms_for_user,
             self._load_joined_members,
             self._load_current_state,
+            self._load_room_visibility,
             config.cache_max_entries,
         )
         self.room_versions = RoomVersions(self.pool, config.cache_max_entries)
@@ -292,11 +297,15 @@ class Worker:
             self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
         )  # fmt: skip
         reads = config.serve_reads
+        self.rate_limits = RateLimiter(
+            limiter_client(config), config.channel_prefix, RateLimitSettings.from_config(config), self.pool,
+            self.registry,
+        )  # fmt: skip
         api = ClientApi(
             ApiDeps(
                 pool=self.pool,
                 accounts=AccountSettings(
-                    config.server_name, config.enable_registration, config.registration_shared_secret
+                    config.server_name, config.registration, config.registration_shared_secret
                 ),
                 writes=self.room_writes,
                 sync=self.sync if reads else None,
@@ -318,6 +327,7 @@ class Worker:
                 to_device=self.stored.to_device,
                 default_room_version=config.default_room_version,
                 federation_secret=config.worker_secret,
+                rate_limits=self.rate_limits,
             )
         )
         app = api.application()
@@ -483,6 +493,10 @@ class Worker:
         async with self.pool.acquire() as conn:
             return await event_store.current_state(conn, room_id)
 
+    async def _load_room_visibility(self, room_id: str) -> tuple[tuple[int, str], ...]:
+        async with self.pool.acquire() as conn:
+            return await event_store.visibility_changes(conn, room_id)
+
     # -- health and shutdown -------------------------------------------------------------------
 
     def _all_caches(self) -> list[LruCache[Any, Any]]:
@@ -583,6 +597,8 @@ class Worker:
             steps.append(("close_http", self._runner.cleanup))
         if self._metrics_runner is not None:
             steps.append(("close_metrics_http", self._metrics_runner.cleanup))
+        if self.rate_limits is not None:
+            steps.append(("close_rate_limits", self.rate_limits.close))
         if self._postgres_probe is not None:
             steps.append(("stop_probe", self._postgres_probe.stop))
         steps += [("close_generators", self._close_generators)]

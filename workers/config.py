@@ -7,6 +7,7 @@ field and what is wrong with it; the CLI prints that message and exits with stat
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -15,7 +16,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from workers.errors import WorkerError
@@ -27,6 +28,28 @@ ENV_PREFIX = "FANOUT_"
 
 class ConfigError(WorkerError):
     """The configuration cannot be used; str(error) is a complete message for a person."""
+
+
+class RateLimit(BaseModel):
+    """One rate limit as Synapse writes it: a sustained rate and the burst allowed above it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    per_second: float = Field(gt=0, description="Actions per second, sustained")
+    burst_count: int = Field(ge=1, description="Actions allowed at once after a quiet spell")
+
+
+_SYNAPSE_LOGIN_LIMIT = RateLimit(per_second=0.17, burst_count=3)
+
+
+class LoginRateLimits(BaseModel):
+    """Synapse's rc_login: per client address, per account tried, and per account's wrong passwords."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: RateLimit | None = Field(default_factory=lambda: _SYNAPSE_LOGIN_LIMIT)
+    account: RateLimit | None = Field(default_factory=lambda: _SYNAPSE_LOGIN_LIMIT)
+    failed_attempts: RateLimit | None = Field(default_factory=lambda: _SYNAPSE_LOGIN_LIMIT)
 
 
 class WorkerConfig(BaseSettings):
@@ -55,10 +78,12 @@ class WorkerConfig(BaseSettings):
         pattern=r"^[A-Za-z0-9.\-]+(:[0-9]{1,5})?$",
         description="The Matrix server name: user ids are @name:<server_name>, room ids !id:<server_name>",
     )
-    enable_registration: bool = Field(
-        True,
-        description="Let anyone register an account with POST /register (m.login.dummy); false:"
-        " only the shared-secret admin registration creates accounts",
+    registration: Literal["closed", "open", "token"] = Field(
+        "closed",
+        description="Who may create an account with POST /register: closed (nobody; the shared-secret"
+        " admin registration still works), open (anyone, m.login.dummy) or token (whoever holds a"
+        " registration token, m.login.registration_token; tokens are made with"
+        " /_synapse/admin/v1/registration_tokens or `fanout registration-token`)",
     )
     registration_shared_secret: str | None = Field(
         None,
@@ -67,6 +92,58 @@ class WorkerConfig(BaseSettings):
         description="Secret of POST /_synapse/admin/v1/register (HMAC-SHA1, as Synapse's);"
         " unset: that endpoint is off",
     )
+    rc_message: RateLimit | None = Field(
+        {"per_second": 0.2, "burst_count": 10},
+        validate_default=True,
+        description="Rate limit of sending events (PUT .../send, .../state), per user and per client"
+        " address, shared by every worker; {per_second, burst_count} as Synapse's rc_*; null: none",
+    )
+    rc_registration: RateLimit | None = Field(
+        {"per_second": 0.17, "burst_count": 3},
+        validate_default=True,
+        description="Rate limit of POST /register (and the token validity check) per client address",
+    )
+    rc_login: LoginRateLimits = Field(
+        {name: {"per_second": 0.17, "burst_count": 3} for name in ("address", "account", "failed_attempts")},
+        validate_default=True,
+        description="Rate limits of POST /login: {address, account, failed_attempts}, each"
+        " {per_second, burst_count} or null (default 0.17/s, burst 3 each, as Synapse's);"
+        " failed_attempts counts wrong passwords per account",
+    )
+    rc_joins: RateLimit | None = Field(
+        {"per_second": 0.1, "burst_count": 10},
+        validate_default=True,
+        description="Rate limit of joining a room, per user and per client address",
+    )
+    rc_invites: RateLimit | None = Field(
+        {"per_second": 0.3, "burst_count": 10},
+        validate_default=True,
+        description="Rate limit of sending invites, per inviting user and per client address",
+    )
+    rc_room_creation: RateLimit | None = Field(
+        {"per_second": 0.05, "burst_count": 10},
+        validate_default=True,
+        description="Rate limit of POST /createRoom, per user and per client address",
+    )
+    rc_exempt_addresses: list[str] = Field(
+        default_factory=list,
+        description="Client addresses or networks (CIDR) no rate limit applies to (bridges, the"
+        " load generator of a test)",
+    )
+    rc_exempt_admins: bool = Field(True, description="Server admins are not rate limited")
+    x_forwarded: bool = Field(
+        False,
+        description="The client address is the last X-Forwarded-For entry (set it behind a load"
+        " balancer that adds the header, or every client shares the balancer's address); off: the"
+        " TCP peer",
+    )
+    db_slow_transaction_s: float = Field(
+        1.0,
+        gt=0,
+        description="A database transaction held longer than this many seconds is logged (its name"
+        " and duration); every one is timed in fanout_db_transaction_seconds{name}",
+    )
+
     channel_prefix: str = Field("fanout", description="Pub/sub channel (and key) prefix of this cluster")
     stream_writers: dict[str, list[str]] = Field(
         default_factory=dict, description="stream name -> instance names allowed to write it"
@@ -185,6 +262,26 @@ class WorkerConfig(BaseSettings):
     def _simple_name(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError("use only letters, digits, '_', '.' and '-' (it appears in wire lines)")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_registration(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "enable_registration" in data:
+            raise ValueError(
+                "enable_registration was replaced by registration: closed | open | token"
+                " (enable_registration: true is registration: open; false is registration: closed)"
+            )
+        return data
+
+    @field_validator("rc_exempt_addresses")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an address or a network (CIDR)") from None
         return value
 
     @field_validator("database_url")

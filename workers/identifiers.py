@@ -6,6 +6,7 @@ layer turns that into 400 M_INVALID_PARAM (or the errcode the endpoint calls for
 
 from __future__ import annotations
 
+import os
 import random
 import re
 
@@ -82,5 +83,13 @@ def check_state_key(text: str) -> str:
     return text
 
 
+#: The generator of new ids: its own instance, seeded from the OS (and again in a forked child), so
+#: nothing that seeds the module-level `random` (a test framework replaying examples) can make two
+#: ids collide. Not secret: reading a room takes membership, not knowing its ids.
+_ids = random.Random()
+os.register_at_fork(after_in_child=_ids.seed)
+random_bits = _ids.getrandbits
+
+
 def new_room_id(server_name: str) -> str:
-    return f"!{random.getrandbits(96):024x}:{server_name}"
+    return f"!{random_bits(96):024x}:{server_name}"

@@ -10,12 +10,13 @@ import pydantic_core
 
 MEMBER_EVENT = "m.room.member"
 CREATE_EVENT = "m.room.create"
+VISIBILITY_EVENT = "m.room.history_visibility"
 #: The version of a room whose m.room.create content names none (the spec's default for that case).
 IMPLICIT_ROOM_VERSION = "1"
 #: The room versions this server creates rooms in and accepts invites to.
 SUPPORTED_ROOM_VERSIONS = ("10", "11")
 DEFAULT_ROOM_VERSION = "10"
-MEMBERSHIPS = frozenset({"join", "leave", "invite", "ban"})
+MEMBERSHIPS = frozenset({"join", "leave", "invite", "ban", "knock"})
 # Rows of the caches stream whose keys are room ids, each followed by the members whose membership
 # moved in it ([!room, @member, ..., !room2, ...]; the sigil tells them apart): one row covers
 # every cache that depends on those rooms' current state and on those members' room lists.

@@ -82,8 +82,11 @@ async def under_load(
         await ready()
         recovery = time.monotonic() - ended
         report = await load
-    chaos.record(scenario, report.events_sent, report.events_checked, report.problems, recovery)
+    chaos.record(
+        scenario, report.events_sent, report.events_checked, report.problems, recovery, report.internal_errors
+    )
     assert report.problems == [], report.problems[:10]
+    assert report.internal_errors == 0, "a fault was answered 500 (it must be 503)"
     assert report.events_sent > 0 and report.events_checked > 0
     return report
 

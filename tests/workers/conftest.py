@@ -15,6 +15,7 @@ import pytest
 
 from workers.app import Worker
 from workers.config import WorkerConfig
+from workers.harness.cluster import LOOPBACK
 from workers.harness.cluster_client import ClusterClient
 from workers.services import free_port
 
@@ -32,6 +33,8 @@ async def make_worker(database_url: str, redis_url: str, channel_prefix: str) ->
             ports.setdefault(known, free_port())
         fields.setdefault("instance_map", {n: f"http://127.0.0.1:{p}" for n, p in ports.items()})
         fields.setdefault("worker_secret", "test-worker-secret-0123456789")
+        fields.setdefault("registration", "open")
+        fields.setdefault("rc_exempt_addresses", LOOPBACK)
         config = WorkerConfig(
             instance_name=name,
             database_url=database_url,

@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "migrate": ("workers.cli.migrate", "apply the schema migrations to a database"),
     "worker": ("workers.cli.worker", "run one worker process (--config FILE)"),
+    "registration-token": (
+        "workers.cli.registration_token",
+        "create, list or delete registration tokens (registration: token)",
+    ),
     "demo": ("workers.harness.demo", "the main job: a local cluster under load, verified"),
     "inspect": ("workers.cli.redis_inspect", "print replication traffic or every stream's vector clock"),
     "audit": ("analytics.cli", "the invalidation audit (PySpark)"),
@@ -37,6 +41,7 @@ BENCHES: dict[str, str] = {
     "http": "workers.harness.bench.http",
     "longpoll": "workers.harness.bench.longpoll",
     "scale": "workers.harness.bench.scale",
+    "ratelimit": "workers.harness.bench.ratelimit",
     "all": "workers.harness.bench.all",
 }
 

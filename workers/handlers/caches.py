@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Generic, Protocol, TypeVar
 
-from workers.model import CURRENT_STATE_CACHE, MEMBER_EVENT, CacheInvalidation, UserRooms
+from workers.model import CURRENT_STATE_CACHE, MEMBER_EVENT, VISIBILITY_EVENT, CacheInvalidation, UserRooms
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -110,13 +110,14 @@ class EventLike(Protocol):
 
 class SyncCaches:
     """The caches a sync worker reads: a user's rooms (with the user's membership history), a room's
-    joined members, a room's state."""
+    joined members, a room's state, a room's history visibility changes."""
 
     def __init__(
         self,
         rooms_for_user: Callable[[str], Awaitable[UserRooms]],
         joined_members: Callable[[str], Awaitable[frozenset[str]]],
         current_state: Callable[[str], Awaitable[dict[tuple[str, str], str]]],
+        room_visibility: Callable[[str], Awaitable[tuple[tuple[int, str], ...]]],
         max_size: int = 10_000,
     ) -> None:
         self.rooms_for_user: LruCache[str, UserRooms] = LruCache("rooms_for_user", max_size, rooms_for_user)
@@ -126,9 +127,12 @@ class SyncCaches:
         self.current_state: LruCache[str, dict[tuple[str, str], str]] = LruCache(
             "current_state", max_size, current_state
         )
+        self.room_visibility: LruCache[str, tuple[tuple[int, str], ...]] = LruCache(
+            "room_visibility", max_size, room_visibility
+        )
 
     def all(self) -> list[LruCache[str, object]]:
-        return [self.rooms_for_user, self.joined_members, self.current_state]  # type: ignore[list-item]
+        return [self.rooms_for_user, self.joined_members, self.current_state, self.room_visibility]  # type: ignore[list-item]
 
     async def sharing_a_room(self, user_id: str, among: Iterable[str] | None = None) -> set[str]:
         """The users joined to a room `user_id` is joined to, themself included; with `among`, only
@@ -153,6 +157,8 @@ class SyncCaches:
             if event.state_key is None:
                 continue
             self.current_state.invalidate(event.room_id)
+            if event.type == VISIBILITY_EVENT:
+                self.room_visibility.invalidate(event.room_id)
             if event.type == MEMBER_EVENT:
                 self.joined_members.invalidate(event.room_id)
                 self.rooms_for_user.invalidate(event.state_key)
@@ -166,6 +172,7 @@ class SyncCaches:
                     if key.startswith("!"):  # a room id; the user ids after it start with "@"
                         self.current_state.invalidate(key)
                         self.joined_members.invalidate(key)
+                        self.room_visibility.invalidate(key)
                     else:
                         self.rooms_for_user.invalidate(key)
             elif (cache := by_name.get(row.cache_func)) is not None:

@@ -5,13 +5,15 @@ sequence, so they order the room's events completely (backfilled ones are negati
 any live one). A pagination token is `t<ordering>`, "just after that event"; a sync token (a
 `next_batch`) also works as `from`, standing for its position of the room's writer.
 
-Who sees what follows sync: events from the user's joins on, up to their leave; backfilled history
-(negative orderings) is shown to current members.
+Who sees what follows the room's history visibility (`workers.handlers.history_visibility`), as
+sync does: a `shared` room's events before a join to whoever joined after them, an `invited`
+room's from the invite on, a `joined` room's while joined, a `world_readable` room's to anyone
+(a non-member too); backfilled history (negative orderings) is shown to current members, and in
+a `world_readable` room to anyone.
 """
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -20,9 +22,10 @@ import asyncpg
 
 from idgen import SyncToken
 from workers.handlers.caches import SyncCaches
+from workers.handlers.history_visibility import WORLD_READABLE, Changes, current, may_see
 from workers.handlers.room_versions import RoomVersions, render
 from workers.handlers.sync_rooms import pagination_token
-from workers.model import MEMBER_EVENT, Event
+from workers.model import MEMBER_EVENT, VISIBILITY_EVENT, Event
 from workers.routing import writer_for_room
 from workers.storage import events as store
 
@@ -70,7 +73,9 @@ class Messages:
         if event is None or event.room_id != room_id:
             return None
         user_rooms = await self._caches.rooms_for_user.get(user_id)
-        return event if _visible_now(event, user_id, user_rooms.history.get(room_id)) else None
+        visibility = await self._caches.room_visibility.get(room_id)
+        history = user_rooms.history.get(room_id, ())
+        return event if _visible(event, user_id, history, visibility) else None
 
     async def page(
         self,
@@ -84,10 +89,10 @@ class Messages:
         """The spec's body: `start`, `chunk` (client events with room_id), `end` when there may be
         more, `state` (empty: clients have it from sync). Raises NotAMember."""
         user_rooms = await self._caches.rooms_for_user.get(user_id)
-        history = user_rooms.history.get(room_id)
-        if not history:
+        history = user_rooms.history.get(room_id, ())
+        visibility = await self._caches.room_visibility.get(room_id)
+        if not history and current(visibility) != WORLD_READABLE:
             raise NotAMember(f"{user_id} is not in {room_id}")
-        joined_now = history[-1][1] == "join"
         if from_token is not None:
             start = await self.position(room_id, from_token)
         else:
@@ -106,7 +111,7 @@ class Messages:
                     rows = await store.room_events(conn, room_id, after=cursor, upto=bound, limit=limit)
                 if rows:
                     cursor = rows[-1].stream_ordering - 1 if backwards else rows[-1].stream_ordering
-                chunk += [e for e in rows if _visible(e, user_id, history, joined_now)]
+                chunk += [e for e in rows if _visible(e, user_id, history, visibility)]
                 if len(rows) < limit:
                     exhausted = True
                     break
@@ -127,17 +132,13 @@ class Messages:
         return body
 
 
-def _visible_now(event: Event, user_id: str, history: Sequence[tuple[int, str]] | None) -> bool:
-    """`_visible` for a user with this membership history in the room (none: never a member)."""
-    if not history:
-        return False
-    return _visible(event, user_id, history, history[-1][1] == "join")
-
-
-def _visible(event: Event, user_id: str, history: Sequence[tuple[int, str]], joined_now: bool) -> bool:
+def _visible(event: Event, user_id: str, history: Changes, visibility: Changes) -> bool:
     if event.stream_ordering < 0:
-        return joined_now
-    if event.type == MEMBER_EVENT and event.state_key == user_id:
-        return True
-    index = bisect.bisect_right(history, (event.stream_ordering, "\uffff")) - 1
-    return index >= 0 and history[index][1] == "join"
+        return (bool(history) and history[-1][1] == "join") or current(visibility) == WORLD_READABLE
+    return may_see(
+        event.stream_ordering,
+        event.type == MEMBER_EVENT and event.state_key == user_id,
+        history,
+        visibility,
+        is_change=event.type == VISIBILITY_EVENT,
+    )

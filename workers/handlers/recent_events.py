@@ -50,8 +50,15 @@ class Identified(EventLike, Protocol):
     def event_id(self) -> str: ...
 
 
-class Placed(Identified, Protocol):
-    """What a sync needs of an event to decide whether it is in a window and visible."""
+class Sent(Identified, Protocol):
+    """An event or an events-stream row with its sender (sync filters select by sender)."""
+
+    @property
+    def sender(self) -> str: ...
+
+
+class Placed(Sent, Protocol):
+    """What a sync needs of an event to decide whether it is in a window, visible and wanted."""
 
     @property
     def stream_ordering(self) -> int: ...
@@ -68,6 +75,7 @@ class EventRef(NamedTuple):
     room_id: str
     type: str
     state_key: str | None
+    sender: str
 
 
 class RecentEvents:
@@ -166,12 +174,14 @@ class RecentEvents:
 
 def ref_of(event: Event) -> EventRef:
     e = event
-    return _new(EventRef, (e.stream_ordering, e.instance_name, e.event_id, e.room_id, e.type, e.state_key))
+    return _new(
+        EventRef, (e.stream_ordering, e.instance_name, e.event_id, e.room_id, e.type, e.state_key, e.sender)
+    )
 
 
-def ref_of_row(token: int, instance: str, row: Identified) -> EventRef:
+def ref_of_row(token: int, instance: str, row: Sent) -> EventRef:
     """The place of an events-stream row's event: at `token` of `instance`."""
-    return _new(EventRef, (token, instance, row.event_id, row.room_id, row.type, row.state_key))
+    return _new(EventRef, (token, instance, row.event_id, row.room_id, row.type, row.state_key, row.sender))
 
 
 #: Builds a NamedTuple without its Python-level __new__ (a third of the cost; fields in order).

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ import asyncpg
 
 from workers import identifiers
 from workers.errors import RoomRuleError
+from workers.handlers import history_visibility
 from workers.handlers.caches import EventLike, LruCache
 from workers.handlers.power_levels import PowerLevels
 from workers.model import (
@@ -36,7 +36,7 @@ from workers.storage import rooms as room_store
 
 JOIN_RULES_EVENT = "m.room.join_rules"
 POWER_LEVELS_EVENT = "m.room.power_levels"
-JOIN_RULES = frozenset({"public", "invite"})
+JOIN_RULES = frozenset({"public", "invite", "knock"})
 
 
 class Forbidden(RoomRuleError):
@@ -186,8 +186,15 @@ def check(event: NewEvent, view: RoomView) -> None:
             raise Forbidden(f"{event.sender} is banned from {event.room_id}")
         if view.join_rule != "public" and view.sender_membership not in ("invite", "join"):
             raise Forbidden(f"{event.room_id} is invite-only")
+    elif membership == "knock":
+        if target != event.sender:
+            raise Forbidden("only the user themself can knock")
+        if view.join_rule != "knock":
+            raise Forbidden(f"{event.room_id} does not take knocks")
+        if view.sender_membership in ("ban", "invite", "join"):
+            raise Forbidden(f"{event.sender} cannot knock (membership {view.sender_membership})")
     elif membership == "leave" and target == event.sender:
-        if view.sender_membership not in ("join", "invite"):
+        if view.sender_membership not in ("join", "invite", "knock"):
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
     else:  # invite, kick (leave of another), ban, unban (leave of a banned user)
         if view.sender_membership != "join":
@@ -200,7 +207,7 @@ def check(event: NewEvent, view: RoomView) -> None:
             _allowed(power.may_act_on("ban", event.sender, target))
         elif view.target_membership == "ban":
             _allowed(power.may_act_on("ban", event.sender, target))
-        elif view.target_membership in ("join", "invite"):
+        elif view.target_membership in ("join", "invite", "knock"):
             _allowed(power.may_act_on("kick", event.sender, target))
         else:
             raise Forbidden(f"{target} is not in {event.room_id}")
@@ -218,9 +225,9 @@ def _allowed(refusal: str | None) -> None:
 
 def new_event_id() -> str:
     """128 random bits: unique, not secret (reading a room takes membership, not its ids). From
-    `random` (seeded from the OS, reseeded after fork): a system call per event showed in write
-    path profiles."""
-    return "$" + random.getrandbits(128).to_bytes(16, "big").hex()  # half the time of f"{:032x}"
+    `identifiers.random_bits` (seeded from the OS, reseeded after fork): a system call per event
+    showed in write path profiles."""
+    return "$" + identifiers.random_bits(128).to_bytes(16, "big").hex()  # half the time of f"{:032x}"
 
 
 def txn_event_id(room_id: str, sender: str, device_id: str | None, txn_id: str) -> str:
@@ -239,8 +246,6 @@ PRESETS = {
     "trusted_private_chat": ("invite", "can_join"),
     "public_chat": ("public", "forbidden"),
 }
-#: The visibility the cluster enforces in every room (see docs/api.md).
-HISTORY_VISIBILITY = "joined"
 
 
 class UnsupportedRoomVersion(BadEvent):
@@ -345,7 +350,7 @@ def plan_room(
     overridden = {(e["type"], e.get("state_key", "")) for e in initial}
     for kind, content in (
         (JOIN_RULES_EVENT, {"join_rule": join_rule}),
-        ("m.room.history_visibility", {"history_visibility": HISTORY_VISIBILITY}),
+        ("m.room.history_visibility", {"history_visibility": history_visibility.DEFAULT}),  # every preset
         ("m.room.guest_access", {"guest_access": guest_access}),
     ):
         if (kind, "") not in overridden:

@@ -19,7 +19,6 @@ every joined room's recent timeline and state, and the invites.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,13 +30,15 @@ import asyncpg
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches import SyncCaches
+from workers.handlers.history_visibility import JOINED, all_permissive, current, may_see
 from workers.handlers.notifier import Notifier
 from workers.handlers.recent_events import EventBodies, Placed, RecentEvents
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.sync_filter import SyncFilter
-from workers.handlers.sync_rooms import RoomSections, empty_response
+from workers.handlers.sync_rooms import PENDING, RoomSections, empty_response
 from workers.handlers.sync_stored import STORED_STREAMS, StoredSections, StoredUpdates
-from workers.model import MEMBER_EVENT, Event, UserRooms
+from workers.model import MEMBER_EVENT, VISIBILITY_EVENT, Event, UserRooms
+from workers.storage import Conn
 from workers.storage import events as store
 from workers.storage import rooms as room_store
 
@@ -64,6 +65,8 @@ class EphemeralSource(Protocol):
 
 
 CATCH_UP_WAIT_S = 10.0
+#: The most events an initial sync reads of a room to find the ones a timeline filter shows.
+MAX_RECENT = 1000
 #: The state events an invitee is shown (with the member events, filtered to theirs).
 STRIPPED_STATE = frozenset(
     {"m.room.create", "m.room.join_rules", "m.room.name", "m.room.avatar", "m.room.canonical_alias",
@@ -166,7 +169,7 @@ class SyncHandler:
             return await self._initial(user_id, device_id, sync_filter)
         since = await self.decode(since_text)
         since = await self._bounded(since)
-        if not await self._wait_until_covered(since):
+        if not await self._wait_until_covered(since, min(timeout_s, self._catch_up_wait_s)):
             # We are behind the client and did not catch up in time: nothing new, same token.
             self.behind_timeouts += 1
             self.observers.behind()
@@ -186,13 +189,16 @@ class SyncHandler:
                 stored, now = await self._stored(user_id, device_id, user_rooms, since, now, events)
                 remaining = deadline - time.monotonic()
                 if events or typing or presence or stored or full_state or remaining <= 0 or self.closing:
-                    sections = RoomSections(user_id, sync_filter.timeline_limit)
+                    sections = RoomSections(user_id, sync_filter)
                     sections.add_window(events)
+                    for room_id in sections.newly_joined():
+                        if current(await self._caches.room_visibility.get(room_id)) != JOINED:
+                            sections.history_hidden_before(room_id)
                     if full_state:
                         sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
                     sections.add_ephemeral(typing, presence)
-                    sections.add_stored(stored, sync_filter.includes)
-                    await sections.load_state(self._state_events, self._invite_state)
+                    sections.add_stored(stored)
+                    await sections.load_state(self._state_events, self._state_at, self._pending_state)
                     body = await self._response(sections, now)
                     if woken_at is not None and events:
                         self._observe(woken_at, events)
@@ -209,31 +215,71 @@ class SyncHandler:
 
     async def _initial(self, user_id: str, device_id: str | None, sync_filter: SyncFilter) -> dict[str, Any]:
         """Every joined room with its recent timeline (from the user's latest join on) and state,
-        and every pending invite, as of the current token."""
+        every pending invite and knock, and the rooms the user left: as Synapse does, the ones it
+        was kicked or banned from always, the ones it left itself with the filter's
+        `include_leave`; all as of the current token."""
         now = self.current_token()
         user_rooms = await self._caches.rooms_for_user.get(user_id)
         events = now.get("events")
         positions = {w: events.get_stream_pos_for_instance(w) for w in (*self._writers, *events.instance_map)}
-        sections = RoomSections(user_id, sync_filter.timeline_limit)
+        sections = RoomSections(user_id, sync_filter)
+        last: dict[int, tuple[str, tuple[tuple[int, str], ...]]] = {}
         async with self._pool.acquire() as conn:
             for room_id, history in sorted(user_rooms.history.items()):
                 if not sync_filter.includes(room_id) or not history:
                     continue
                 position, membership = history[-1]
-                if membership == "invite":
-                    sections.add_invite(room_id)
-                elif membership == "join":
-                    recent = await store.room_events(
-                        conn, room_id, after=position - 1, positions=positions,
-                        default_position=events.stream, descending=True,
-                        limit=sync_filter.timeline_limit + 1,
-                    )  # fmt: skip
-                    sections.add_joined_room(room_id, recent[::-1])
+                if membership == "join":
+                    recent = await self._recent(
+                        conn, room_id, history, None, positions, events.stream, sections
+                    )
+                    sections.add_joined_room(room_id, recent)
+                else:
+                    last[position] = (room_id, history)
+            for position, event in (await store.events_at(conn, list(last))).items():
+                room_id, history = last[position]
+                if event.membership in PENDING:
+                    sections.add_pending(event)
+                elif event.membership == "ban" or event.sender != user_id or sync_filter.include_leave:
+                    recent = await self._recent(
+                        conn, room_id, history, position, positions, events.stream, sections
+                    )
+                    sections.add_left_room(room_id, recent)
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
         stored, now = await self._stored(user_id, device_id, user_rooms, None, now, [])
-        sections.add_stored(stored, sync_filter.includes)
-        await sections.load_state(self._state_events, self._invite_state)
+        sections.add_stored(stored)
+        await sections.load_state(self._state_events, self._state_at, self._pending_state)
         return await self._response(sections, now)
+
+    async def _recent(
+        self,
+        conn: Conn,
+        room_id: str,
+        history: tuple[tuple[int, str], ...],
+        upto: int | None,
+        positions: dict[str, int],
+        default_position: int,
+        sections: RoomSections,
+    ) -> list[Event]:
+        """A room's last `limit + 1` events up to `upto` that the user may see (its history
+        visibility) and the timeline filter shows, as far as the token reaches, oldest first.
+        A room whose history was always `shared` or wider is read from its end; otherwise up to
+        `MAX_RECENT` events are read to find the visible ones."""
+        wanted = sections.limit + 1
+        visibility = await self._caches.room_visibility.get(room_id)
+        open_history = all_permissive(visibility)
+        everything = sections.filter.timeline.everything and open_history
+        found = await store.room_events(
+            conn, room_id, upto=upto, positions=positions, default_position=default_position,
+            descending=True, limit=wanted if everything else MAX_RECENT,
+        )  # fmt: skip
+        if not everything:
+            user_id = sections.user_id
+            found = [
+                e for e in found
+                if sections.shown(e) and (open_history or _seen_in_history(e, user_id, history, visibility))
+            ][:wanted]  # fmt: skip
+        return found[::-1]
 
     async def _response(self, sections: RoomSections, now: SyncToken) -> dict[str, Any]:
         versions = await self.room_versions.of_rooms(sections.rooms())
@@ -271,25 +317,33 @@ class SyncHandler:
         )
         return typing, presence
 
-    async def _state_events(self, room_id: str) -> list[Event]:
-        """The room's current state as events."""
+    async def _state_events(self, room_id: str, members: set[str] | None = None) -> list[Event]:
+        """The room's current state as events; with `members`, only those members' member events
+        (lazy-loaded members: a large room's other member events are never read)."""
         state = await self._caches.current_state.get(room_id)
-        async with self._pool.acquire() as conn:
-            found = await store.events_by_ids(conn, list(state.values()))
-        return [found[i] for _, i in sorted(state.items()) if i in found]
+        ids = [
+            event_id for (kind, key), event_id in sorted(state.items())
+            if members is None or kind != MEMBER_EVENT or key in members
+        ]  # fmt: skip
+        found = await self.bodies.get(ids)
+        return [found[i] for i in ids if i in found]
 
-    async def _invite_state(self, room_id: str, user_id: str) -> list[dict[str, Any]]:
-        """The stripped state an invitee is shown: the room's own (its name, topic, ... and the
-        invitee's member event), and for a room on another server what its invite carried."""
-        here = [
-            e.stripped()
-            for e in await self._state_events(room_id)
-            if e.type in STRIPPED_STATE or (e.type == MEMBER_EVENT and e.state_key == user_id)
-        ]
+    async def _state_at(self, room_id: str, last: Event) -> list[Event]:
+        """The room's state as of `last` (every event of a room has one writer, so the room's
+        orderings are its order)."""
         async with self._pool.acquire() as conn:
-            remote = await room_store.remote_invite_state(conn, user_id, room_id) or []
-        seen = {(e["type"], e["state_key"]) for e in here}
-        return [e for e in remote if (e.get("type"), e.get("state_key")) not in seen] + here
+            return await store.state_at(conn, room_id, last.stream_ordering)
+
+    async def _pending_state(self, room_id: str, event: Event) -> list[dict[str, Any]]:
+        """The stripped state shown with the user's invite or knock `event`, as of that event: the
+        room's name, topic, ... (for a room on another server, what its invite carried). The
+        section adds `event` itself, so the user's own member event is left out here."""
+        async with self._pool.acquire() as conn:
+            here = await store.state_at(conn, room_id, event.stream_ordering, types=sorted(STRIPPED_STATE))
+            remote = await room_store.remote_invite_state(conn, str(event.state_key), room_id) or []
+        stripped = [e.stripped() for e in here if e.type != MEMBER_EVENT]
+        seen = {(e["type"], e["state_key"]) for e in stripped} | {(MEMBER_EVENT, event.state_key)}
+        return [e for e in remote if (e.get("type"), e.get("state_key")) not in seen] + stripped
 
     async def room_state(self, user_id: str, room_id: str) -> list[Event] | None:
         """The room's current state, or None when the user is not joined."""
@@ -312,8 +366,10 @@ class SyncHandler:
             self._ratelog.warning("clamped", "a since token beyond every sequence was clamped: %s", since)
         return bounded
 
-    async def _wait_until_covered(self, since: SyncToken) -> bool:
-        deadline = time.monotonic() + self._catch_up_wait_s
+    async def _wait_until_covered(self, since: SyncToken, within_s: float) -> bool:
+        """Wait until this worker's token covers `since`, at most `within_s` (the client's own
+        timeout, capped by the catch-up window: a `timeout=0` client is answered at once)."""
+        deadline = time.monotonic() + within_s
         while not _ordered(since).is_before_or_eq(_ordered(self.current_token())):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -350,17 +406,23 @@ class SyncHandler:
             async with self._pool.acquire() as conn:
                 candidates = await store.events_for_rooms(conn, user_rooms.rooms, windows, default, limit)
         cut = candidates[self._max_events - 1].stream_ordering if len(candidates) > self._max_events else None
+        visibility = {r: await self._caches.room_visibility.get(r) for r in {e.room_id for e in candidates}}
         visible: list[Placed] = []
         per_room: dict[str, int] = {}
+        shows = sync_filter.timeline
         for event in candidates:
             if cut is not None and event.stream_ordering > cut:
                 break
-            if not sync_filter.includes(event.room_id) or not _visible(event, user_id, user_rooms.history):
+            if not sync_filter.includes(event.room_id):
                 continue
-            count = per_room[event.room_id] = per_room.get(event.room_id, 0) + 1
-            if count > max(sync_filter.timeline_limit, 1):
-                cut = event.stream_ordering - 1
-                break
+            joined_by = windows.get(event.instance_name, default)[1]
+            if not _visible(event, user_id, user_rooms.history, visibility, joined_by):
+                continue
+            if shows.everything or shows.allows(event.type, event.sender):
+                count = per_room[event.room_id] = per_room.get(event.room_id, 0) + 1
+                if count > max(sync_filter.timeline_limit, 1):
+                    cut = event.stream_ordering - 1
+                    break
             visible.append(event)
         if cut is not None:
             page = high.bound_stream_token(cut).copy_and_advance(low)
@@ -371,12 +433,39 @@ class SyncHandler:
         return [bodies[e.event_id] for e in visible if e.event_id in bodies], now
 
 
-def _visible(event: Placed, user_id: str, history: dict[str, tuple[tuple[int, str], ...]]) -> bool:
-    if event.type == MEMBER_EVENT and event.state_key == user_id:
+def _visible(
+    event: Placed,
+    user_id: str,
+    history: dict[str, tuple[tuple[int, str], ...]],
+    visibility: dict[str, tuple[tuple[int, str], ...]],
+    joined_by: int,
+) -> bool:
+    """Whether the user sees `event` in a window that ends at `joined_by` for its writer: a
+    `shared` room's earlier events count only when the user joins inside the window."""
+    return may_see(
+        event.stream_ordering,
+        event.type == MEMBER_EVENT and event.state_key == user_id,
+        history.get(event.room_id, ()),
+        visibility.get(event.room_id, ()),
+        is_change=event.type == VISIBILITY_EVENT,
+        joined_by=joined_by,
+    )
+
+
+def _seen_in_history(
+    event: Event, user_id: str, history: tuple[tuple[int, str], ...], visibility: tuple[tuple[int, str], ...]
+) -> bool:
+    """Whether the user may see `event` now (any later join counts: not bound to a window);
+    backfilled history (negative orderings) is the room's past, shown to members like `shared`."""
+    if event.stream_ordering < 0:
         return True
-    changes = history.get(event.room_id, ())
-    index = bisect.bisect_right(changes, (event.stream_ordering, "\uffff")) - 1
-    return index >= 0 and changes[index][1] == "join"
+    return may_see(
+        event.stream_ordering,
+        event.type == MEMBER_EVENT and event.state_key == user_id,
+        history,
+        visibility,
+        is_change=event.type == VISIBILITY_EVENT,
+    )
 
 
 def _ordered(token: SyncToken) -> SyncToken:

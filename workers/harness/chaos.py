@@ -4,7 +4,8 @@ A scenario (tests/cluster/test_scenarios.py) runs a cluster of real worker proce
 applies a fault, and checks every reader's history (workers.harness.history). `record` turns its
 outcome into one row: events acknowledged (sends answered 200), events checked (the visible events
 the readers' histories were checked against), lost, duplicated and reordered deliveries (from the
-checker's findings), and the time from the end of the fault until every worker was ready again.
+checker's findings), answers with status 500 (a fault is answered 503, never 500), and the time
+from the end of the fault until every worker was ready again.
 """
 
 from __future__ import annotations
@@ -41,10 +42,15 @@ def classify(problems: list[str]) -> dict[str, int]:
 
 
 def record(
-    scenario: str, acknowledged: int, checked: int, problems: list[str], recovery_s: float
+    scenario: str,
+    acknowledged: int,
+    checked: int,
+    problems: list[str],
+    recovery_s: float,
+    internal_errors: int = 0,
 ) -> dict[str, Any]:
     row = {"scenario": scenario, "acknowledged": acknowledged, "checked": checked, **classify(problems),
-           "recovery_s": round(recovery_s, 2)}  # fmt: skip
+           "internal_errors": internal_errors, "recovery_s": round(recovery_s, 2)}  # fmt: skip
     path = os.environ.get(REPORT_ENV)
     if path:
         with open(path, "a") as report:
@@ -56,12 +62,12 @@ def table(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     lines = [
         "| scenario | events acknowledged | events checked | lost | duplicated | reordered | other"
-        " | time to recover |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        " | answered 500 | time to recover |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
         f"| {r['scenario']} | {r['acknowledged']:,} | {r['checked']:,} | {r['lost']} | {r['duplicated']} |"
-        f" {r['reordered']} | {r['other']} | {r['recovery_s']:.1f} s |"
+        f" {r['reordered']} | {r['other']} | {r.get('internal_errors', 0)} | {r['recovery_s']:.1f} s |"
         for r in rows
     ]
     return "\n".join(lines)

@@ -43,6 +43,10 @@ class WorkerSpec:
     process: subprocess.Popen[bytes] | None = None
 
 
+#: The loopback networks: a local cluster's own clients.
+LOOPBACK = ["127.0.0.0/8", "::1/128"]
+
+
 class LocalCluster:
     def __init__(
         self,
@@ -61,7 +65,10 @@ class LocalCluster:
         write_only_persisters: bool = False,
         worker_config: dict[str, dict[str, Any]] | None = None,
         redis_cluster: Sequence[str] = (),
+        registration: str | None = "open",
     ) -> None:
+        #: The workers' registration policy (None: their default, closed).
+        self.registration = registration
         self.write_only_persisters = write_only_persisters
         #: Per worker, settings over everything else (e.g. one worker's Redis through a fault proxy).
         self.worker_config = worker_config or {}
@@ -128,6 +135,10 @@ class LocalCluster:
             "background_tasks": spec.background_tasks,
             "serve_reads": not (spec.writes_events and self.write_only_persisters),
             "log_level": self.log_level,
+            # A local test cluster: its loopback clients (the load generator and the tests, many
+            # users from one address) are not rate limited.
+            **({} if self.registration is None else {"registration": self.registration}),
+            "rc_exempt_addresses": LOOPBACK,
             **self.extra_config,
             **self.worker_config.get(spec.name, {}),
         }

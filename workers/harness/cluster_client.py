@@ -45,6 +45,24 @@ def timeline_events(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def pending_events(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The user's own invite and knock events of a /sync answer: the entries of `invite_state` and
+    `knock_state` that are whole events (they have an `event_id`; the stripped state has none),
+    each with its `room_id`."""
+    out: list[dict[str, Any]] = []
+    for section in ("invite", "knock"):
+        for room_id, room in body.get("rooms", {}).get(section, {}).items():
+            events = room.get(f"{section}_state", {}).get("events", [])
+            out += [{**event, "room_id": room_id} for event in events if "event_id" in event]
+    return out
+
+
+def room_sections(body: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(section, room id) of every room a /sync answer lists under join, invite, leave or knock."""
+    rooms = body.get("rooms", {})
+    return [(s, r) for s in ("join", "invite", "leave", "knock") for r in rooms.get(s, {})]
+
+
 def _q(value: str) -> str:
     return quote(value, safe="")
 
@@ -135,11 +153,14 @@ class ClusterClient:
     async def membership(
         self, room_id: str, membership: str, target: str | None = None, via: str | None = None
     ) -> dict[str, Any]:
-        """join/leave (yourself) or invite/leave (kick)/ban another user, through the spec's endpoints."""
+        """join/leave/knock (yourself) or invite/leave (kick)/ban another user, through the spec's
+        endpoints."""
         base = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}"
         other = target is not None and self.user(target) != self.user_id
         if membership == "join" and not other:
             result: dict[str, Any] = await self._call("POST", f"{base}/join", {})
+        elif membership == "knock" and not other:
+            result = await self._call("POST", f"{self._url(via)}{CLIENT}/knock/{_q(room_id)}", {})
         elif membership == "leave" and not other:
             result = await self._call("POST", f"{base}/leave", {})
         else:

@@ -89,7 +89,7 @@ async def run_demo(
     await migrate_url(database_url)
     cluster = LocalCluster(
         database_url, redis_url, workdir / "workers", channel_prefix=f"demo-{uuid.uuid4().hex[:8]}",
-        announce_interval_s=args.announce_interval,
+        announce_interval_s=args.announce_interval, registration="open",
         stream_writers={
             "typing": ["background1"], "presence": ["background1"],
             "account_data": ["persister1", "persister2"], "device_lists": ["persister1", "persister2"],
@@ -166,6 +166,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"  persist-to-visible on every sync worker  p50 {summary['latency_p50_ms']} ms,"
         f" p99 {summary['latency_p99_ms']} ms ({summary['latency_samples']} messages)",
         f"  syncs checked                {summary['syncs']}",
+        f"  membership churn             {summary['membership_changes']} changes; "
+        f"{summary['invites_and_knocks_seen']} invites and knocks seen, "
+        f"{summary['left_and_pending_seen']} of them with the room under leave too",
         f"  typing / presence            {summary['typing_updates_sent']} / "
         f"{summary['presence_updates_sent']} sent; {summary['typing_notifications_seen']} / "
         f"{summary['presence_events_seen']} seen in /sync",

@@ -15,13 +15,24 @@ next_batch and events) and the events table at the end, and checks, per user:
 list changes, and the to-device messages sent to the user's device.
 
 Visibility, defined here independently of the sync handler: an event is visible to a user when
-the user's membership in the room just after the event is `join` (replaying the room's member
-events in stream order), or when it is the user's own membership event.
+it is the user's own membership event, or the user's membership in the room just after the event
+is `join` (replaying the room's member events in stream order), or the user joins the room later
+inside the same sync window and the room's history visibility at the event is `shared` or
+`world_readable` (or `invited`, and the user was invited at the event). A client receives the
+visible events in the timelines of `rooms.join` and `rooms.leave` and, for its own invite or knock,
+as the last entry of `invite_state` / `knock_state`; the loads record all three.
+
+Membership windows, as the spec and Synapse place a room, checked when a record lists its rooms'
+sections: for each sync's window and room, the user's own last membership event in the window
+decides: join -> `join`; leave or ban -> `leave`; invite or knock -> `invite` / `knock`, and also
+`leave` when the window holds a leave or ban. An invite or knock superseded in its window by
+another one with no leave, ban or join between is not delivered, so it is not expected.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from idgen import MultiWriterStreamToken, SyncToken
@@ -39,6 +50,8 @@ class StoredEvent:
     type: str
     state_key: str | None
     membership: str | None
+    #: content.history_visibility of an m.room.history_visibility event.
+    visibility: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +66,8 @@ class SyncRecord:
     account_data: tuple[str, ...] = ()
     to_device: tuple[str, ...] = ()
     device_changed: tuple[str, ...] = ()
+    #: (section, room id) of every room the answer listed; None: not recorded (not checked).
+    sections: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,17 +92,37 @@ def events_token(text: str) -> MultiWriterStreamToken:
     return stream_token(text, "events")
 
 
-def visible_events(user_id: str, events: Iterable[StoredEvent]) -> list[StoredEvent]:
-    """The live events `user_id` may see, in stream order."""
+def visible_events(
+    user_id: str, events: Iterable[StoredEvent], joins_later: Callable[[StoredEvent], bool] | None = None
+) -> list[StoredEvent]:
+    """The live events `user_id` may see, in stream order. `joins_later(event)`: whether the user
+    joins the event's room after it inside the event's sync window (None: never)."""
     membership: dict[str, str] = {}
+    rules: dict[str, str] = {}
     visible: list[StoredEvent] = []
     for event in sorted((e for e in events if e.stream_ordering > 0), key=lambda e: e.stream_ordering):
+        rule = rules.get(event.room_id, "shared")
+        if event.type == "m.room.history_visibility" and event.state_key == "":
+            new = event.visibility if event.visibility in _RULES else "joined"
+            rules[event.room_id] = new
+            rule = min(rule, new, key=_RULES.index)
         own_member_event = event.type == "m.room.member" and event.state_key == user_id
         if own_member_event and event.membership is not None:
             membership[event.room_id] = event.membership
-        if own_member_event or membership.get(event.room_id) == "join":
+        at = membership.get(event.room_id)
+        if own_member_event or at == "join":
+            visible.append(event)
+        elif (
+            joins_later is not None
+            and (rule in ("world_readable", "shared") or (rule == "invited" and at == "invite"))
+            and joins_later(event)
+        ):
             visible.append(event)
     return visible
+
+
+#: History visibility values, widest first.
+_RULES = ("world_readable", "shared", "invited", "joined")
 
 
 def check_history(
@@ -132,10 +167,24 @@ def check_history(
                 problems.append(f"{user_id}: sync {index} events of a room not in stream order at {event_id}")
             last_ordering[event.room_id] = event.stream_ordering
     first, last = events_token(records[0].since), events_token(records[-1].next_batch)
+    window_of = _WindowIndex(records, pos)
+    windows = _membership_windows(user_id, stored, window_of)
+    superseded = {e.event_id for window in windows.values() for e in window.superseded}
+    joins: dict[str, list[tuple[int, int]]] = {}  # room -> (ordering, window) of the user's joins
+    for event in stored:
+        if event.type == "m.room.member" and event.state_key == user_id and event.membership == "join":
+            join_window = window_of(event)
+            if join_window is not None:
+                joins.setdefault(event.room_id, []).append((event.stream_ordering, join_window))
+
+    def joins_later(event: StoredEvent) -> bool:
+        later = [i for o, i in joins.get(event.room_id, ()) if o > event.stream_ordering]
+        return bool(later) and window_of(event) in later
+
     expected = {
         e.event_id
-        for e in visible_events(user_id, stored)
-        if pos(first, e) < e.stream_ordering <= pos(last, e)
+        for e in visible_events(user_id, stored, joins_later)
+        if pos(first, e) < e.stream_ordering <= pos(last, e) and e.event_id not in superseded
     }
     for event_id in sorted(expected - seen.keys(), key=lambda i: by_id[i].stream_ordering):
         problems.append(f"{user_id}: missed {event_id} (ordering {by_id[event_id].stream_ordering})")
@@ -144,7 +193,81 @@ def check_history(
     ):
         if event_id in by_id:
             problems.append(f"{user_id}: got {event_id} which it may not see")
+    for (index, room_id), placed in sorted(windows.items()):
+        listed = records[index].sections
+        if listed is None:
+            continue
+        for section in sorted(placed.sections - {s for s, r in listed if r == room_id}):
+            problems.append(
+                f"{user_id}: sync {index} did not list {room_id} under {section}"
+                f" (its membership changes in the window: {', '.join(placed.changes)})"
+            )
     return problems
+
+
+@dataclass(slots=True)
+class _Window:
+    """One room in one sync's window: the user's own membership changes, the sections the room
+    must be listed in, and the invites or knocks a later one superseded."""
+
+    changes: list[str]
+    sections: set[str]
+    superseded: list[StoredEvent]
+
+
+class _WindowIndex:
+    """event -> the index of the sync whose window (since, next_batch] holds it for its writer
+    (None: outside every window). The windows tile, so a binary search per writer finds it."""
+
+    def __init__(
+        self, records: Sequence[SyncRecord], pos: Callable[[MultiWriterStreamToken, StoredEvent], int]
+    ) -> None:
+        self._tokens = [(events_token(r.since), events_token(r.next_batch)) for r in records]
+        self._pos = pos
+        self._uptos: dict[str, list[int]] = {}
+
+    def __call__(self, event: StoredEvent) -> int | None:
+        uptos = self._uptos.get(event.instance_name)
+        if uptos is None:
+            uptos = self._uptos[event.instance_name] = [self._pos(high, event) for _, high in self._tokens]
+        index = bisect.bisect_left(uptos, event.stream_ordering)
+        if index == len(uptos):
+            return None
+        low, high = self._tokens[index]
+        inside = self._pos(low, event) < event.stream_ordering <= self._pos(high, event)
+        return index if inside else None
+
+
+def _membership_windows(
+    user_id: str, stored: Sequence[StoredEvent], window_of: _WindowIndex
+) -> dict[tuple[int, str], _Window]:
+    """(sync index, room) -> the window of every room whose membership the user changed inside
+    some sync's window (events outside every window belong to no sync)."""
+    own: dict[tuple[int, str], list[StoredEvent]] = {}
+    for event in sorted(stored, key=lambda e: e.stream_ordering):
+        if event.type != "m.room.member" or event.state_key != user_id or event.membership is None:
+            continue
+        if event.stream_ordering <= 0:
+            continue
+        index = window_of(event)
+        if index is not None:
+            own.setdefault((index, event.room_id), []).append(event)
+    windows: dict[tuple[int, str], _Window] = {}
+    for key, events in own.items():
+        changes = [str(e.membership) for e in events]
+        last = changes[-1]
+        window = windows[key] = _Window(changes, set(), [])
+        if last == "join":
+            window.sections.add("join")
+        elif last in ("leave", "ban"):
+            window.sections.add("leave")
+        else:
+            window.sections.add(last)
+            settled = max((i for i, m in enumerate(changes) if m not in ("invite", "knock")), default=-1)
+            if any(m in ("leave", "ban") for m in changes):
+                window.sections.add("leave")
+            window.superseded = events[settled + 1 : -1]
+    return windows
 
 
 def check_stored_streams(

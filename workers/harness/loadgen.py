@@ -3,8 +3,12 @@
 Users join and leave rooms, send messages and change room state (any worker takes each write and
 forwards it to the room's persister), and write to the stored streams: global account data (a new
 type each time), to-device messages to another user's device, and device keys (a device-list
-change). Every user long-polls /sync the whole time, switching between the
-sync workers (tokens must carry over), and records each answer. One probe user per sync worker,
+change). Membership churns too: in quick succession a user leaves or is kicked or banned (and
+unbanned), is invited again, knocks on the knock room, and joins again, so that one sync window
+holds several changes. Every user long-polls /sync the whole time, switching between the
+sync workers (tokens must carry over), and records each answer (its timelines, its own invites
+and knocks, and which rooms it listed under which section); every fourth reader pauses between
+syncs, as a client on a slow network does, so its windows span whole churns. One probe user per sync worker,
 in every room, timestamps arrivals to measure persist-to-visible latency on every sync worker.
 At the end the recorded histories are checked against the events and stored streams' tables and
 what was sent (workers.harness.history).
@@ -25,7 +29,13 @@ from typing import Any
 
 import aiohttp
 
-from workers.harness.cluster_client import ClusterClient, RequestRefused, timeline_events
+from workers.harness.cluster_client import (
+    ClusterClient,
+    RequestRefused,
+    pending_events,
+    room_sections,
+    timeline_events,
+)
 from workers.harness.history import (
     StoredChange,
     StoredEvent,
@@ -59,6 +69,12 @@ class LoadReport:
     events_sent: int = 0
     rejected: int = 0
     failed: int = 0
+    #: Answers with status 500 (writes and syncs): a fault must be answered 503, never 500.
+    internal_errors: int = 0
+    membership_changes: int = 0
+    #: Sync answers that listed a room under `leave` and under `invite` or `knock` at once.
+    left_and_pending_seen: int = 0
+    pending_seen: int = 0
     seconds: float = 0.0
     syncs: int = 0
     latency_ms: list[float] = field(default_factory=list)
@@ -94,6 +110,10 @@ class LoadReport:
             "events_sent": self.events_sent,
             "rejected_by_rules": self.rejected,
             "failed_requests": self.failed,
+            "internal_errors": self.internal_errors,
+            "membership_changes": self.membership_changes,
+            "invites_and_knocks_seen": self.pending_seen,
+            "left_and_pending_seen": self.left_and_pending_seen,
             "seconds": round(self.seconds, 2),
             "events_per_s": round(self.events_per_s, 1),
             "syncs": self.syncs,
@@ -120,14 +140,19 @@ class LoadReport:
 class _Reader:
     """One user's sync loop: long-polls until told to stop and caught up with `target`."""
 
-    def __init__(self, client: ClusterClient, workers: Sequence[str], switch_every: int) -> None:
+    def __init__(
+        self, client: ClusterClient, workers: Sequence[str], switch_every: int, pause_s: float = 0.0
+    ) -> None:
         self.client = client
         self.workers = list(workers)
         self.switch_every = switch_every
+        #: A pause before each sync (a slow client): its windows hold several changes.
+        self.pause_s = pause_s
         self.records: list[SyncRecord] = []
         self.arrivals: dict[str, float] = {}
         self.typing_seen = self.presence_seen = 0
         self.failed_syncs = 0
+        self.internal_errors = 0
         self.token: str | None = None
 
     async def initial(self) -> None:
@@ -139,6 +164,8 @@ class _Reader:
         while not (stop.is_set() and caught_up(self.token)):
             worker = self.workers[(count // self.switch_every) % len(self.workers)]
             count += 1
+            if self.pause_s and not stop.is_set():
+                await asyncio.sleep(self.pause_s)
             try:
                 result = await self.client.sync(worker, self.token, timeout_ms if not stop.is_set() else 200)
             except (RequestRefused, aiohttp.ClientError, TimeoutError) as e:
@@ -146,10 +173,11 @@ class _Reader:
                     raise
                 # A worker or its database is down (a fault scenario): ask again, same token.
                 self.failed_syncs += 1
+                self.internal_errors += isinstance(e, RequestRefused) and e.status == 500
                 await asyncio.sleep(0.2)
                 continue
             now = time.time()
-            events = timeline_events(result)
+            events = timeline_events(result) + pending_events(result)
             ids = tuple(e["event_id"] for e in events)
             for event in events:
                 self.arrivals.setdefault(event["event_id"], now)
@@ -158,7 +186,7 @@ class _Reader:
                     worker, self.token, result["next_batch"], ids,
                     tuple(e["type"] for e in result["account_data"]["events"]),
                     tuple(str(e["content"].get("msg")) for e in result["to_device"]["events"]),
-                    tuple(result["device_lists"]["changed"]),
+                    tuple(result["device_lists"]["changed"]), tuple(room_sections(result)),
                 )
             )  # fmt: skip
             self.typing_seen += sum(
@@ -205,7 +233,11 @@ class LoadDriver:
         self.readers: list[_Reader] = []
         self.probes: list[_Reader] = []
         self.rooms: list[str] = []
+        #: A room whose join rule is knock: churn knocks on it (nobody joins it without an invite).
+        self.knock_room = ""
         self.joined: dict[str, set[str]] = {}
+        #: (user, room) -> the user's membership as the load last set it (UNKNOWN after a failure).
+        self.membership: dict[tuple[str, str], str | None] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.report = LoadReport()
         #: (recipient, device) -> the to-device messages sent to it in order: (id, acknowledged, sender).
@@ -225,7 +257,8 @@ class LoadDriver:
                 f"@u{i}-{self._run_id}", via=self.event_writers[i % len(self.event_writers)]
             )
             self.clients.append(client)
-            self.readers.append(_Reader(client, self.sync_workers[i % 2 :] + self.sync_workers[: i % 2], 3))
+            workers = self.sync_workers[i % 2 :] + self.sync_workers[: i % 2]
+            self.readers.append(_Reader(client, workers, 3, SLOW_READER_PAUSE_S if i % 4 == 3 else 0.0))
             self.joined[str(client.user_id)] = set()
             self.locks[str(client.user_id)] = asyncio.Lock()
         for worker in self.sync_workers:
@@ -241,38 +274,55 @@ class LoadDriver:
                 "public", power_level_content_override={"events": {"m.room.topic": 0}}
             )
             self.rooms.append(room)
-            self.joined[str(owner.user_id)].add(room)
+        self.knock_room = await owner.create_room(
+            "invite", initial_state=[{"type": "m.room.join_rules", "content": {"join_rule": "knock"}}]
+        )
+        for room in (*self.rooms, self.knock_room):
+            self._set(str(owner.user_id), room, "join")
         for reader in self.probes:
             await asyncio.gather(*(reader.client.membership(room, "join") for room in self.rooms))
         for client in self.clients[1:]:
             for room in self.rng.sample(self.rooms, min(plan.rooms_per_user, len(self.rooms))):
                 await client.membership(room, "join")
-                self.joined[str(client.user_id)].add(room)
+                self._set(str(client.user_id), room, "join")
+
+    def _set(self, user: str, room: str, membership: str | None) -> None:
+        self.membership[(user, room)] = membership
+        if membership == "join":
+            self.joined[user].add(room)
+        else:
+            self.joined[user].discard(room)
 
     def _next_action(self) -> tuple[str, ClusterClient]:
         client = self.rng.choice(self.clients)
         roll = self.rng.random()
         kinds = (
-            (0.58, "message"), (0.66, "state"), (0.73, "join"), (0.79, "leave"), (0.82, "typing"),
-            (0.85, "presence"), (0.91, "account_data"), (0.97, "to_device"),
+            (0.54, "message"), (0.58, "churn"), (0.66, "state"), (0.73, "join"), (0.79, "leave"),
+            (0.82, "typing"), (0.85, "presence"), (0.91, "account_data"), (0.97, "to_device"),
         )  # fmt: skip
         kind = next((k for bound, k in kinds if roll < bound), "device_keys")
         return kind, client
 
     async def _act(self, kind: str, client: ClusterClient) -> None:
         user = str(client.user_id)
+        owner = client is self.clients[0]
         async with self.locks[user]:
             mine = sorted(self.joined[user])
             others = sorted(set(self.rooms) - self.joined[user])
+            room = ""
             try:
+                if kind == "churn" and not owner:
+                    room = self.rng.choice([*self.rooms, self.knock_room])
+                    self.report.events_sent += await self._churn(client, room)
+                    return
                 if kind == "join" and others:
                     room = self.rng.choice(others)
                     await client.membership(room, "join")
-                    self.joined[user].add(room)
-                elif kind == "leave" and len(mine) > 1:
+                    self._set(user, room, "join")
+                elif kind == "leave" and len(mine) > 1 and not owner:
                     room = self.rng.choice(mine)
                     await client.membership(room, "leave")
-                    self.joined[user].discard(room)
+                    self._set(user, room, "leave")
                 elif kind == "state" and mine:
                     await client.set_state(
                         self.rng.choice(mine), "m.room.topic", "", {"topic": f"t{time.time()}"}
@@ -301,12 +351,43 @@ class LoadDriver:
                 if e.status < 500:
                     raise
                 self.report.failed += 1
+                self.report.internal_errors += e.status == 500
+                if room:
+                    self._set(user, room, UNKNOWN)
                 return
             except (aiohttp.ClientError, TimeoutError):
                 # The persister is down or restarting: the outcome is unknown, the database decides.
                 self.report.failed += 1
+                if room:
+                    self._set(user, room, UNKNOWN)
                 return
         self.report.events_sent += 1
+
+    async def _churn(self, client: ClusterClient, room: str) -> int:
+        """Two to four membership changes of `client` in `room` back to back, each one the room's
+        owner or the user may make from the membership before it; the events written. A refused
+        change (another action raced it) ends the churn; a failed one leaves the membership
+        unknown until a later join sets it."""
+        user, owner = str(client.user_id), self.clients[0]
+        written = 0
+        for _ in range(self.rng.randint(2, 4)):
+            state = self.membership.get((user, room))
+            if state == UNKNOWN:
+                break
+            moves = [
+                (who, what) for who, what in CHURN_MOVES[state]
+                if not (what == "join" and room == self.knock_room)
+                and not (what == "knock" and room != self.knock_room)
+            ]  # fmt: skip
+            who, what = self.rng.choice(moves)
+            if who == "me":
+                await client.membership(room, what)
+            else:
+                await owner.membership(room, "leave" if what in ("kick", "unban") else what, target=user)
+            self._set(user, room, "leave" if what in ("kick", "unban") else what)
+            written += 1
+            self.report.membership_changes += 1
+        return written
 
     async def _stored_write(self, kind: str, client: ClusterClient) -> None:
         """One write of a stored stream; every one is unique (a new account-data type, a new message
@@ -400,7 +481,9 @@ class LoadDriver:
         async with connect(self.database_url) as conn:
             rows = await conn.fetch(
                 "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
-                " json::jsonb->'content'->>'membership' AS membership FROM events ORDER BY stream_ordering"
+                " json::jsonb->'content'->>'membership' AS membership,"
+                " json::jsonb->'content'->>'history_visibility' AS visibility"
+                " FROM events ORDER BY stream_ordering"
             )
             self.report.invalidation_rows, self.report.per_key_invalidations = await invalidation_counts(conn)
             changes = await conn.fetch(
@@ -431,6 +514,13 @@ class LoadDriver:
             len({i for r in reader.records for i in r.event_ids}) for reader in readers
         )
         self.report.typing_seen = sum(r.typing_seen for r in readers)
+        self.report.internal_errors += sum(r.internal_errors for r in readers)
+        for record in (r for reader in readers for r in reader.records):
+            pending = {room for section, room in record.sections or () if section in ("invite", "knock")}
+            self.report.pending_seen += len(pending)
+            self.report.left_and_pending_seen += sum(
+                1 for section, room in record.sections or () if section == "leave" and room in pending
+            )
         self.report.presence_seen = sum(r.presence_seen for r in readers)
         if self.plan.expect_ephemeral:
             # Ephemeral by nature (a typing start may be over before anyone syncs), so no exactly-once:
@@ -459,6 +549,19 @@ class LoadDriver:
             )
         return {r["event_id"]: r["received_ts"] for r in rows}
 
+
+#: The pause of every fourth reader before each sync.
+SLOW_READER_PAUSE_S = 0.5
+UNKNOWN = "?"
+#: Churn's moves from each membership: (who acts, what), "me" being the churning user.
+CHURN_MOVES: dict[str | None, list[tuple[str, str]]] = {
+    None: [("owner", "invite"), ("me", "join"), ("me", "knock")],
+    "leave": [("owner", "invite"), ("me", "join"), ("me", "knock"), ("owner", "ban")],
+    "invite": [("me", "join"), ("me", "join"), ("me", "leave"), ("owner", "kick"), ("owner", "invite")],
+    "knock": [("owner", "invite"), ("owner", "invite"), ("owner", "kick"), ("me", "leave")],
+    "join": [("me", "leave"), ("owner", "kick"), ("owner", "ban")],
+    "ban": [("owner", "unban")],
+}
 
 #: The stored streams whose final positions the readers must reach before the check.
 STORED_TARGETS = ("account_data", "device_lists", "to_device")

@@ -1,11 +1,15 @@
 """Accounts: register, login, logout, whoami, and Synapse's shared-secret admin registration.
 
-* `POST /register` creates an account after the one interactive-auth stage it offers,
-  `m.login.dummy` (a first call without `auth` gets the 401 with the flows and a session, as the
-  spec says); `GET /register/available` checks a name. Off (403) when `enable_registration` is false.
+* `POST /register` follows the `registration` policy: `closed` (403), `open` (one interactive-auth
+  stage, `m.login.dummy`) or `token` (one stage, `m.login.registration_token`, whose token is
+  reserved before the account is made and spent once it is; a failed registration gives it back).
+  A first call without `auth` gets the 401 with the flows and a session, as the spec says.
+  `GET /register/available` checks a name; `GET /v1/register/m.login.registration_token/validity`
+  a token. Registration attempts are rate limited per client address (`rc_registration`).
 * `GET /login` lists `m.login.password`; `POST /login` checks the password (argon2id) and makes a
-  device (on the user's device_lists writer, which records the change) and a token. `POST /logout`
-  ends the token and its device; `/logout/all` every one.
+  device (on the user's device_lists writer, which records the change) and a token. Rate limited
+  per client address, per account tried, and per account's wrong passwords (`rc_login`).
+  `POST /logout` ends the token and its device; `/logout/all` every one.
 * `GET|POST /_synapse/admin/v1/register`: a nonce, then an HMAC-SHA1 of
   `nonce\\0user\\0password\\0admin|notadmin` under `registration_shared_secret` (the grammar of
   Synapse's `register_new_matrix_user`), for scripts; works when open registration is off.
@@ -28,9 +32,12 @@ from workers.handlers.passwords import hash_password, verify_password
 from workers.http.auth import access_token, requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, unavailable
-from workers.storage import users
+from workers.http.rate_limits import RateLimiter
+from workers.storage import registration_tokens, users
 
 CLIENT = "/_matrix/client/v3"
+TOKEN_STAGE = "m.login.registration_token"
+TOKEN_VALIDITY = f"/_matrix/client/v1/register/{TOKEN_STAGE}/validity"
 NONCE_MAX_AGE_MS = 60_000
 MAX_PASSWORD = 512
 
@@ -38,20 +45,29 @@ MAX_PASSWORD = 512
 @dataclass(frozen=True)
 class AccountSettings:
     server_name: str
-    enable_registration: bool
+    #: closed, open or token (`WorkerConfig.registration`)
+    registration: str
     registration_shared_secret: str | None
 
 
 class Accounts:
-    def __init__(self, pool: asyncpg.Pool, settings: AccountSettings, devices: DeviceLists | None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: AccountSettings,
+        devices: DeviceLists | None,
+        limiter: RateLimiter | None = None,
+    ) -> None:
         self._pool = pool
         self.settings = settings
         self._devices = devices
+        self._limiter = limiter
 
     def routes(self) -> list[web.RouteDef]:
         return [
             web.post(f"{CLIENT}/register", self.register),
             web.get(f"{CLIENT}/register/available", self.available),
+            web.get(TOKEN_VALIDITY, self.token_validity),
             web.get(f"{CLIENT}/login", self.login_flows),
             web.post(f"{CLIENT}/login", self.login),
             web.post(f"{CLIENT}/logout", self.logout),
@@ -87,33 +103,68 @@ class Accounts:
     async def register(self, request: web.Request) -> web.Response:
         if request.query.get("kind", "user") == "guest":
             raise ApiError(403, "M_GUEST_ACCESS_FORBIDDEN", "guest accounts are not offered")
-        if not self.settings.enable_registration:
+        policy = self.settings.registration
+        if policy == "closed":
             raise ApiError(403, "M_FORBIDDEN", "registration is closed on this server")
+        stage = TOKEN_STAGE if policy == "token" else "m.login.dummy"
         body = await json_body(request)
         username = body.get("username")
         local = self._localpart(username) if username is not None else f"u{secrets.token_hex(6)}"
         password = self._password(body.get("password"), required=False)
         auth = body.get("auth")
-        if not isinstance(auth, dict) or auth.get("type") != "m.login.dummy":
+        if not isinstance(auth, dict) or auth.get("type") != stage:
             # The spec's user-interactive auth: say which stages complete it. Clients retry with
-            # {"auth": {"type": "m.login.dummy", "session": ...}}.
+            # {"auth": {"type": <stage>, "session": ...}}.
             if username is not None:
                 await self._check_available(local)
-            return web.json_response(
-                {
-                    "flows": [{"stages": ["m.login.dummy"]}],
-                    "params": {},
-                    "session": secrets.token_urlsafe(16),
-                },
-                status=401,
-            )
+            return _auth_needed(stage)
+        await self._limit(request, "registration", "address")
         device_id, display_name = _device_fields(body)
         user_id = identifiers.user_id(local, self.settings.server_name)
-        return web.json_response(
-            await self._create(
-                user_id, password, False, body.get("inhibit_login") is True, device_id, display_name
+        inhibit_login = body.get("inhibit_login") is True
+        if policy == "open":
+            return web.json_response(
+                await self._create(user_id, password, False, inhibit_login, device_id, display_name)
             )
-        )
+        token = auth.get("token")
+        async with self._pool.acquire() as conn:
+            reserved = isinstance(token, str) and await registration_tokens.reserve(conn, token)
+        if not reserved:
+            return _auth_needed(stage, "M_UNAUTHORIZED", "invalid registration token")
+        assert isinstance(token, str)
+        try:
+            created = await self._create(user_id, password, False, inhibit_login, device_id, display_name)
+        except BaseException:
+            async with self._pool.acquire() as conn:
+                await registration_tokens.release(conn, token)
+            raise
+        async with self._pool.acquire() as conn:
+            await registration_tokens.complete(conn, token)
+        return web.json_response(created)
+
+    async def token_validity(self, request: web.Request) -> web.Response:
+        """Whether a registration token can be used now (it is not reserved by asking)."""
+        if self.settings.registration != "token":
+            raise ApiError(403, "M_FORBIDDEN", "registration does not take tokens on this server")
+        token = request.query.get("token")
+        if token is None:
+            raise ApiError(400, "M_MISSING_PARAM", "the token query parameter is required")
+        await self._limit(request, "registration", "validity")
+        async with self._pool.acquire() as conn:
+            return web.json_response({"valid": await registration_tokens.is_valid(conn, token)})
+
+    def _limiter_for(self, request: web.Request) -> RateLimiter | None:
+        """The limiter, unless there is none or the client's address is exempt."""
+        limiter = self._limiter
+        if limiter is None or limiter.exempt_address(limiter.client_address(request)):
+            return None
+        return limiter
+
+    async def _limit(self, request: web.Request, action: str, scope: str) -> None:
+        """One check of `action`'s limit on the client's address."""
+        limiter = self._limiter_for(request)
+        if limiter is not None:
+            await limiter.check(action, scope, limiter.client_address(request))
 
     async def _check_available(self, local: str) -> None:
         async with self._pool.acquire() as conn:
@@ -185,9 +236,16 @@ class Accounts:
         device_id, display_name = _device_fields(body)
         local = identifiers.localpart_of(name.lower(), self.settings.server_name)
         user_id = identifiers.user_id(local or "", self.settings.server_name)
+        limiter = self._limiter_for(request)
+        if limiter is not None:
+            await limiter.check("login_address", "address", limiter.client_address(request))
+            await limiter.check("login_account", "account", user_id)
+            await limiter.check_peek("login_failed", "account", user_id)
         async with self._pool.acquire() as conn:
             stored = await users.password_hash(conn, user_id) if local else None
         if not await verify_password(password, stored):
+            if limiter is not None:
+                await limiter.record("login_failed", "account", user_id)
             raise ApiError(403, "M_FORBIDDEN", "invalid user name or password")
         session = await self._new_session(user_id, device_id, display_name)
         return web.json_response(_session_body(session, self.settings.server_name))
@@ -260,6 +318,18 @@ class Accounts:
         device_id, display_name = _device_fields(body)
         user_id = identifiers.user_id(local, self.settings.server_name)
         return web.json_response(await self._create(user_id, password, admin, False, device_id, display_name))
+
+
+def _auth_needed(stage: str, errcode: str | None = None, error: str | None = None) -> web.Response:
+    """The user-interactive-auth 401: the one flow, a session, and why the last try failed."""
+    body: dict[str, Any] = {
+        "flows": [{"stages": [stage]}],
+        "params": {},
+        "session": secrets.token_urlsafe(16),
+    }
+    if errcode is not None:
+        body.update(errcode=errcode, error=error)
+    return web.json_response(body, status=401)
 
 
 def _device_fields(body: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -6,6 +6,8 @@
   `{"stream_orderings": [...]}`. Forwarded to the room's persister like any room write.
 * `POST /_fanout/admin/v1/device_lists/{userId}/stale`: mark a remote user's cached device list
   stale, as a device-list update from its server would; the next /keys/query resyncs it.
+* Synapse's registration-token admin API, `/_synapse/admin/v1/registration_tokens...`
+  (`workers.http.registration_tokens`), for server admins.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from workers.handlers.room_writes import RoomWrites
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError
+from workers.http.registration_tokens import RegistrationTokenAdmin
 from workers.storage import devices
 
 ADMIN = "/_fanout/admin/v1"
@@ -32,6 +35,7 @@ class AdminRoutes:
         return [
             web.post(f"{ADMIN}/rooms/{{room_id}}/backfill", self.backfill),
             web.post(f"{ADMIN}/device_lists/{{user_id}}/stale", self.mark_stale),
+            *RegistrationTokenAdmin(self._pool).routes(),
         ]
 
     async def mark_stale(self, request: web.Request) -> web.Response:

@@ -14,6 +14,10 @@ from workers.http.errors import ApiError
 from workers.storage import users
 from workers.storage.users import Requester
 
+#: Request key of an optional `async (Requester) -> None` that runs (once) when the token's owner is known
+#: (the per-user rate limit of a route; it raises to refuse).
+ON_REQUESTER = "fanout.on_requester"
+
 
 def access_token(request: web.Request) -> str:
     header = request.headers.get("Authorization")
@@ -35,4 +39,7 @@ async def requester(pool: asyncpg.Pool, request: web.Request) -> Requester:
         found = await users.requester_for_token(conn, token)
     if found is None:
         raise ApiError(401, "M_UNKNOWN_TOKEN", "unknown or logged-out access token", soft_logout=False)
+    hook = request.pop(ON_REQUESTER, None)  # once per request, however often the handler asks
+    if hook is not None:
+        await hook(found)
     return found

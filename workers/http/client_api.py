@@ -37,6 +37,7 @@ from workers.http.errors import ApiError, api_error_for, unavailable
 from workers.http.federation import FederationStandIn
 from workers.http.health import health_routes
 from workers.http.keys import KeyRoutes
+from workers.http.rate_limits import RateLimiter
 from workers.http.rooms import RoomRoutes
 from workers.http.sync import SyncRoutes
 from workers.model import DEFAULT_ROOM_VERSION, SUPPORTED_ROOM_VERSIONS
@@ -87,6 +88,8 @@ class ApiDeps:
     default_room_version: str = DEFAULT_ROOM_VERSION
     #: What the federation invite stand-in takes instead of a signature (None: refused).
     federation_secret: str | None = None
+    #: The cluster-wide rate limits (None: unlimited); its middleware guards the room routes.
+    rate_limits: RateLimiter | None = None
 
 
 class ClientApi:
@@ -95,14 +98,15 @@ class ClientApi:
 
     def application(self) -> web.Application:
         deps = self.deps
-        app = web.Application(middlewares=[self._errors], client_max_size=1 << 20)
+        limits = [] if deps.rate_limits is None else [deps.rate_limits.middleware()]
+        app = web.Application(middlewares=[self._errors, *limits], client_max_size=1 << 20)
         app.add_routes(
             [
                 web.get("/_matrix/client/versions", self.versions),
                 web.get("/.well-known/matrix/client", self.well_known),
                 web.get(f"{CLIENT}/capabilities", self.capabilities),
                 web.get(f"{CLIENT}/pushrules/", self.push_rules),
-                *Accounts(deps.pool, deps.accounts, deps.device_lists).routes(),
+                *Accounts(deps.pool, deps.accounts, deps.device_lists, deps.rate_limits).routes(),
                 *RoomRoutes(
                     deps.pool, deps.writes, deps.sync, deps.messages, deps.default_room_version
                 ).routes(),

@@ -50,6 +50,7 @@ class RoomRoutes:
             web.post(f"{CLIENT}/join/{{room}}", self.join),
             web.post(f"{ROOM}/join", self.join),
             web.post(f"{ROOM}/leave", self.leave),
+            web.post(f"{CLIENT}/knock/{{room}}", self.knock),
             web.post(f"{ROOM}/invite", self.member_op("invite")),
             web.post(f"{ROOM}/kick", self.member_op("leave")),
             web.post(f"{ROOM}/ban", self.member_op("ban")),
@@ -111,6 +112,14 @@ class RoomRoutes:
         await self.writes.send(NewEvent(rooms.new_event_id(), room_id, MEMBER_EVENT, sender, content, target))
 
     async def join(self, request: web.Request) -> web.Response:
+        return await self._self_membership(request, "join")
+
+    async def knock(self, request: web.Request) -> web.Response:
+        """`POST /knock/{roomIdOrAlias}` `{"reason"?}`: ask to be let into a room whose join rule
+        is `knock`; a member with the invite level answers with an invite (or a kick)."""
+        return await self._self_membership(request, "knock")
+
+    async def _self_membership(self, request: web.Request, membership: str) -> web.Response:
         who = await requester(self._pool, request)
         body = await json_body(request)
         target = request.match_info.get("room_id") or request.match_info["room"]
@@ -121,7 +130,7 @@ class RoomRoutes:
                 raise ApiError(404, "M_NOT_FOUND", f"no room has the alias {target}")
         else:
             room_id = checked(identifiers.check_room_id, target)
-        await self._membership(room_id, who.user_id, who.user_id, "join", body)
+        await self._membership(room_id, who.user_id, who.user_id, membership, body)
         return web.json_response({"room_id": room_id})
 
     async def leave(self, request: web.Request) -> web.Response:
@@ -190,7 +199,7 @@ class RoomRoutes:
         content = await json_body(request)
         membership = content.get("membership")
         if event_type == MEMBER_EVENT and not (isinstance(membership, str) and membership in MEMBERSHIPS):
-            raise ApiError(400, "M_BAD_JSON", "content.membership must be join, leave, invite or ban")
+            raise ApiError(400, "M_BAD_JSON", "content.membership must be join, leave, invite, ban or knock")
         event = NewEvent(rooms.new_event_id(), room_id, event_type, who.user_id, content, state_key)
         written = await self.writes.send(event)
         return web.json_response({"event_id": written.event_id})

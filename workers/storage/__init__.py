@@ -11,6 +11,8 @@ from typing import Any, TypeAlias
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from workers.storage.named_pool import NamedPool
+
 #: A plain connection or one borrowed from a pool.
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
@@ -22,10 +24,15 @@ async def _keep_session(conn: asyncpg.Connection[Any]) -> None:
     transaction left open and clears listeners before calling this."""
 
 
-async def create_pool(url: str, max_size: int) -> asyncpg.Pool[Any]:
-    """The worker's connection pool."""
-    pool = await asyncpg.create_pool(url, min_size=2, max_size=max_size, reset=_keep_session)
-    assert pool is not None
+async def create_pool(url: str, max_size: int) -> NamedPool:
+    """The worker's connection pool (its transactions named and timed once it has a timer).
+    Built as `asyncpg.create_pool` builds it, with its defaults, only of the subclass."""
+    pool = NamedPool(
+        url, min_size=2, max_size=max_size, reset=_keep_session, max_queries=50_000,
+        max_inactive_connection_lifetime=300.0, loop=None, connection_class=asyncpg.Connection,
+        record_class=asyncpg.Record,
+    )  # fmt: skip
+    await pool
     return pool
 
 

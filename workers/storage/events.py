@@ -315,3 +315,43 @@ async def current_state(conn: Conn, room_id: str) -> dict[tuple[str, str], str]:
         "SELECT type, state_key, event_id FROM current_state_events WHERE room_id = $1", room_id
     )
     return {(r["type"], r["state_key"]): r["event_id"] for r in records}
+
+
+async def state_at(
+    conn: Conn, room_id: str, upto: int, *, types: Sequence[str] | None = None, member: str | None = None
+) -> list[Event]:
+    """The room's state as of stream ordering `upto` (the last event of each (type, state_key) at
+    or below it, backfilled ones included: the higher ordering wins, as in current state), sorted
+    by (type, state_key). With `types`, only those types, plus `member`'s member event if given."""
+    args: list[object] = [room_id, upto]
+    clause = ""
+    if types is not None:
+        args += [list(types), member]
+        clause = " AND (type = ANY($3::text[]) OR (type = 'm.room.member' AND state_key = $4))"
+    records = await conn.fetch(
+        f"SELECT DISTINCT ON (type, state_key) {_EVENT_COLUMNS} FROM events"
+        f" WHERE room_id = $1 AND stream_ordering <= $2 AND state_key IS NOT NULL{clause}"
+        " ORDER BY type, state_key, stream_ordering DESC",
+        *args,
+    )
+    return [_event(r) for r in records]
+
+
+async def events_at(conn: Conn, orderings: Sequence[int]) -> dict[int, Event]:
+    """The events with these stream orderings, by ordering."""
+    records = await conn.fetch(
+        f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_ordering = ANY($1::bigint[])", list(orderings)
+    )
+    return {r["stream_ordering"]: _event(r) for r in records}
+
+
+async def visibility_changes(conn: Conn, room_id: str) -> tuple[tuple[int, str], ...]:
+    """The room's `m.room.history_visibility` changes, (stream ordering, value) in stream order
+    (backfilled ones first: they are older than every live event)."""
+    records = await conn.fetch(
+        "SELECT stream_ordering, json::jsonb->'content'->>'history_visibility' AS value FROM events"
+        " WHERE room_id = $1 AND type = 'm.room.history_visibility' AND state_key = ''"
+        " ORDER BY stream_ordering",
+        room_id,
+    )
+    return tuple((r["stream_ordering"], str(r["value"])) for r in records)

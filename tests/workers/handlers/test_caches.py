@@ -40,7 +40,7 @@ async def test_a_coalesced_row_invalidates_each_room_and_each_member() -> None:
     async def load(key: str) -> Any:
         return frozenset() if key.startswith("!") else {}
 
-    caches = SyncCaches(load, load, load)  # type: ignore[arg-type]
+    caches = SyncCaches(load, load, load, load)  # type: ignore[arg-type]
     for key in ("!r1", "!r2", "!untouched"):
         await caches.current_state.get(key)
         await caches.joined_members.get(key)
@@ -77,8 +77,11 @@ def test_sharing_a_room_among_a_few_is_the_same_as_among_everyone(
     async def no_state(_room: str) -> dict[tuple[str, str], str]:
         return {}
 
+    async def no_visibility(_room: str) -> tuple[tuple[int, str], ...]:
+        return ()
+
     async def check() -> None:
-        caches = SyncCaches(rooms_for_user, joined_members, no_state)
+        caches = SyncCaches(rooms_for_user, joined_members, no_state, no_visibility)
         everyone = await caches.sharing_a_room("@a")
         assert await caches.sharing_a_room("@a", among) == everyone & set(among)
 

@@ -7,8 +7,8 @@ import pytest
 from workers import identifiers
 from workers.handlers import rooms
 from workers.handlers.room_versions import RoomVersion
-from workers.handlers.sync_filter import DEFAULT_TIMELINE_LIMIT, SyncFilter
-from workers.handlers.sync_rooms import RoomSections
+from workers.handlers.sync_filter import DEFAULT_TIMELINE_LIMIT, EventFilter, SyncFilter
+from workers.handlers.sync_rooms import RoomSections, place_room
 from workers.model import MEMBER_EVENT, Event
 
 ME = "@me:hs"
@@ -26,7 +26,7 @@ def member(ordering: int, room: str, membership: str, who: str = ME) -> Event:
     return ev(ordering, room, MEMBER_EVENT, who, membership=membership)
 
 
-async def no_state(room_id: str) -> list[Event]:
+async def no_state(room_id: str, members: set[str] | None = None) -> list[Event]:
     return [
         ev(1, room_id, "m.room.create", ""),
         member(2, room_id, "join", "@other:hs"),
@@ -34,8 +34,12 @@ async def no_state(room_id: str) -> list[Event]:
     ]
 
 
-async def invite_state(room_id: str, user_id: str) -> list[dict[str, object]]:
-    return [e.stripped() for e in await no_state(room_id) if e.type != MEMBER_EVENT or e.state_key == user_id]
+async def state_at(room_id: str, last: Event) -> list[Event]:
+    return [e for e in await no_state(room_id) if e.stream_ordering <= last.stream_ordering]
+
+
+async def pending_state(room_id: str, event: Event) -> list[dict[str, object]]:
+    return [e.stripped() for e in await no_state(room_id) if e.type != MEMBER_EVENT]
 
 
 def versions(sections: RoomSections) -> dict[str, RoomVersion]:
@@ -43,7 +47,7 @@ def versions(sections: RoomSections) -> dict[str, RoomVersion]:
 
 
 async def test_a_window_is_sorted_into_join_invite_and_leave() -> None:
-    sections = RoomSections(ME, timeline_limit=10)
+    sections = RoomSections(ME, SyncFilter(EventFilter(10)))
     sections.add_window(
         [
             ev(10, "!a:hs"),
@@ -56,7 +60,7 @@ async def test_a_window_is_sorted_into_join_invite_and_leave() -> None:
             member(17, "!e:hs", "join"),
         ]
     )
-    await sections.load_state(no_state, invite_state)
+    await sections.load_state(no_state, state_at, pending_state)
     body = sections.response("tok", versions(sections))
     assert body["next_batch"] == "tok"
     join, invite, leave = (body["rooms"][k] for k in ("join", "invite", "leave"))
@@ -65,17 +69,19 @@ async def test_a_window_is_sorted_into_join_invite_and_leave() -> None:
     assert [e["event_id"] for e in join["!c:hs"]["state"]["events"]] == ["$e1", "$e2", "$e3"]  # joined now
     assert [e["event_id"] for e in join["!c:hs"]["timeline"]["events"]] == ["$e12", "$e13"]
     assert join["!c:hs"]["timeline"]["prev_batch"] == "t11"
-    assert [e["state_key"] for e in invite["!b:hs"]["invite_state"]["events"]] == ["", ME]  # no other member
+    stripped = invite["!b:hs"]["invite_state"]["events"]
+    assert [e["state_key"] for e in stripped] == ["", ME]  # no other member, then the invite itself
+    assert stripped[-1]["event_id"] == "$e11" and "event_id" not in stripped[0]
     assert [e["event_id"] for e in leave["!d:hs"]["timeline"]["events"]] == ["$e14", "$e15"]
     assert "room_id" not in join["!a:hs"]["timeline"]["events"][0]
 
 
 async def test_an_initial_room_longer_than_the_limit_is_limited_with_its_skipped_state() -> None:
-    sections = RoomSections(ME, timeline_limit=2)
+    sections = RoomSections(ME, SyncFilter(EventFilter(2)))
     sections.add_joined_room(
         "!a:hs", [ev(5, "!a:hs", "m.room.topic", "", topic="x"), ev(6, "!a:hs"), ev(7, "!a:hs")]
     )
-    await sections.load_state(no_state, invite_state)
+    await sections.load_state(no_state, state_at, pending_state)
     room = sections.response("t", versions(sections))["rooms"]["join"]["!a:hs"]
     assert room["timeline"]["limited"] is True
     assert [e["event_id"] for e in room["timeline"]["events"]] == ["$e6", "$e7"]
@@ -121,7 +127,7 @@ def test_a_room_plan_follows_the_spec_order_and_presets() -> None:
         {"invite": ["bob"]},
         {"initial_state": [{"type": 1}]},
         {"name": 5},
-        {"initial_state": [{"type": "m.room.join_rules", "content": {"join_rule": "knock"}}]},
+        {"initial_state": [{"type": "m.room.join_rules", "content": {"join_rule": "restricted"}}]},
     ):
         with pytest.raises(rooms.BadEvent):
             rooms.plan_room(bad, "@a:hs", "!r:hs", "hs")
@@ -159,3 +165,113 @@ def test_a_creator_in_its_own_invite_list_stays_joined() -> None:
     plan = rooms.plan_room({"invite": ["@a:hs", "@b:hs", "@b:hs"]}, "@a:hs", "!r:hs", "hs")
     members = [(e.state_key, e.content["membership"]) for e in plan.events if e.type == MEMBER_EVENT]
     assert members == [("@a:hs", "join"), ("@b:hs", "invite")]
+
+
+def test_a_window_that_ends_in_an_invite_keeps_what_came_before_the_leave() -> None:
+    window = [
+        member(10, "!a:hs", "join"),
+        ev(11, "!a:hs"),
+        member(12, "!a:hs", "leave"),
+        member(13, "!a:hs", "invite"),
+    ]
+    placed = place_room(ME, window)
+    assert placed.leave == window[:3] and placed.pending == window[3] and placed.join is None
+    assert placed.joined_in_window
+
+
+def test_a_ban_lifted_and_an_invite_in_one_window_leave_the_room_under_leave_and_invite() -> None:
+    window = [
+        ev(5, "!a:hs"),
+        member(6, "!a:hs", "ban"),
+        member(7, "!a:hs", "leave"),
+        member(8, "!a:hs", "invite"),
+    ]
+    placed = place_room(ME, window)
+    assert placed.leave == window[:3] and placed.pending == window[3] and not placed.joined_in_window
+
+
+def test_an_invite_superseded_in_its_window_is_not_delivered_and_a_knock_is_pending_too() -> None:
+    placed = place_room(ME, [member(1, "!a:hs", "invite"), member(2, "!a:hs", "invite")])
+    assert placed.leave is None and placed.pending is not None and placed.pending.stream_ordering == 2
+    knock = place_room(ME, [member(1, "!a:hs", "knock")])
+    assert knock.pending is not None and knock.pending.membership == "knock" and knock.leave is None
+
+
+def test_a_rejoin_within_one_window_stays_under_join_with_every_event_and_full_state() -> None:
+    window = [ev(1, "!a:hs"), member(2, "!a:hs", "leave"), member(3, "!a:hs", "invite"),
+              member(4, "!a:hs", "join"), ev(5, "!a:hs")]  # fmt: skip
+    placed = place_room(ME, window)
+    assert placed.join == window and placed.leave is None and placed.pending is None
+    assert placed.joined_in_window
+
+
+async def test_a_room_joined_and_left_in_one_window_carries_its_state_as_of_the_leave() -> None:
+    sections = RoomSections(ME, SyncFilter(EventFilter(10)))
+    sections.add_window([member(2, "!a:hs", "join"), ev(4, "!a:hs"), member(5, "!a:hs", "leave")])
+    await sections.load_state(no_state, state_at, pending_state)
+    leave = sections.response("t", versions(sections))["rooms"]["leave"]["!a:hs"]
+    assert [e["event_id"] for e in leave["state"]["events"]] == ["$e1", "$e3"]  # not the timeline's
+
+
+def test_event_filters_match_types_with_wildcards_and_not_lists_win() -> None:
+    parsed = SyncFilter.parse(
+        {"room": {"timeline": {"types": ["m.room.*"], "not_types": ["m.room.member"],
+                               "not_senders": ["@x:hs"]},
+                  "state": {"lazy_load_members": True}, "include_leave": True},
+         "presence": {"not_types": ["*"]}, "account_data": {"types": ["m.direct"]}}
+    )  # fmt: skip
+    shown = parsed.timeline
+    assert shown.allows("m.room.message", "@a:hs") and shown.allows("m.room.name", "@a:hs")
+    assert not shown.allows("m.room.member", "@a:hs") and not shown.allows("m.reaction", "@a:hs")
+    assert not shown.allows("m.room.message", "@x:hs")
+    assert (
+        parsed.lazy_load_members and parsed.include_leave and parsed.timeline_limit == DEFAULT_TIMELINE_LIMIT
+    )
+    assert parsed.presence.select([{"type": "m.presence", "sender": "@a:hs"}]) == []
+    assert parsed.account_data.select([{"type": "m.direct"}, {"type": "m.push_rules"}]) == [
+        {"type": "m.direct"}
+    ]
+    assert SyncFilter.parse({"room": {"timeline": {"senders": ["@a:hs"]}}}).timeline.allows("x", "@a:hs")
+    assert not SyncFilter.parse({"room": {"timeline": {"senders": ["@a:hs"]}}}).timeline.allows("x", "@b:hs")
+    for bad in ({"room": {"timeline": {"types": "m.room.message"}}}, {"room": {"include_leave": 1}},
+                {"room": {"state": {"lazy_load_members": "yes"}}}, {"presence": []}):  # fmt: skip
+        with pytest.raises(ValueError):
+            SyncFilter.parse(bad)
+
+
+async def test_a_filtered_timeline_keeps_the_room_where_its_membership_puts_it_and_hides_state_in_state() -> (
+    None
+):
+    only_messages = SyncFilter.parse({"room": {"timeline": {"types": ["m.room.message"]}}})
+    sections = RoomSections(ME, only_messages)
+    sections.add_window(
+        [ev(4, "!a:hs"), ev(5, "!a:hs", "m.room.topic", "", topic="t"), member(6, "!a:hs", "leave"),
+         member(7, "!b:hs", "join"), ev(8, "!c:hs", "m.room.topic", "", topic="u")]
+    )  # fmt: skip
+    await sections.load_state(no_state, state_at, pending_state)
+    rooms = sections.response("t", versions(sections))["rooms"]
+    assert set(rooms["leave"]) == {"!a:hs"} and set(rooms["join"]) == {"!b:hs", "!c:hs"}
+    assert [e["event_id"] for e in rooms["leave"]["!a:hs"]["timeline"]["events"]] == ["$e4"]
+    assert rooms["join"]["!b:hs"]["timeline"]["events"] == []  # joined: listed with its state
+    assert [e["event_id"] for e in rooms["join"]["!c:hs"]["state"]["events"]] == ["$e8"]
+
+
+async def test_lazy_loaded_members_are_the_timelines_senders_and_the_user() -> None:
+    async def state(room_id: str, members: set[str] | None) -> list[Event]:
+        everyone = [ev(1, room_id, "m.room.create", ""), member(2, room_id, "join", "@a:hs"),
+                    member(3, room_id, "join", "@b:hs"), member(4, room_id, "join")]  # fmt: skip
+        return [e for e in everyone if members is None or e.type != MEMBER_EVENT or e.state_key in members]
+
+    lazy = SyncFilter.parse({"room": {"state": {"lazy_load_members": True}}})
+    sections = RoomSections(ME, lazy)
+    said = Event(9, "p1", "$said", "!a:hs", "m.room.message", "@a:hs", {"body": "hi"}, None, 1009)
+    sections.add_joined_room("!a:hs", [said])
+    await sections.load_state(state, state_at, pending_state)
+    room = sections.response("t", versions(sections))["rooms"]["join"]["!a:hs"]
+    keys = {(e["type"], e["state_key"]) for e in room["state"]["events"]}
+    assert keys == {("m.room.create", ""), (MEMBER_EVENT, "@a:hs"), (MEMBER_EVENT, ME)}
+    incremental = RoomSections(ME, lazy)
+    incremental.add_window([said])
+    await incremental.load_state(state, state_at, pending_state)
+    room = incremental.response("t", versions(incremental))["rooms"]["join"]["!a:hs"]
+    assert [(e["type"], e["state_key"]) for e in room["state"]["events"]] == [(MEMBER_EVENT, "@a:hs")]

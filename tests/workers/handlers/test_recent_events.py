@@ -23,7 +23,8 @@ ROOMS = ("!a", "!b", "!c", "!d")
 
 def _ref(ordering: int) -> EventRef:
     rnd = random.Random(ordering)
-    return EventRef(ordering, rnd.choice(WRITERS), f"$e{ordering}", rnd.choice(ROOMS), "m.room.message", None)
+    room = rnd.choice(ROOMS)
+    return EventRef(ordering, rnd.choice(WRITERS), f"$e{ordering}", room, "m.room.message", None, "@s:hs")
 
 
 def _expected(

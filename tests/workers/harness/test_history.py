@@ -153,3 +153,72 @@ def test_the_stored_streams_check_passes_a_correct_history_and_catches_each_faul
     assert any(
         "outside its sync's window" in p for p in check_stored_streams(ALICE, outside, CHANGES, sent, IDS)
     )
+
+
+CHURN = [
+    _event(1, "p1", "$join", member="join"),
+    _event(2, "p1", "$msg"),
+    _event(3, "p1", "$leave", member="leave"),
+    _event(4, "p1", "$invite", member="invite"),
+    _event(5, "p1", "$invite2", member="invite"),
+]
+
+
+def _listed(since: str, upto: str, ids: tuple[str, ...], *sections: str) -> SyncRecord:
+    return SyncRecord("sync1", since, upto, ids, sections=tuple((s, "!r") for s in sections))
+
+
+def test_a_window_that_ends_in_an_invite_must_list_the_room_under_leave_too() -> None:
+    every = ("$join", "$msg", "$leave", "$invite2")
+    good = [_listed("s0", "s5", every, "leave", "invite")]
+    assert check_history(ALICE, good, CHURN, IDS) == []
+    only_invite = [_listed("s0", "s5", ("$invite2",), "invite")]
+    problems = check_history(ALICE, only_invite, CHURN, IDS)
+    assert any("did not list !r under leave" in p for p in problems), problems
+    assert any("missed $msg" in p for p in problems), problems
+
+
+def test_an_invite_superseded_in_its_window_is_not_expected_but_one_in_its_own_window_is() -> None:
+    one_window = [_listed("s0", "s5", ("$join", "$msg", "$leave", "$invite2"), "leave", "invite")]
+    assert check_history(ALICE, one_window, CHURN, IDS) == []
+    split = [
+        _listed("s0", "s4", ("$join", "$msg", "$leave", "$invite"), "leave", "invite"),
+        _listed("s4", "s5", ("$invite2",), "invite"),
+    ]
+    assert check_history(ALICE, split, CHURN, IDS) == []
+    missing = [split[0], _listed("s4", "s5", (), "invite")]
+    problems = check_history(ALICE, missing, CHURN, IDS)
+    assert any("missed $invite2" in p for p in problems), problems
+    unlisted = [split[0], _listed("s4", "s5", ("$invite2",))]
+    problems = check_history(ALICE, unlisted, CHURN, IDS)
+    assert any("did not list !r under invite" in p for p in problems), problems
+
+
+SHARED_ROOM = [
+    _event(1, "p1", "$before"),
+    _event(2, "p1", "$join", member="join"),
+    _event(3, "p1", "$leave", member="leave"),
+    _event(4, "p1", "$away"),
+    StoredEvent(5, "p1", "$narrow", "!r", "m.room.history_visibility", "", None, "joined"),
+    _event(6, "p1", "$hidden"),
+    _event(7, "p1", "$back", member="join"),
+]
+
+
+def test_shared_history_counts_only_when_the_join_is_in_the_same_window() -> None:
+    one = [_listed("s0", "s7", ("$before", "$join", "$leave", "$away", "$narrow", "$back"), "join")]
+    assert check_history(ALICE, one, SHARED_ROOM, IDS) == []  # $hidden: joined-only when sent
+    split = [
+        _listed("s0", "s3", ("$before", "$join", "$leave"), "leave"),
+        _listed("s3", "s7", ("$away", "$narrow", "$back"), "join"),
+    ]
+    assert check_history(ALICE, split, SHARED_ROOM, IDS) == []  # $before: joins in its window
+    too_much = [
+        _listed("s0", "s1", ("$before",)),
+        _listed("s1", "s7", ("$join", "$leave", "$away", "$narrow", "$back"), "join"),
+    ]
+    problems = check_history(ALICE, too_much, SHARED_ROOM, IDS)
+    assert any("got $before which it may not see" in p for p in problems), problems
+    missing = [_listed("s0", "s7", ("$join", "$leave", "$narrow", "$back"), "join")]
+    problems = check_history(ALICE, missing, SHARED_ROOM, IDS)
+    assert any("missed $before" in p for p in problems) and any("missed $away" in p for p in problems)

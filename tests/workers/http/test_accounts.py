@@ -72,8 +72,8 @@ async def test_register_login_whoami_logout(make_worker: MakeWorker, http: aioht
 async def test_closed_registration_and_shared_secret_registration(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
-    worker = await make_worker("p1", ["p1"], enable_registration=False, registration_shared_secret=SECRET)
-    reader = await make_worker("r1", ["p1"], enable_registration=False, registration_shared_secret=SECRET)
+    worker = await make_worker("p1", ["p1"], registration="closed", registration_shared_secret=SECRET)
+    reader = await make_worker("r1", ["p1"], registration="closed", registration_shared_secret=SECRET)
     base, other = (f"http://127.0.0.1:{w.http_port}" for w in (worker, reader))
     status, body = await call(http, "POST", f"{base}{C}/register", {"auth": {"type": "m.login.dummy"}})
     assert (status, body["errcode"]) == (403, "M_FORBIDDEN")

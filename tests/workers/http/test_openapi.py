@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tests.workers.worker_process import start_worker
 from workers.config import WorkerConfig
+from workers.harness.cluster import LOOPBACK
 from workers.http.accounts import AccountSettings
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.services import free_port
@@ -44,7 +45,7 @@ def _operations() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def test_the_description_and_the_routes_name_the_same_operations() -> None:
-    accounts = AccountSettings("localhost", True, None)
+    accounts = AccountSettings("localhost", "open", None)
     deps = ApiDeps(None, accounts, None, None, None, None, lambda: (True, {}), lambda: True)  # type: ignore[arg-type]
     # The stored streams' routes are served when their handlers exist (routes only keep them).
     deps.account_data = deps.device_lists = deps.to_device = object()  # type: ignore[assignment]
@@ -156,7 +157,8 @@ def test_generated_requests_never_get_a_500_and_refusals_change_nothing(
     config = WorkerConfig(
         instance_name="fuzz1", database_url=database_url, redis_url=redis_url, channel_prefix=channel_prefix,
         stream_writers={"events": ["fuzz1"]}, http_port=port, position_announce_interval_s=0.2,
-        registration_shared_secret="fuzz-registration-secret-0123",
+        registration_shared_secret="fuzz-registration-secret-0123", registration="open",
+        rc_exempt_addresses=LOOPBACK,
     ).model_dump(mode="json", exclude_none=True)  # fmt: skip
     process: subprocess.Popen[str] = start_worker(config, tmp_path / "fuzz1.yaml")
     base = f"http://127.0.0.1:{port}"

@@ -32,6 +32,7 @@ BENCHES: dict[str, list[str]] = {
     "audit": ["--rows", "100000"],
     "instructions": ["--events", "2000"],
     "scale": ["--base-only", "--seconds", "1", "--backends", "single"],
+    "ratelimit": ["--checks", "300", "--sends", "50"],
 }
 
 

@@ -1,0 +1,57 @@
+"""Every database transaction named and timed: names from where the block is opened (through
+asyncpg's helpers too), the histogram by name, one log line per slow transaction, and on a real
+worker the start-up transactions and the requests' ones in /metrics."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.workers.conftest import MakeWorker
+from workers.storage import create_pool
+from workers.storage.named_pool import TransactionTimer
+
+HERE = __name__
+
+
+async def test_names_durations_and_the_slow_log(database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    pool = await create_pool(database_url, 2)
+    pool.timer = TransactionTimer(registry, slow_s=0.2)
+    try:
+        with caplog.at_level(logging.WARNING, logger="workers.storage.named_pool"):
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute("SELECT pg_sleep(0.3)")
+            assert await pool.fetchval("SELECT 1") == 1  # asyncpg acquires inside: still named here
+            conn = await pool.acquire()  # a held connection is not a transaction: not timed
+            await pool.release(conn)
+    finally:
+        await pool.close()
+    name = f"{HERE}.test_names_durations_and_the_slow_log"
+    count = registry.get_sample_value("fanout_db_transaction_seconds_count", {"name": name})
+    total = registry.get_sample_value("fanout_db_transaction_seconds_sum", {"name": name})
+    assert count == 2 and total is not None and 0.3 <= total < 2
+    assert registry.get_sample_value("fanout_db_pool_wait_seconds_count") == 2
+    slow = [r.getMessage() for r in caplog.records]
+    assert len(slow) == 1 and re.fullmatch(
+        rf"slow database transaction name={name} took=0\.3\d\ds waited=\S+", slow[0]
+    )
+
+
+async def test_a_worker_names_its_start_up_and_request_transactions(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    worker = await make_worker("p1", ["p1"])
+    base = f"http://127.0.0.1:{worker.http_port}"
+    body = {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}}
+    async with http.post(f"{base}/_matrix/client/v3/register", json=body) as resp:
+        assert resp.status == 200
+    async with http.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    names = set(re.findall(r'^fanout_db_transaction_seconds_count\{name="([^"]+)"\} ', text, re.MULTILINE))
+    assert {"workers.app.Worker.start", "workers.http.accounts.Accounts._create"} <= names, sorted(names)
+    assert any(n.startswith("idgen.") for n in names), sorted(names)  # the ID generators' loads

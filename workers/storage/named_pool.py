@@ -1,0 +1,104 @@
+"""Every database transaction named and timed: a pool whose `acquire()` blocks are measured.
+
+A worker's unit of database work is one `async with pool.acquire() as conn:` block (a transaction
+when it opens one, a few statements otherwise), as Synapse's is one `runInteraction(desc, ...)`.
+Its name is where it is opened, `module.Class.function` (found from the caller's frame, skipping
+asyncpg's own helpers such as `pool.fetch`), so every block carries one without each call site
+spelling it, start-up ones (migrations, ID generator loads) included. A connection taken with
+`await pool.acquire()` and held (the ID generators' sequence lane) is not a transaction and is not
+timed.
+
+`TransactionTimer` observes each block's time holding the connection in
+`fanout_db_transaction_seconds{name}`, the wait for a free connection in
+`fanout_db_pool_wait_seconds`, and logs one line for each block held longer than the threshold.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from types import FrameType
+from typing import Any
+
+import asyncpg
+from asyncpg.pool import PoolAcquireContext
+from prometheus_client import CollectorRegistry, Histogram
+
+log = logging.getLogger(__name__)
+_SKIPPED = ("asyncpg", __name__)
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class TransactionTimer:
+    """The histograms and the slow-transaction log of one worker."""
+
+    def __init__(self, registry: CollectorRegistry, slow_s: float) -> None:
+        self.slow_s = slow_s
+        self._duration = Histogram(
+            "fanout_db_transaction_seconds",
+            "Time a named database transaction (an acquire block) held its connection",
+            ["name"],
+            registry=registry,
+            buckets=BUCKETS,
+        )
+        self._wait = Histogram(
+            "fanout_db_pool_wait_seconds",
+            "Time a database transaction waited for a free pool connection",
+            registry=registry,
+            buckets=BUCKETS,
+        )
+        self._by_name: dict[str, Any] = {}
+
+    def observe(self, name: str, waited_s: float, held_s: float) -> None:
+        child = self._by_name.get(name)
+        if child is None:
+            child = self._by_name[name] = self._duration.labels(name)
+        child.observe(held_s)
+        self._wait.observe(waited_s)
+        if held_s >= self.slow_s:
+            log.warning("slow database transaction name=%s took=%.3fs waited=%.3fs", name, held_s, waited_s)
+
+
+def caller_name(frame: FrameType | None) -> str:
+    """`module.qualname` of the first frame outside asyncpg and this module."""
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_SKIPPED):
+        frame = frame.f_back
+    if frame is None:
+        return "unknown"
+    return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_qualname}"
+
+
+class _NamedAcquire(PoolAcquireContext):
+    __slots__ = ("_asked", "_name", "_started", "_timer")
+
+    def __init__(self, pool: NamedPool, timeout: float | None, name: str, timer: TransactionTimer) -> None:
+        super().__init__(pool, timeout)
+        self._name = name
+        self._timer = timer
+        self._asked = self._started = 0.0
+
+    async def __aenter__(self) -> Any:
+        self._asked = time.perf_counter()
+        connection = await super().__aenter__()
+        self._started = time.perf_counter()
+        return connection
+
+    async def __aexit__(self, *exc: object) -> None:
+        held = time.perf_counter() - self._started
+        try:
+            await super().__aexit__(*exc)
+        finally:
+            self._timer.observe(self._name, self._started - self._asked, held)
+
+
+class NamedPool(asyncpg.Pool):
+    """asyncpg's pool, each `async with acquire()` block named and timed once `timer` is set."""
+
+    timer: TransactionTimer | None = None
+
+    def acquire(self, *, timeout: float | None = None) -> PoolAcquireContext:
+        timer = self.timer
+        if timer is None:
+            return super().acquire(timeout=timeout)
+        return _NamedAcquire(self, timeout, caller_name(sys._getframe(1)), timer)
