@@ -82,7 +82,7 @@ async def start_reader(database_url: str, redis_url: str, channel_prefix: str) -
         config = WorkerConfig(
             instance_name="head_reader", database_url=database_url, redis_url=redis_url,
             channel_prefix=channel_prefix, stream_writers=stream_writers or _writers(), http_port=free_port(),
-            position_announce_interval_s=0.2, event_loop="asyncio",
+            position_announce_interval_s=0.2, event_loop="asyncio", registration="open",
         )  # fmt: skip
         worker = Worker(config)
         started.append(worker)
