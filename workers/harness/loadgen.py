@@ -640,7 +640,7 @@ CHURN_MOVES: dict[str | None, list[tuple[str, str]]] = {
 }
 
 #: The stored streams whose final positions the readers must reach before the check.
-STORED_TARGETS = ("account_data", "device_lists", "to_device")
+STORED_TARGETS = ("account_data", "device_lists", "to_device", "receipts")
 
 
 def _covers(token: str, target: dict[str, dict[str, int]], instance_ids: dict[str, int]) -> bool:
