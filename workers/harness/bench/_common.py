@@ -37,6 +37,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
+def latency_ms(values_ms: Sequence[float]) -> dict[str, float]:
+    """How many, p50, p99 and max of latencies in milliseconds (rounded to 0.01 ms; NaN when none)."""
+    return {
+        "samples": len(values_ms),
+        "p50_ms": round(percentile(values_ms, 50), 2),
+        "p99_ms": round(percentile(values_ms, 99), 2),
+        "max_ms": round(max(values_ms, default=float("nan")), 2),
+    }
+
+
 def spread(values: Sequence[float]) -> float:
     """(max - min) / median: how far apart repeated measurements of one thing fell."""
     middle = statistics.median(values)
