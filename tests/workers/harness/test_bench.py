@@ -90,3 +90,37 @@ def test_bench_scale_counts_every_event_on_one_server_and_on_the_cluster() -> No
         runs["broadcast"]["per_event"]["cluster_bus_bytes"]
         > 3 * runs["cluster"]["per_event"]["cluster_bus_bytes"]
     )
+
+
+def test_bench_crowd_and_live_count_every_poll_and_send(tmp_path: Path) -> None:
+    """`fanout bench all --quick` runs both scenarios at a tiny size: every poll held and
+    re-issued, every reader woken in every round, every send answered and seen, the CPU split
+    per worker process; both against fanout and against the bare server."""
+    out_json, out_md = tmp_path / "all.json", tmp_path / "benchmarks.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "bench", "all", "--quick", "--only", "crowd,live",
+         "--json", str(out_json), "--markdown", str(out_md)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out_json.read_text())["results"]
+    for run in results["crowd"].values():  # --polls 200, 5 rooms of 4, 2 rounds, 2 s poll timeout
+        assert run["polls"] == run["held"] == 200 and run["failed_requests"] == 0
+        assert run["expected_woken"] == run["woken"] == 2 * 5 * 3
+        assert run["idle_answers"] >= 200 and run["repoll_cpu_ms"] > 0  # a 3 s window: each re-polled
+        assert 0 < run["rss_held_mb"] <= run["rss_max_mb"]
+        assert run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
+    live = results["live"]
+    for side, processes in (("fanout", {"persister1", "persister2", "sync1"}), ("ceiling", {"bare"})):
+        assert [r["rate"] for r in live[side]] == ["20/s", "max"]
+        offered, saturated = live[side]
+        assert offered["sent"] == 40  # open loop: 20/s for 2 s, whatever the answers take
+        for run in (offered, saturated):
+            assert run["failed"] == run["missing"] == 0 and run["achieved_per_s"] > 0
+            assert run["seen_after_200"]["samples"] == run["seen_after_start"]["samples"] == run["sent"]
+            assert run["seen_after_200"]["p50_ms"] <= run["seen_after_start"]["p50_ms"]
+            assert set(run["cpu_s_per_1000"]) == processes | {"all"}
+    table = out_md.read_text()
+    assert "| crowd | send 200 -> wake, p99 |" in table and "| crowd | readers woken" in table
+    assert "| live | send 200 -> seen p99, 20/s offered |" in table
+    assert "| live | CPU-s per 1,000 events, every worker, max |" in table

@@ -8,17 +8,75 @@ into `Figure`s: a measured value beside the ceiling measured in the same run and
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 import platform
 import statistics
 import sys
+import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+
+from workers.harness.cluster import LocalCluster
+
+
+def report(result: dict[str, Any], figures: Callable[[dict[str, Any]], Sequence[Figure]]) -> None:
+    """A benchmark's end: its result as JSON on stdout, then each of its figures as a line on stderr."""
+    print(json.dumps(result, indent=2))
+    for figure in figures(result):
+        progress(figure.line())
+
+
+def beside_ceiling(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    ceiling: Callable[[argparse.Namespace], Coroutine[Any, Any, Any]],
+    fanout: Callable[[argparse.Namespace, str, str], Coroutine[Any, Any, Any]],
+    figures: Callable[[dict[str, Any]], Sequence[Figure]],
+) -> int:
+    """Run `ceiling(args)` into `result["ceiling"]`, then `fanout(args, admin URL, Redis URL)` into
+    `result["fanout"]` (on the servers `--database-url` and `--redis-url` name, embedded ones for
+    those not given), then `report` it."""
+    from workers import event_loop
+    from workers.services import given_or_embedded
+
+    progress("ceiling: the same clients against a bare server")
+    result["ceiling"] = event_loop.run(ceiling(args))
+    progress("fanout")
+    with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
+        result["fanout"] = event_loop.run(fanout(args, admin_url, redis_url))
+    report(result, figures)
+    return 0
+
+
+@asynccontextmanager
+async def bench_cluster(
+    admin_url: str, redis_url: str, tag: str, *, persisters: int, sync_workers: int
+) -> AsyncIterator[LocalCluster]:
+    """A started `LocalCluster` (no background worker) on a fresh database and its own channel
+    prefix; stopped on leaving."""
+    cluster = LocalCluster(
+        await scratch_database(admin_url, tag),
+        redis_url,
+        Path(tempfile.mkdtemp(prefix=f"fanout-bench-{tag}-")),
+        persisters=persisters,
+        sync_workers=sync_workers,
+        background_workers=0,
+        channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
+    )
+    await cluster.start()
+    try:
+        yield cluster
+    finally:
+        await cluster.stop()
 
 
 def progress(message: str) -> None:

@@ -29,6 +29,11 @@ BENCHES: dict[str, list[str]] = {
     "cluster": ["--seconds", "1", "--rounds", "1", "--rss-events", "0"],
     "http": ["--seconds", "2"],
     "longpoll": ["--polls", "1000", "--room-members", "200", "--idle-seconds", "2"],
+    "crowd": (
+        "--polls 200 --rooms 5 --members 4 --polls-per-idle-user 20 --idle-seconds 3 --poll-timeout 2"
+        " --rounds 2 --round-gap 0.5 --client-processes 2"
+    ).split(),
+    "live": ["--rates", "20,max", "--seconds", "2", "--rooms", "3", "--closed-loop", "4"],
     "audit": ["--rows", "100000"],
     "instructions": ["--events", "2000"],
     "scale": ["--base-only", "--seconds", "1", "--backends", "single"],

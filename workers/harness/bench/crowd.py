@@ -27,24 +27,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
-import tempfile
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from workers import event_loop
-from workers.harness.bench._common import Figure, latency_ms, process_usage, progress, scratch_database
+from workers.harness.bench._common import (
+    Figure,
+    bench_cluster,
+    beside_ceiling,
+    latency_ms,
+    process_usage,
+    progress,
+)
 from workers.harness.bench.bare_sync import bare_server
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked, wait_held
 from workers.harness.bench.room_setup import populate
-from workers.harness.cluster import LocalCluster
-from workers.services import given_or_embedded
 
 TARGET_RSS_MB = 300.0
 TARGET_REPOLL_CPU_MS = 0.15
@@ -147,18 +147,7 @@ def _polls(rooms: list[list[Holder]], idle: list[Holder], total: int) -> list[Po
 
 
 async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> dict[str, Any]:
-    database_url = await scratch_database(admin_url, "crowd")
-    cluster = LocalCluster(
-        database_url,
-        redis_url,
-        Path(tempfile.mkdtemp(prefix="fanout-bench-crowd-")),
-        persisters=1,
-        sync_workers=1,
-        background_workers=0,
-        channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
-    )
-    await cluster.start()
-    try:
+    async with bench_cluster(admin_url, redis_url, "crowd", persisters=1, sync_workers=1) as cluster:
         base = cluster.url("sync1")
         rooms, idle = await populate(base, args.rooms, args.members, _idle_users(args))
         members = [[(u.token, u.since) for u in (r.sender, *r.joined)] for r in rooms]
@@ -166,8 +155,6 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> d
         pid = cluster.workers["sync1"].process.pid  # type: ignore[union-attr]
         targets = [(r.room_id, r.sender.token) for r in rooms]
         return await _measure(base, cluster.url("persister1"), pid, targets, polls, args)
-    finally:
-        await cluster.stop()
 
 
 async def _ceiling(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,7 +166,9 @@ async def _ceiling(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _idle_users(args: argparse.Namespace) -> int:
-    return int(math.ceil((args.polls - args.rooms * args.members) / args.polls_per_idle_user))
+    idle_polls: int = args.polls - args.rooms * args.members
+    per_user: int = args.polls_per_idle_user
+    return math.ceil(idle_polls / per_user)
 
 
 def figures(result: dict[str, Any]) -> list[Figure]:
@@ -235,15 +224,7 @@ def main(argv: list[str]) -> int:
     fds = raise_fd_limit()
     if fds < args.polls + 1024:
         p.error(f"the file-descriptor hard limit is {fds}: too low for {args.polls:,} polls")
-    progress(f"ceiling: the bare server holding {args.polls:,} polls")
-    result: dict[str, Any] = {"ceiling": event_loop.run(_ceiling(args))}
-    progress(f"fanout: one sync worker holding {args.polls:,} polls")
-    with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
-        result["fanout"] = event_loop.run(_fanout(args, admin_url, redis_url))
-    print(json.dumps(result, indent=2))
-    for figure in figures(result):
-        progress(figure.line())
-    return 0
+    return beside_ceiling(args, {}, _ceiling, _fanout, figures)
 
 
 if __name__ == "__main__":
