@@ -30,6 +30,7 @@ import asyncio
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -44,11 +45,14 @@ from workers.harness.bench._common import (
 )
 from workers.harness.bench.bare_sync import bare_server
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked, wait_held
+from workers.harness.bench.profile import Profiles, profile
 from workers.harness.bench.room_setup import populate
 
 TARGET_RSS_MB = 300.0
 TARGET_REPOLL_CPU_MS = 0.15
 TARGET_WAKE_P99_MS = 100.0
+#: How long py-spy records the first round's wake.
+WAKE_PROFILE_S = 3
 #: How long a round waits for every reader before it counts the missing ones as not woken.
 ROUND_LIMIT_S = 15.0
 
@@ -56,11 +60,18 @@ ROUND_LIMIT_S = 15.0
 Target = tuple[str, str]
 
 
-async def _measure(
-    sync_base: str, send_base: str, pid: int, rooms: list[Target], polls: list[Poll], args: argparse.Namespace
+async def measure(
+    sync_base: str,
+    send_base: str,
+    pid: int,
+    rooms: list[Target],
+    polls: list[Poll],
+    args: argparse.Namespace,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Open `polls` against `sync_base`, measure the process `pid` while they idle, then wake every
-    room `args.rounds` times (sends to `send_base`). The same for fanout and the bare server."""
+    room `args.rounds` times (sends to `send_base`). The same for fanout and the bare server.
+    With `profile_dir`, py-spy records `pid` over the idle window and over the first round."""
     readers = sum(p.measured for p in polls)
     rss_before, _ = process_usage(pid)
     progress(
@@ -80,6 +91,7 @@ async def _measure(
         answers_start, _ = await clients.answers()
         started = time.monotonic()
         progress(f"  {held:,.0f} polls held; idle for {args.idle_seconds:g} s")
+        profiles = [_profile(pid, args.idle_seconds, profile_dir, "idle")]
         await asyncio.sleep(args.idle_seconds)
         rss_idle, cpu_end = process_usage(pid)
         answers_end, _ = await clients.answers()
@@ -89,6 +101,9 @@ async def _measure(
         seen = []
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             for round_ in range(args.rounds):
+                if round_ == 0 and profile_dir is not None:
+                    profiles.append(_profile(pid, WAKE_PROFILE_S, profile_dir, "wake"))
+                    await asyncio.sleep(0.3)  # py-spy attached before the sends
                 sends = await asyncio.gather(
                     *(
                         send_marked(http, send_base, room, token, f"{round_}:{i}")
@@ -111,6 +126,8 @@ async def _measure(
         _, failed = await clients.answers()
     finally:
         clients.close()
+    for written in (path for recording in profiles if recording is not None for path in recording.wait()):
+        progress(f"  profile: {written}")
     woken_ms: dict[tuple[str, int], float] = {}
     for text, arrived, poll in seen:
         round_text, _, room_text = text.partition(":")
@@ -134,6 +151,10 @@ async def _measure(
     }
 
 
+def _profile(pid: int, seconds: float, profile_dir: Path | None, phase: str) -> Profiles | None:
+    return None if profile_dir is None else profile({"sync": pid}, max(1, int(seconds)), profile_dir / phase)
+
+
 #: A user's poll as the crowd is made of them: (access token, since token).
 Holder = tuple[str, str]
 
@@ -146,26 +167,27 @@ def _polls(rooms: list[list[Holder]], idle: list[Holder], total: int) -> list[Po
     return polls
 
 
-async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> dict[str, Any]:
+async def fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> dict[str, Any]:
     async with bench_cluster(admin_url, redis_url, "crowd", persisters=1, sync_workers=1) as cluster:
         base = cluster.url("sync1")
-        rooms, idle = await populate(base, args.rooms, args.members, _idle_users(args))
+        rooms, idle = await populate(base, args.rooms, args.members, idle_users(args))
         members = [[(u.token, u.since) for u in (r.sender, *r.joined)] for r in rooms]
         polls = _polls(members, [(u.token, u.since) for u in idle], args.polls)
         pid = cluster.workers["sync1"].process.pid  # type: ignore[union-attr]
         targets = [(r.room_id, r.sender.token) for r in rooms]
-        return await _measure(base, cluster.url("persister1"), pid, targets, polls, args)
+        profile_dir = None if args.profile is None else Path(args.profile)
+        return await measure(base, cluster.url("persister1"), pid, targets, polls, args, profile_dir)
 
 
-async def _ceiling(args: argparse.Namespace) -> dict[str, Any]:
+async def ceiling(args: argparse.Namespace) -> dict[str, Any]:
     with bare_server() as bare:
         rooms = [f"!bare{i}:localhost" for i in range(args.rooms)]
         members = [[(f"room:{room}", "0")] * args.members for room in rooms]
         polls = _polls(members, [("idle", "0")], args.polls)
-        return await _measure(bare.url, bare.url, bare.pid, [(r, "sender") for r in rooms], polls, args)
+        return await measure(bare.url, bare.url, bare.pid, [(r, "sender") for r in rooms], polls, args)
 
 
-def _idle_users(args: argparse.Namespace) -> int:
+def idle_users(args: argparse.Namespace) -> int:
     idle_polls: int = args.polls - args.rooms * args.members
     per_user: int = args.polls_per_idle_user
     return math.ceil(idle_polls / per_user)
@@ -216,6 +238,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=_positive, default=3, help="wakes of every room at once")
     p.add_argument("--round-gap", type=float, default=3.0, help="seconds between rounds")
     p.add_argument("--client-processes", type=_positive, default=4)
+    p.add_argument(
+        "--profile", metavar="DIR", help="record the sync worker with py-spy: idle window, first wake"
+    )
     args = p.parse_args(argv)
     if args.members < 2:
         p.error("--members must be at least 2 (a sender and a reader)")
@@ -224,7 +249,7 @@ def main(argv: list[str]) -> int:
     fds = raise_fd_limit()
     if fds < args.polls + 1024:
         p.error(f"the file-descriptor hard limit is {fds}: too low for {args.polls:,} polls")
-    return beside_ceiling(args, {}, _ceiling, _fanout, figures)
+    return beside_ceiling(args, {}, ceiling, fanout, figures)
 
 
 if __name__ == "__main__":
