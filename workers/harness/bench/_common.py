@@ -17,7 +17,7 @@ import statistics
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,17 +183,23 @@ def _number(value: float | None, unit: str = "") -> str:
     return f"{text} {unit}".strip()
 
 
-def markdown_table(figures: Sequence[Figure]) -> str:
-    """The figures as one Markdown table: benchmark, figure, value, ceiling, ratio, target, met."""
+def markdown_table(figures: Sequence[Figure], previous: Mapping[tuple[str, str], float] | None = None) -> str:
+    """The figures as one Markdown table: benchmark, figure, value, ceiling, ratio, target, met;
+    with `previous` (value by benchmark and figure name, from an earlier run), a `previous`
+    column after the value ("-" for a figure that run did not have)."""
+    before = previous is not None
     lines = [
-        "| benchmark | figure | value | ceiling | ratio | target | met |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| benchmark | figure | value |"
+        + (" previous |" if before else "")
+        + " ceiling | ratio | target | met |",
+        "|---|---|---:|" + ("---:|" if before else "") + "---:|---:|---|---|",
     ]
     for f in figures:
         met = {True: "yes", False: "**no**", None: ""}[f.met]
         ratio = "-" if f.ratio is None else f"{f.ratio:.2f}"
+        earlier = f" {_number(previous.get((f.benchmark, f.name)), f.unit)} |" if previous is not None else ""
         lines.append(
-            f"| {f.benchmark} | {f.name} | {_number(f.value, f.unit)} | {_number(f.ceiling, f.unit)}"
+            f"| {f.benchmark} | {f.name} | {_number(f.value, f.unit)} |{earlier} {_number(f.ceiling, f.unit)}"
             f" | {ratio} | {f.target} | {met} |"
         )
     return "\n".join(lines)
