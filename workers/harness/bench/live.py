@@ -12,9 +12,9 @@ in total, then `max`: `--closed-loop` senders back to back, the saturation point
   the reader's poll answer that brought it arriving (CLOCK_MONOTONIC, shared by the processes);
   sends never seen are counted as missing;
 * CPU-seconds per 1,000 events of each worker process and of all of them (user + system from
-  /proc, over the time the sends ran).
+  /proc, from the first send until the reader has seen the last).
 
-The sends come from `--sender-processes` processes (default 2), open loop: each send starts at its
+The sends come from `--sender-processes` processes (default 4), open loop: each send starts at its
 scheduled time whether or not the ones before it were answered (at most `IN_FLIGHT` per process
 at once), so a slow server shows as latency, not as a lower offered rate. The ceiling: the same
 senders and readers against the bare server of `bare_sync.py`, at every rate: what the load
@@ -53,7 +53,7 @@ TARGET_CPU_AT_10 = 3.0
 TARGET_CPU_SATURATED = 0.5
 #: Sends in flight at once per sender process (open loop, bounded).
 IN_FLIGHT = 256
-#: How long after the last send the readers have to bring it.
+#: How long after the last send's answer the readers have to bring every send.
 GRACE_S = 2.0
 
 #: Where a room's sends go: (the base URL taking them, room id, the sender's token).
@@ -135,9 +135,8 @@ async def _rates(
             sent: list[Sent] = []
             for conn in senders.conns:
                 sent += await senders.recv(conn, args.seconds + 120)
+            seen = await _seen_all(clients, {marker for marker, _, _, ok in sent if ok})
             cpu = {name: process_usage(pid)[1] - cpu_before[name] for name, pid in pids.items()}
-            await asyncio.sleep(GRACE_S)
-            seen = {text: arrived for text, arrived, _ in await clients.seen()}
             runs.append(_rate_result(label, rate, sent, seen, cpu))
             run = runs[-1]
             progress(
@@ -152,6 +151,16 @@ async def _rates(
         senders.close()
         clients.close()
     return runs
+
+
+async def _seen_all(clients: PollClients, markers: set[str]) -> dict[str, float]:
+    """When each of `markers` was seen, waiting until every one was or `GRACE_S` passed."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + GRACE_S
+    while not markers <= seen.keys() and time.monotonic() < deadline:
+        seen |= {text: arrived for text, arrived, _ in await clients.seen()}
+        await asyncio.sleep(0.02)
+    return seen
 
 
 def _rate_result(
@@ -249,7 +258,7 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
     p.add_argument("--seconds", type=float, default=10.0, help="how long each rate runs")
     p.add_argument("--rooms", type=int, default=10, help="rooms of 2 (a sender and a reader)")
-    p.add_argument("--sender-processes", type=int, default=2)
+    p.add_argument("--sender-processes", type=int, default=4)
     p.add_argument("--reader-processes", type=int, default=2)
     p.add_argument("--closed-loop", type=int, default=16, help="senders in flight at once for 'max'")
     args = p.parse_args(argv)
