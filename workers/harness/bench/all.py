@@ -2,9 +2,12 @@
 
 Each benchmark runs as its own `fanout bench NAME` process (a fresh interpreter and heap each, as
 when run alone), its JSON result read from its stdout and turned into figures by its module's
-`figures()`. The Markdown table (figure, ceiling, ratio, target, met) is written with the machine
-and the exact command, so the file says how to reproduce itself. A benchmark that fails or cannot
-run here (no valgrind for `instructions`) is listed as such; the others still run.
+`figures()`. The Markdown table (figure, ceiling, ratio, target, met) is written with the machine,
+the commit and the exact command, so the file says how to reproduce itself. Beside each figure
+stands the same figure from the previous run (`--previous`, by default the JSON file this run
+replaces), so a change is read against the commit before it. What follows `KEPT_BELOW` in the
+Markdown file is written by hand (the scenarios' descriptions) and kept. A benchmark that fails
+or cannot run here (no valgrind for `instructions`) is listed as such; the others still run.
 """
 
 from __future__ import annotations
