@@ -79,6 +79,17 @@ async def bench_cluster(
         await cluster.stop()
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return value
+
+
 def progress(message: str) -> None:
     """One progress line on stderr (stdout carries the JSON result)."""
     print(message, file=sys.stderr, flush=True)

@@ -40,6 +40,7 @@ from workers.harness.bench._common import (
     bench_cluster,
     beside_ceiling,
     latency_ms,
+    positive_int,
     process_usage,
     progress,
 )
@@ -219,27 +220,22 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     ]  # fmt: skip
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="fanout bench crowd", description=__doc__.split("\n\n")[0])
     p.add_argument("--database-url", help="an admin URL (a benchmark database is created on it)")
     p.add_argument("--redis-url")
-    p.add_argument("--polls", type=_positive, default=10_000, help="long-polls held on the sync worker")
-    p.add_argument("--rooms", type=_positive, default=100)
-    p.add_argument("--members", type=_positive, default=10, help="users per room (one sender, the rest read)")
-    p.add_argument("--polls-per-idle-user", type=_positive, default=100, help="polls per user in no room")
+    p.add_argument("--polls", type=positive_int, default=10_000, help="long-polls held on the sync worker")
+    p.add_argument("--rooms", type=positive_int, default=100)
+    p.add_argument(
+        "--members", type=positive_int, default=10, help="users per room (one sender, the rest read)"
+    )
+    p.add_argument("--polls-per-idle-user", type=positive_int, default=100, help="polls per user in no room")
     p.add_argument("--open-per-s", type=float, default=500.0, help="polls opened per second")
     p.add_argument("--poll-timeout", type=float, default=30.0, help="each poll's timeout, seconds")
     p.add_argument("--idle-seconds", type=float, default=30.0, help="the idle window measured")
-    p.add_argument("--rounds", type=_positive, default=3, help="wakes of every room at once")
+    p.add_argument("--rounds", type=positive_int, default=3, help="wakes of every room at once")
     p.add_argument("--round-gap", type=float, default=3.0, help="seconds between rounds")
-    p.add_argument("--client-processes", type=_positive, default=4)
+    p.add_argument("--client-processes", type=positive_int, default=4)
     p.add_argument(
         "--profile", metavar="DIR", help="record the sync worker with py-spy: idle window, first wake"
     )

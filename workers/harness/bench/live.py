@@ -39,6 +39,7 @@ from workers.harness.bench._common import (
     bench_cluster,
     beside_ceiling,
     latency_ms,
+    positive_int,
     process_usage,
     progress,
 )
@@ -246,13 +247,18 @@ def figures(result: dict[str, Any]) -> list[Figure]:
     return found
 
 
-def _rate(text: str) -> float | None:
-    if text == "max":
-        return None
-    rate = float(text)
-    if rate <= 0:
-        raise argparse.ArgumentTypeError(f"a rate must be positive or 'max': {text}")
-    return rate
+def _rate_list(text: str) -> list[float | None]:
+    """`--rates`: positive events/s or `max`, comma-separated."""
+    rates: list[float | None] = []
+    for part in text.split(","):
+        try:
+            rate = None if part == "max" else float(part)
+        except ValueError:
+            rate = -1.0
+        if rate is not None and not rate > 0:
+            raise argparse.ArgumentTypeError(f"not a rate: {part!r} (a positive number of events/s, or max)")
+        rates.append(rate)
+    return rates
 
 
 def main(argv: list[str]) -> int:
@@ -260,14 +266,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--database-url", help="an admin URL (a benchmark database is created on it)")
     p.add_argument("--redis-url")
     p.add_argument(
-        "--rates", type=lambda s: [_rate(r) for r in s.split(",")], default=[10.0, 50.0, 200.0, 1000.0, None],
+        "--rates", type=_rate_list, default=[10.0, 50.0, 200.0, 1000.0, None],
         help="offered events/s in all, comma-separated; 'max': closed loop (default 10,50,200,1000,max)",
     )  # fmt: skip
     p.add_argument("--seconds", type=float, default=10.0, help="how long each rate runs")
-    p.add_argument("--rooms", type=int, default=10, help="rooms of 2 (a sender and a reader)")
-    p.add_argument("--sender-processes", type=int, default=4)
-    p.add_argument("--reader-processes", type=int, default=2)
-    p.add_argument("--closed-loop", type=int, default=16, help="senders in flight at once for 'max'")
+    p.add_argument("--rooms", type=positive_int, default=10, help="rooms of 2 (a sender and a reader)")
+    p.add_argument("--sender-processes", type=positive_int, default=4)
+    p.add_argument("--reader-processes", type=positive_int, default=2)
+    p.add_argument("--closed-loop", type=positive_int, default=16, help="senders in flight at once for 'max'")
     args = p.parse_args(argv)
     raise_fd_limit()
     return beside_ceiling(args, {"rooms": args.rooms, "seconds": args.seconds}, _ceiling, _fanout, figures)
