@@ -65,6 +65,8 @@ class EphemeralSource(Protocol):
 
 
 CATCH_UP_WAIT_S = 10.0
+#: Sync tokens remembered by their text (about one per parked client; a few hundred bytes each).
+MAX_REMEMBERED_TOKENS = 20_000
 #: The most events an initial sync reads of a room to find the ones a timeline filter shows.
 MAX_RECENT = 1000
 #: The state events an invitee is shown (with the member events, filtered to theirs).
@@ -131,6 +133,8 @@ class SyncHandler:
         self.stored: StoredSections | None = None
         self._ratelog = RateLimitedLog(log)
         self.closing = False
+        #: token text -> token, the latest handed out or parsed (oldest dropped first).
+        self._tokens: dict[str, SyncToken] = {}
 
     def current_token(self) -> SyncToken:
         tokens = {
@@ -144,11 +148,25 @@ class SyncHandler:
         return SyncToken(tokens)
 
     async def encode(self, token: SyncToken) -> str:
-        return await self._instance_map.encode_sync_token(token, SYNC_STREAMS)
+        text = await self._instance_map.encode_sync_token(token, SYNC_STREAMS)
+        self._remember(text, token)
+        return text
 
     async def decode(self, text: str) -> SyncToken:
-        """Parse a client's token; InvalidTokenError if malformed or naming unknown instances."""
-        return await self._instance_map.decode_sync_token(text, SYNC_STREAMS)
+        """Parse a client's token; InvalidTokenError if malformed or naming unknown instances.
+        A token this worker handed out or parsed lately is looked up, not parsed: a long-poll
+        comes back with the `next_batch` of its last answer (a token's text means one token
+        forever: instance ids never change meaning)."""
+        token = self._tokens.get(text)
+        if token is None:
+            token = await self._instance_map.decode_sync_token(text, SYNC_STREAMS)
+            self._remember(text, token)
+        return token
+
+    def _remember(self, text: str, token: SyncToken) -> None:
+        self._tokens[text] = token
+        if len(self._tokens) > MAX_REMEMBERED_TOKENS:
+            del self._tokens[next(iter(self._tokens))]
 
     async def sync(
         self,
