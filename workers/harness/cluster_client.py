@@ -156,6 +156,20 @@ class ClusterClient:
         result: dict[str, Any] = await self._call("PUT", url, content)
         return result
 
+    async def redact(
+        self, room_id: str, event_id: str, reason: str | None = None, via: str | None = None
+    ) -> str:
+        """Redact `event_id`; the redaction's event id."""
+        url = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}/redact/{_q(event_id)}/{uuid.uuid4().hex}"
+        result = await self._call("PUT", url, {} if reason is None else {"reason": reason})
+        return str(result["event_id"])
+
+    async def event(self, room_id: str, event_id: str, via: str | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call(
+            "GET", f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}/event/{_q(event_id)}"
+        )
+        return result
+
     async def set_state(
         self, room_id: str, event_type: str, state_key: str, content: dict[str, Any], via: str | None = None
     ) -> dict[str, Any]:

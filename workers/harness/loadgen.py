@@ -75,6 +75,7 @@ class LoadReport:
     #: Answers with status 500 (writes and syncs): a fault must be answered 503, never 500.
     internal_errors: int = 0
     membership_changes: int = 0
+    redactions_sent: int = 0
     receipts_sent: int = 0
     receipts_seen: int = 0
     keys_uploaded: int = 0
@@ -119,6 +120,7 @@ class LoadReport:
             "failed_requests": self.failed,
             "internal_errors": self.internal_errors,
             "membership_changes": self.membership_changes,
+            "redactions_sent": self.redactions_sent,
             "receipts_sent": self.receipts_sent,
             "receipts_seen": self.receipts_seen,
             "one_time_keys_uploaded": self.keys_uploaded,
@@ -266,6 +268,10 @@ class LoadDriver:
         self.keys_claimed: dict[tuple[str, str], list[str]] = {}
         #: Devices a key upload or claim of unknown outcome touched (their count is not checked).
         self.keys_uncertain: set[tuple[str, str]] = set()
+        #: user -> (room, event id) of the messages the user sent and has not redacted.
+        self.messages: dict[str, list[tuple[str, str]]] = {}
+        #: redacted event id -> (room, the redaction's event id).
+        self.redactions: dict[str, tuple[str, str]] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.report = LoadReport()
         #: (recipient, device) -> the to-device messages sent to it in order: (id, acknowledged, sender).
@@ -325,7 +331,7 @@ class LoadDriver:
         client = self.rng.choice(self.clients)
         roll = self.rng.random()
         kinds = (
-            (0.50, "message"), (0.54, "churn"), (0.58, "receipt"), (0.60, "keys_upload"),
+            (0.48, "message"), (0.50, "redact"), (0.54, "churn"), (0.58, "receipt"), (0.60, "keys_upload"),
             (0.62, "keys_claim"), (0.68, "state"), (0.74, "join"), (0.79, "leave"),
             (0.82, "typing"), (0.85, "presence"), (0.91, "account_data"), (0.97, "to_device"),
         )  # fmt: skip
@@ -370,10 +376,13 @@ class LoadDriver:
                 elif kind in ("receipt", "keys_upload", "keys_claim"):
                     await self._client_chore(kind, client, mine)
                     return
+                elif kind == "redact" and self.messages.get(user):
+                    room, target = self.messages[user].pop()
+                    self.redactions[target] = (room, await client.redact(room, target, "load"))
                 elif mine:
-                    await client.send(
-                        self.rng.choice(mine), "m.room.message", {"body": f"hello {time.time()}"}
-                    )
+                    room = self.rng.choice(mine)
+                    sent = await client.send(room, "m.room.message", {"body": f"hello {time.time()}"})
+                    self.messages.setdefault(user, []).append((room, str(sent["event_id"])))
                 else:
                     return
             except RequestRefused as e:
@@ -572,6 +581,8 @@ class LoadDriver:
             self.report.account_data_seen += sum(len(r.account_data) for r in reader.records)
             self.report.to_device_seen += sum(len(r.to_device) for r in reader.records)
             self.report.device_changes_seen += sum(len(r.device_changed) for r in reader.records)
+        self.report.redactions_sent = len(self.redactions)
+        self.report.problems += await self._check_redactions()
         for event_id, ts in (await self._message_times()).items():
             arrivals = [p.arrivals.get(event_id) for p in self.probes]
             if all(a is not None for a in arrivals):
@@ -608,6 +619,23 @@ class LoadDriver:
                 )
             if self.report.presence_sent and not self.report.presence_seen:
                 self.report.problems.append(f"{self.report.presence_sent} presence updates sent, none seen")
+
+    async def _check_redactions(self) -> list[str]:
+        """Every redacted message, read by the rooms' owner (joined throughout) through every sync
+        worker, is pruned (no content left) and names its redaction in `unsigned.redacted_because`."""
+        problems: list[str] = []
+        owner = self.clients[0]
+        for target, (room, redaction) in sorted(self.redactions.items()):
+            for worker in self.sync_workers:
+                try:
+                    event = await owner.event(room, target, via=worker)
+                except RequestRefused as e:
+                    problems.append(f"redacted {target} could not be read on {worker}: {e}")
+                    continue
+                because = event.get("unsigned", {}).get("redacted_because", {}).get("event_id")
+                if event.get("content") != {} or because != redaction:
+                    problems.append(f"{worker} serves redacted {target} unpruned (or without its redaction)")
+        return problems
 
     def dump_histories(self, path: Path) -> None:
         """Every reader's recorded syncs, for diagnosing a failed verification."""
