@@ -166,7 +166,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"  persist-to-visible on every sync worker  p50 {summary['latency_p50_ms']} ms,"
         f" p99 {summary['latency_p99_ms']} ms ({summary['latency_samples']} messages)",
         f"  syncs checked                {summary['syncs']}",
-        f"  redactions                   {summary['redactions_sent']} (each read back pruned on every sync worker)",
+        f"  redactions                   {summary['redactions_sent']}"
+        " (each read back pruned on every sync worker)",
         f"  receipts / one-time keys     {summary['receipts_sent']} receipts set, "
         f"{summary['receipts_seen']} seen in /sync; {summary['one_time_keys_uploaded']} keys uploaded, "
         f"{summary['one_time_keys_claimed']} claimed (each once)",
