@@ -14,7 +14,8 @@ MEMBER = {"membership": "join", "displayname": "A", "join_authorised_via_users_s
 CREATE = {"creator": "@a:hs", "room_version": "1", "m.federate": False}
 JOIN_RULES = {"join_rule": "restricted", "allow": [{"type": "m.room_membership"}], "extra": 1}
 POWER = {"ban": 50, "events": {}, "events_default": 0, "invite": 0, "kick": 50, "redact": 50,
-         "state_default": 50, "users": {"@a:hs": 100}, "users_default": 0, "notifications": {"room": 50}}  # fmt: skip
+         "state_default": 50, "users": {"@a:hs": 100}, "users_default": 0,
+         "notifications": {"room": 50}}  # fmt: skip
 ALIASES = {"aliases": ["#a:hs"], "other": 1}
 VISIBILITY = {"history_visibility": "shared", "other": 1}
 REDACTION = {"redacts": "$target", "reason": "spam"}
@@ -51,8 +52,11 @@ V8 = {**V6, "m.room.join_rules": {"join_rule": "restricted", "allow": [{"type": 
 V9 = {**V8, "m.room.member": {"membership": "join", "join_authorised_via_users_server": "@s:hs"}}
 V11 = {
     **V9,
-    "m.room.member": {"membership": "join", "join_authorised_via_users_server": "@s:hs",
-                      "third_party_invite": {"signed": {"token": "t"}}},  # fmt: skip
+    "m.room.member": {
+        "membership": "join",
+        "join_authorised_via_users_server": "@s:hs",
+        "third_party_invite": {"signed": {"token": "t"}},
+    },
     "m.room.create": CREATE,
     "m.room.power_levels": {**POWER_KEPT, "invite": 0},
     "m.room.redaction": {"redacts": "$target"},
