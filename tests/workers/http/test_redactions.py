@@ -1,6 +1,7 @@
-"""Redactions remove, on in-process workers: a reader that followed the redaction over replication
-serves the redacted events pruned by the room's version on every read path (even the bodies it
-had cached from an earlier sync), and so does the same reader after a restart."""
+"""Redactions remove, on in-process workers: a reader that followed the redaction over replication,
+and the writer that persisted it, serve the redacted events pruned by the room's version on every
+read path (even the bodies they had cached from an earlier sync), and so does the reader after a
+restart."""
 
 from __future__ import annotations
 
@@ -18,16 +19,16 @@ POWER = "m.room.power_levels"
 
 
 async def _read_everywhere(
-    alice: ClusterClient, room: str, since: str, redacted: dict[str, str]
+    alice: ClusterClient, via: str, room: str, since: str, redacted: dict[str, str]
 ) -> list[dict[str, Any]]:
-    """Every read path of reader r1, each event of `redacted` (target -> redaction) as it
+    """Every read path of worker `via`, each event of `redacted` (target -> redaction) as it
     returns it: /event, /messages, /state (and its per-type read), initial and incremental sync."""
-    base = f"{alice.urls['r1']}{C}/rooms/{room}"
+    base = f"{alice.urls[via]}{C}/rooms/{room}"
     seen: list[dict[str, Any]] = [await alice._call("GET", f"{base}/event/{target}") for target in redacted]
-    chunk = (await alice.messages(room, via="r1", dir="b", limit=50))["chunk"]
-    state = await alice.room_state(room, via="r1")
-    initial = await alice.sync("r1")
-    incremental = await alice.sync("r1", since)
+    chunk = (await alice.messages(room, via=via, dir="b", limit=50))["chunk"]
+    state = await alice.room_state(room, via=via)
+    initial = await alice.sync(via)
+    incremental = await alice.sync(via, since)
     joined = [body["rooms"]["join"][room] for body in (initial, incremental)]
     for events in (chunk, state, *(timeline_events(b) for b in (initial, incremental))):
         seen += [e for e in events if e["event_id"] in redacted]
@@ -76,10 +77,11 @@ async def test_redacted_events_are_pruned_on_every_read_path_of_a_reader_and_aft
         via="r1",
     )
     targets = [message["event_id"], topic["event_id"], power["event_id"]]
-    # r1 serves them whole (from memory, so its body cache holds them) ...
-    served = {e["event_id"]: e for e in timeline_events(await alice.sync("r1", since))}
-    assert served[message["event_id"]]["content"]["body"] == "oops"
-    assert all(served[t]["content"] for t in targets)
+    # Both workers serve them whole (from memory, so their body caches hold them) ...
+    for via in ("p1", "r1"):
+        served = {e["event_id"]: e for e in timeline_events(await alice.sync(via, since))}
+        assert served[message["event_id"]]["content"]["body"] == "oops"
+        assert all(served[t]["content"] for t in targets)
     # ... then the writer takes the redactions: r1 hears of them by replication only.
     redacted: dict[str, str] = {}
     for i, target in enumerate(targets):
@@ -94,11 +96,11 @@ async def test_redacted_events_are_pruned_on_every_read_path_of_a_reader_and_aft
             break
     else:
         raise AssertionError("r1 never saw the redactions")
-    assert r1.sync.bodies.reads > 0
-    _check(await _read_everywhere(alice, room, since, redacted), redacted, version)
+    for via in ("r1", "p1"):
+        _check(await _read_everywhere(alice, via, room, since, redacted), redacted, version)
     await r1.stop()
     await make_worker("r1", WRITERS)  # the same port: alice's URL for r1 still holds
-    _check(await _read_everywhere(alice, room, since, redacted), redacted, version)
+    _check(await _read_everywhere(alice, "r1", room, since, redacted), redacted, version)
     # A redaction naming another room's event removes nothing.
     other = await alice.create_room(via="r1", room_version=version)
     kept = await alice.send(other, "m.room.message", {"body": "stays"}, via="r1")
