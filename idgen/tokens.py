@@ -10,8 +10,15 @@ Text form of one stream token:
 
 `SyncToken` has one stream token per stream, in an order the application fixes (e.g. `("events",
 "caches")`), joined by `_`: `s12_m5~1.7~2.9`. Every character is RFC 3986 "unreserved", so the token needs
-no escaping in a URL. Missing trailing components parse as `s0` (a stream added later); extra ones are
-rejected. Parsing is strict: anything else raises InvalidTokenError naming the offending part.
+no escaping in a URL. Parsing is strict: anything malformed raises InvalidTokenError naming the
+offending part.
+
+Across one release (a rolling upgrade serves a client from both), streams are only appended to the
+order, never removed or reordered. So a token of the previous release lacks trailing components:
+they parse as `s0` (the stream did not exist). A token of the next release has more: up to
+`MAX_NEWER_COMPONENTS` trailing ones, checked for form and then ignored (the next `next_batch`
+this release issues leaves them out, so the newer worker resends that stream's items from its
+start rather than the client starting over).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ _S_FORM = re.compile(rf"s{_NUM}")
 _M_HEAD = re.compile(rf"m{_NUM}")
 _M_ENTRY = re.compile(rf"{_NUM}\.{_NUM}")
 _MAX_POS = 2**63 - 1
+#: How many trailing components of streams this release does not know a token may carry.
+MAX_NEWER_COMPONENTS = 16
 
 
 class PositionSource(Protocol):
@@ -225,13 +234,17 @@ class SyncToken:
 
     @staticmethod
     def parse_ids(text: str, stream_order: Sequence[str]) -> dict[str, tuple[int, dict[int, int]]]:
-        """The structure of each component, keyed by stream; raises InvalidTokenError."""
+        """The structure of each component of `stream_order`, keyed by stream (missing ones at
+        `s0`, those beyond the order checked and left out); raises InvalidTokenError."""
         parts = text.split("_")
-        if not text or len(parts) > len(stream_order):
+        most = len(stream_order) + MAX_NEWER_COMPONENTS
+        if not text or len(parts) > most:
             raise InvalidTokenError(
-                f"invalid sync token {text!r}: expected 1 to {len(stream_order)} '_'-separated components"
+                f"invalid sync token {text!r}: expected 1 to {most} '_'-separated components"
             )
-        parts += ["s0"] * (len(stream_order) - len(parts))
+        for newer in parts[len(stream_order) :]:
+            MultiWriterStreamToken.parse_ids(newer)
+        parts = parts[: len(stream_order)] + ["s0"] * (len(stream_order) - len(parts))
         return {n: MultiWriterStreamToken.parse_ids(p) for n, p in zip(stream_order, parts, strict=True)}
 
     @classmethod

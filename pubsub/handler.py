@@ -21,8 +21,14 @@ Rules (see the package docstring for why):
   including `token`, in order: single-row tokens queued back to back are applied together.
   If `apply` raises, the generator is not advanced and the writer waits for the next POSITION,
   whose catch-up retries the rows.
-* Rejected input (bad line, unknown stream, forged writer, invalid row) is logged (rate-limited),
-  counted by reason and never moves a position.
+* Rejected input (bad line, forged writer, invalid row) is logged (rate-limited), counted by
+  reason and never moves a position. A row of a known stream may carry trailing fields this
+  release does not know: they are ignored (`pubsub.streams`). A line of a stream this process does
+  not know is a newer release's during a rolling upgrade, not a forgery: skipped and counted as
+  dropped (`unknown_stream`), logged at INFO (rate-limited).
+* A line under our own name is never applied. An own POSITION is parsed in full first (a token
+  above 2**63 - 1 is refused as malformed, like anyone's); only a well-formed one claiming a
+  position beyond our commits is the alarm of `_check_own_claim`.
 * A stream can be followed for positions only (`positions_only`): for a process that applies none
   of its rows (a persister that serves no reads) but must know how far every writer got (its
   persisted-upto, and the position it announces when idle). A numbered RDATA's token and a
@@ -68,8 +74,9 @@ UserSyncListener = Callable[[UserSync | ClearUserSync], Awaitable[None] | None]
 
 
 #: Where `handle_lines` sends another writer's RDATA: its stream's queue, the writer, the stream's
-#: numbered-payload validator (None: the stream is followed for positions only) and row type.
-_Route = tuple[StreamQueue, str, Callable[[str | bytes], tuple[Any, ...]] | None, type[Row]]
+#: numbered-payload validator (None: the stream is followed for positions only), row type and the
+#: end of the row's fields in the validated values (later ones are a newer release's, ignored).
+_Route = tuple[StreamQueue, str, Callable[[str | bytes], tuple[Any, ...]] | None, type[Row], int]
 
 
 class ReplicationHandler:
@@ -121,6 +128,7 @@ class ReplicationHandler:
                 writer,
                 None if state.positions_only else state.stream.validate_numbered,
                 state.stream.row_type,
+                2 + state.stream.width,
             )
             for name, state in self._states.items()
             for writer in state.stream.writers
@@ -189,9 +197,10 @@ class ReplicationHandler:
         for data in lines:
             if data.startswith(own):
                 if data.startswith(echo):
-                    echoes += 1
                     if data.startswith(b"POSITION "):
-                        self._check_own_claim(data)
+                        self._own_position(data)
+                    else:
+                        echoes += 1
                 else:
                     unsubscribed += 1
                 size += len(data)
@@ -199,7 +208,7 @@ class ReplicationHandler:
             fields = split(data, max_bytes)  # the checks `parse_line` would make, on the bytes
             if fields is not None and (route := routes.get((fields[0], fields[1]))) is not None:
                 token, payload = fields[2], fields[3]
-                state, writer, validate, row_type = route
+                state, writer, validate, row_type, end = route
                 if validate is None:
                     if route is not follow:
                         if follow is not None:
@@ -217,7 +226,7 @@ class ReplicationHandler:
                         state.overflow()
                         self.metrics.drop("backlog_overflow")
                     else:
-                        row = new(row_type, values[2:])
+                        row = new(row_type, values[2:end])
                         state.queue.append((generation, writer, int(token), row, values[0], values[1]))
                 size += len(data)
                 if route is not last:
@@ -244,17 +253,24 @@ class ReplicationHandler:
             self.metrics.command_in("RDATA", state.stream.name, count)
             state.wake.set()
 
-    def _check_own_claim(self, data: bytes) -> None:
-        """A POSITION under our own name is never applied: our positions come from our own commits.
-        One that claims a position we never reached means another process speaks under our name
-        (or forges it): count it and raise an alarm (rate-limited), nothing else. (Only POSITION
-        lines are checked: they come once per interval, while checking every echoed row would
-        cost the write path a parse per row.)"""
-        parts = data.split(b" ", 5)
+    def _own_position(self, data: bytes) -> None:
+        """A POSITION under our own name: never applied (our positions come from our own commits).
+        It is parsed in full first, so a malformed one (a token above 2**63 - 1 included) is
+        rejected with its reason like anyone's, and only a well-formed one reaches the own-name
+        check. (Only POSITION lines are parsed: they come once per interval, while parsing every
+        echoed row would cost the write path a parse per row.)"""
         try:
-            stream, token = parts[1].decode(), int(parts[4])
-        except (IndexError, ValueError):
-            return  # not a line we could have sent: the parser's business
+            cmd = parse_line(data, self.max_line_bytes)
+        except WireError as e:
+            self.reject(e.reason, f"detail={e.detail!r} line={bytes(data[:80])!r}")
+            return
+        self.metrics.drop("echo")
+        if isinstance(cmd, Position):
+            self._check_own_claim(cmd.stream, cmd.new_token)
+
+    def _check_own_claim(self, stream: str, token: int) -> None:
+        """An own POSITION that claims a position we never reached means another process speaks
+        under our name (or forges it): count it and raise an alarm (rate-limited), nothing else."""
         state = self._states.get(stream)
         if state is None or token <= state.stream.current_token(self.instance_name):
             return
@@ -275,9 +291,10 @@ class ReplicationHandler:
         if isinstance(data, bytes):
             if data.startswith(self._own_prefixes):
                 if data.startswith(self._echo_prefixes):
-                    self.metrics.drop("echo")
                     if data.startswith(b"POSITION "):
-                        self._check_own_claim(data)
+                        self._own_position(data)
+                    else:
+                        self.metrics.drop("echo")
                 else:
                     self.metrics.drop("not_subscribed")
                 return
@@ -301,7 +318,14 @@ class ReplicationHandler:
             if stream_name in self._other_streams:
                 self.metrics.drop("not_subscribed")
             else:
-                self.reject("unknown_stream", f"stream={stream_name}")
+                self.metrics.drop("unknown_stream")
+                self._ratelog.log(
+                    logging.INFO,
+                    "unknown_stream",
+                    "skipped replication line of unknown stream=%s instance=%s (a newer release's?)",
+                    stream_name,
+                    instance,
+                )
             return
         if instance == self.instance_name:
             self.metrics.drop("echo")

@@ -14,6 +14,12 @@ strict pydantic tuple validator and build the NamedTuple from the checked values
 objects into pydantic models cost about 2.5 times as much per row (each model instance allocates a
 dict and a set, keys are matched one by one); with arrays, a persister applying another's events
 takes 29% fewer instructions per event (`fanout bench instructions`).
+
+Compatibility across one release (a rolling upgrade runs both): a row changes only by adding fields
+at its end. A reader ignores trailing elements it does not know (any JSON: they are the next
+release's fields), and a trailing field it knows but the row lacks takes the NamedTuple's default
+when it has one (the previous release's row). A new field without a default is a new stream (a new
+name), written beside the old one for a release. A row is always an array: an object is refused.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Annotated, Any, Generic, TypeVar, get_type_hints
 
 import pydantic_core
 from pydantic import ConfigDict, Field, TypeAdapter
+from pydantic_core import SchemaValidator, core_schema
 
 from pubsub.errors import StreamConfigError
 from pubsub.types import IdGenerator, Row, UpdateFunction
@@ -50,6 +57,7 @@ class Stream(Generic[RowT]):
         "positive",
         "row_type",
         "update_function",
+        "width",
         "writers",
     )
 
@@ -74,14 +82,15 @@ class Stream(Generic[RowT]):
         self.generator = generator
         self.writers = frozenset(writers)
         self.positive = positive
+        #: How many fields a row has: validated values beyond them are a later release's, ignored.
+        self.width = len(fields)
         hints = get_type_hints(row_type, include_extras=True)
         field_types = tuple(hints[f] for f in fields)
+        field_defaults: dict[str, object] = getattr(row_type, "_field_defaults", {})
+        defaults = tuple(field_defaults.get(f, _REQUIRED) for f in fields)
         envelope = (Annotated[int, Field(ge=0)], Annotated[int, Field(ge=1)])
-        # Strict: a forged row gets no coercion (no "5" for 5); JSON arrays still validate as tuples.
-        numbered: Any = GenericAlias(tuple, (*envelope, *field_types))
-        batched: Any = GenericAlias(tuple, field_types)
-        self._numbered = TypeAdapter(numbered, config=_STRICT).validator
-        self._batched = TypeAdapter(batched, config=_STRICT).validator
+        self._numbered = _row_validator((*envelope, *field_types), (_REQUIRED, _REQUIRED, *defaults))
+        self._batched = _row_validator(field_types, defaults)
 
     def current_token(self, instance: str) -> int:
         """What this process knows of `instance`'s position, as a wire token."""
@@ -110,9 +119,9 @@ class Stream(Generic[RowT]):
     @property
     def validate_numbered(self) -> Callable[[str | bytes], tuple[Any, ...]]:
         """The strict check of a numbered payload that `parse_payload` makes: it returns the
-        values `(prev, n, *fields)` or raises pydantic.ValidationError. For the receive path, which
-        builds the row itself (`tuple.__new__(row_type, values[2:])`) rather than pay a call per
-        row."""
+        values `(prev, n, *fields, *unknown)` or raises pydantic.ValidationError. For the receive
+        path, which builds the row itself (`tuple.__new__(row_type, values[2 : 2 + width])`) rather
+        than pay a call per row."""
         validate: Callable[[str | bytes], tuple[Any, ...]] = self._numbered.validate_json
         return validate
 
@@ -123,8 +132,8 @@ class Stream(Generic[RowT]):
         """
         if numbered:
             values = self.validate_numbered(payload)
-            return tuple.__new__(self.row_type, values[2:]), values[0], values[1]
-        return tuple.__new__(self.row_type, self._batched.validate_json(payload)), -1, 0
+            return tuple.__new__(self.row_type, values[2 : 2 + self.width]), values[0], values[1]
+        return tuple.__new__(self.row_type, self._batched.validate_json(payload)[: self.width]), -1, 0
 
     @staticmethod
     def encode_payload(row: tuple[Any, ...] | str, prev: int | None = None, n: int = 0) -> str:
@@ -161,6 +170,26 @@ class Stream(Generic[RowT]):
 
     def __repr__(self) -> str:
         return f"Stream({self.name!r}, writers={sorted(self.writers)}, positive={self.positive})"
+
+
+_REQUIRED = object()
+
+
+def _row_validator(types: Sequence[Any], defaults: Sequence[object]) -> SchemaValidator:
+    """Strict (a forged row gets no coercion: no "5" for 5; JSON arrays still validate as tuples)
+    validation of an array of `types`, then any trailing elements, unchecked and returned; an
+    element missing from the end takes its default where `defaults` has one (`_REQUIRED`: none)."""
+    row: Any = GenericAlias(tuple, tuple(types))
+    schema: Any = TypeAdapter(row, config=_STRICT).core_schema
+    if schema["type"] != "tuple":
+        raise StreamConfigError(f"row fields {types} need shared definitions: not supported")
+    items = [
+        item if default is _REQUIRED else core_schema.with_default_schema(item, default=default)
+        for item, default in zip(schema["items_schema"], defaults, strict=True)
+    ]
+    items.append(core_schema.any_schema())
+    tuple_schema = core_schema.tuple_schema(items, variadic_item_index=len(items) - 1)
+    return SchemaValidator(tuple_schema, core_schema.CoreConfig(strict=True))
 
 
 class StreamRegistry:

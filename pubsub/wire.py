@@ -13,6 +13,11 @@ for a negative stream the wire token is the negation of the database ID. Stream,
 instance-id names use letters, digits, `_`, `.`, `-`. A row is JSON text: `parse_line` keeps it
 as text, the stream validates it later against its row type (that is cheaper than validating whole lines).
 
+Across releases (a rolling upgrade runs two) the grammar stays: rows may grow at their end
+(`pubsub.streams`) and streams may be added (a reader skips a stream it does not know), but a new
+command is refused by the previous release's readers (`unknown_command`): ship the reader that
+takes it one release before the first writer that sends it.
+
 `parse_line` and `format_command` are pure and inverse: `parse_line(format_command(c)) == c`
 for every valid command. Any invalid input raises `WireError` whose `reason` is a metric label.
 

@@ -7,10 +7,11 @@ tasks this instance runs, then serve HTTP. Only then is /health ready.
 
 What an instance does comes from the configuration alone: it persists events when it is listed in
 `stream_writers.events`, runs the background tasks in `background_tasks`, and serves /sync and room
-state unless `serve_reads` is false. A worker that serves no reads applies no other writer's rows:
-it follows every stream for positions only (a persister still needs them: the position it
-announces when idle is the highest one it has heard of), which saves it the validation and the
-cache work of every row the other writers publish.
+state unless `serve_reads` is false. A worker that serves no reads applies no other writer's rows
+but the caches stream's (it still caches access tokens, and the caches rows end them): it follows
+every other stream for positions only (a persister still needs them: the position it announces
+when idle is the highest one it has heard of), which saves it the validation and the cache work
+of every row the other writers publish.
 
 Order on every replicated batch (the rule that keeps readers from seeing stale data): the apply
 callback invalidates caches, pubsub advances the generator, then the position listener wakes
@@ -48,7 +49,7 @@ from workers.config import ConfigError, WorkerConfig
 from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
-from workers.handlers.caches import LruCache, SyncCaches
+from workers.handlers.caches import CacheRows, LruCache, SyncCaches
 from workers.handlers.federation_sender import FederationSenderStandIn
 from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
@@ -61,6 +62,7 @@ from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler, SyncObservers
 from workers.http.accounts import AccountSettings
+from workers.http.auth import TOKEN_CACHE, token_loader
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.federation_client import FederationClient
 from workers.http.health import CacheCollector, ReadinessCollector, health_routes
@@ -78,6 +80,7 @@ from workers.storage.named_pool import TransactionTimer
 from workers.stored import NAMES as STORED_STREAMS
 from workers.stored import StoredStreams
 from workers.streams.caches import CACHES, CacheRow, caches_stream
+from workers.streams.device_lists import DEVICE_LISTS
 from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream
 from workers.worker_metrics import WorkerMetrics
 
@@ -141,7 +144,10 @@ class Worker:
     def writers(self, stream: str) -> list[str]:
         if stream in (BACKFILL,):
             return self.config.writers_of(EVENTS)
-        if stream == CACHES or stream in STORED_STREAMS:
+        if stream == CACHES:  # a device_lists writer records the access tokens it ends there
+            own = self.config.writers_of(CACHES) or self.config.writers_of(EVENTS)
+            return own + [w for w in self.writers(DEVICE_LISTS) if w not in own]
+        if stream in STORED_STREAMS:
             return self.config.writers_of(stream) or self.config.writers_of(EVENTS)
         return self.config.writers_of(stream)
 
@@ -204,6 +210,8 @@ class Worker:
             self._load_current_state,
             self._load_room_visibility,
             config.cache_max_entries,
+            access_token=token_loader(self.pool),  # every worker applies the caches stream's rows
+            access_token_entries=config.access_token_cache_entries,
         )
         self.room_versions = RoomVersions(self.pool, config.cache_max_entries)
         self.sync = SyncHandler(
@@ -236,7 +244,7 @@ class Worker:
                 ReplicationSettings.from_config(config),
                 streams,
                 apply=self._apply,
-                positions_only=[] if config.serve_reads else [s.name for s in streams],
+                positions_only=[] if config.serve_reads else [s.name for s in streams if s.name != CACHES],
                 drop_filter=self._drop_filter,
                 registry=self.registry,
             )
@@ -248,6 +256,11 @@ class Worker:
                 self.replication, self.caches, self.notifier, self.replication.handler.is_connected
             )
             self.sync.stored = self.stored.sections
+            if self.name in self.writers(DEVICE_LISTS):
+                self.stored.device_lists.cache_rows = CacheRows(
+                    self.name, self.generators[CACHES], lambda rows: self._committed([], [], rows),
+                    self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
+                )  # fmt: skip
             await self.replication.start()
         with self._phase("catch_up"):
             await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
@@ -333,6 +346,8 @@ class Worker:
             )
         )
         app = api.application()
+        if self.caches.access_tokens is not None:
+            app[TOKEN_CACHE] = self.caches.access_tokens
         app.middlewares.insert(0, request_timing(self.registry))
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         self.room_writes.forwarder = self.ephemeral.requests
@@ -464,6 +479,12 @@ class Worker:
             self.replication.stage_unknown(CACHES, max(cache_ids))
         self.caches.on_events(events)
         self.room_views.on_events(events)
+
+    def _cache_row_uncertain(self, stream_id: int, row: CacheInvalidation) -> None:
+        """A caches row whose transaction failed where it may have committed: applied here (an
+        invalidation is always safe) and fetched from the database by readers."""
+        self.caches.on_invalidations([row])
+        self.replication.stage_unknown(CACHES, stream_id)
 
     def _finished(
         self,

@@ -185,7 +185,8 @@ class WorkerConfig(BaseSettings):
     serve_reads: bool = Field(
         True,
         description="Serve /sync and room state, applying every writer's rows; false for a"
-        " persister that only writes (it then follows the other writers' positions only)",
+        " persister that only writes (it then applies only the caches stream's rows, for its token"
+        " cache, and follows the other streams' positions)",
     )
     default_room_version: str = Field(
         DEFAULT_ROOM_VERSION,
@@ -199,6 +200,12 @@ class WorkerConfig(BaseSettings):
         30, ge=1, description="Days of the invalidation log kept by the prune_invalidations background task"
     )
     cache_max_entries: int = Field(10_000, ge=1, description="Entries per in-process cache (LRU)")
+    access_token_cache_entries: int = Field(
+        100_000,
+        ge=1,
+        description="Access tokens a worker keeps in memory (LRU, about 320 bytes each); a token"
+        " beyond them costs a database read per request",
+    )
     startup_retry_s: float = Field(
         30.0, ge=0, le=3600, description="Seconds to retry Postgres and Redis at start-up before exiting 1"
     )

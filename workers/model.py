@@ -26,6 +26,9 @@ MEMBERSHIPS = frozenset({"join", "leave", "invite", "ban", "knock"})
 # moved in it ([!room, @member, ..., !room2, ...]; the sigil tells them apart): one row covers
 # every cache that depends on those rooms' current state and on those members' room lists.
 CURRENT_STATE_CACHE = "cs_cache_fake"
+#: Rows of the caches stream whose keys are the hex SHA-256 of access tokens that ended (Synapse's
+#: cache of the same purpose has this name); keys None: every cached token.
+ACCESS_TOKEN_CACHE = "get_user_by_access_token"
 MEMBERS_PER_INVALIDATION = 50
 #: The most keys one such row carries (the caches stream's row type bounds it the same way).
 KEYS_PER_INVALIDATION = MEMBERS_PER_INVALIDATION + 1
@@ -117,7 +120,8 @@ class Event(NamedTuple):
 
     def json_texts(self, room_version: str | None = None) -> tuple[str, str]:
         """(the stored JSON, the JSON array of the event's `events` stream row, which carries the
-        room's version and, for a redaction, the event it redacts).
+        room's version and, for a redaction only, the event it redacts: the trailing field is left
+        out of every other row, where readers take its default).
 
         The persister needs both for every event, so they are built together, as text: each string
         is escaped once, by the standard library's C encoder, for both (escaping cost about 150 ns a
@@ -144,8 +148,8 @@ class Event(NamedTuple):
         redacts = redacts_of(self.type, self.content) if self.type == REDACTION_EVENT else None
         row = (
             f"[{event_id},{room_id},{kind},{sender},{state_key},"
-            f"{'null' if membership is None else _literal(membership)},{version},"
-            f"{'null' if redacts is None else q(redacts)}]"
+            f"{'null' if membership is None else _literal(membership)},{version}"
+            f"{']' if redacts is None else f',{q(redacts)}]'}"
         )
         return stored, row
 

@@ -13,6 +13,7 @@ import errno
 
 from workers.config import ConfigError
 from workers.errors import WorkerError
+from workers.storage.migrate import SchemaMismatch
 
 CONFIGURATION = 2
 RUNTIME = 1
@@ -38,4 +39,6 @@ def describe(error: BaseException) -> tuple[str, int] | None:
         return f"fanout: {error}", RUNTIME
     if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
         return f"fanout: HTTP port busy: {error}", RUNTIME
+    if isinstance(error, SchemaMismatch):  # deploy another release, or run `fanout migrate`
+        return f"fanout: {error}", CONFIGURATION
     return None

@@ -151,14 +151,19 @@ async def test_a_forged_position_under_a_running_writers_name_stops_nothing(
 ) -> None:
     """Issue 24's forged echo: one POSITION under persister1's own name, far beyond anything. The
     real persister1 ignores it (its positions come from its commits) and raises the alarm; readers
-    refuse it (beyond the sequence); every later send answers 200 and is delivered."""
+    refuse it (beyond the sequence); every later send answers 200 and is delivered. One of 2**63
+    under the same name is no position at all: refused as malformed with its reason, no alarm."""
     cluster = await make_cluster(persisters=1, sync_workers=1, background_workers=0)
     async with aiohttp.ClientSession() as session:
         alice = ClusterClient(session, cluster.urls)
         await alice.register("alice", via="sync1")
         room = await alice.create_room("public", via="sync1")
         since = (await alice.sync("sync1"))["next_batch"]
-        await publish_raw(redis_url, channel_prefix, [b"POSITION events persister1 70 1000000000000000"])
+        await publish_raw(
+            redis_url,
+            channel_prefix,
+            [b"POSITION events persister1 70 1000000000000000", b"POSITION events persister1 0 %d" % 2**63],
+        )
         for i in range(10):
             await alice.send(room, "m.room.message", {"n": i}, via="persister1" if i % 2 else "sync1")
         got: list[int] = []
@@ -170,7 +175,9 @@ async def test_a_forged_position_under_a_running_writers_name_stops_nothing(
         async with session.get(f"{cluster.url('persister1')}/metrics") as resp:
             metrics = await resp.text()
     assert 'fanout_repl_rejected_total{reason="conflicting_own_name"} 1.0' in metrics
-    assert "ALARM" in cluster.log_tail("persister1", 200)
+    assert 'fanout_repl_rejected_total{reason="token_too_large"} 1.0' in metrics
+    log = cluster.log_tail("persister1", 200)
+    assert "ALARM" in log and "reason=token_too_large" in log
 
 
 async def _wait_until(condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 60.0) -> None:

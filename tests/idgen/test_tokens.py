@@ -45,10 +45,26 @@ def test_malformed_stream_tokens_are_rejected(text: str) -> None:
         MultiWriterStreamToken.parse(text, BY_ID)
 
 
-@pytest.mark.parametrize("text", ["", "s1_s2_s3", "s1__s2", "s1_x", "s1 _s2"])
+@pytest.mark.parametrize(
+    "text", ["", "s1__s2", "s1_x", "s1 _s2", "s1_s2_x", "s1_s2_m3", "_".join(["s1"] * (len(ORDER) + 17))]
+)
 def test_malformed_sync_tokens_are_rejected(text: str) -> None:
     with pytest.raises(InvalidTokenError):
         SyncToken.parse(text, ORDER, BY_ID)
+
+
+def test_tokens_of_the_previous_and_the_next_release_are_read() -> None:
+    """Streams are only appended: an older token lacks trailing components (they are at s0), a
+    newer one has more (checked for form, then left out)."""
+    newer = SyncToken.parse("m5~2.7_s2_m9~77.10_s4", ORDER, BY_ID)  # 77: an id only the newer knows
+    assert newer == SyncToken(
+        {"events": MultiWriterStreamToken(5, {"persister1": 7}), "caches": MultiWriterStreamToken(2)}
+    )
+    assert newer.to_string(ORDER, IDS) == "m5~2.7_s2"
+    assert SyncToken.parse("s5", ORDER, BY_ID).get("caches") == MultiWriterStreamToken(0)
+    assert SyncToken.parse("_".join(["s1"] * (len(ORDER) + 16)), ORDER, BY_ID) == SyncToken.parse(
+        "s1_s1", ORDER, BY_ID
+    )
 
 
 def test_invariant_entries_above_stream() -> None:

@@ -175,7 +175,7 @@ async def test_forged_and_invalid_input_never_moves_a_position(make: Callable[..
     assert h.applied == []
     assert h.position("w1") == 0
     assert h.rejected("not_a_writer") == 2
-    assert h.rejected("unknown_stream") == 1
+    assert h.dropped("unknown_stream") == 1  # a newer release's stream: skipped, not forged
     assert h.rejected("invalid_row") == 3
     assert h.dropped("echo") == 1
     assert h.dropped("not_subscribed") == 1
@@ -324,6 +324,49 @@ async def test_a_line_claiming_our_name_beyond_our_commits_is_an_alarm_and_moves
     assert h.position("me") == 5 and h.applied == []
     alarms = [r for r in caplog.records if "ALARM" in r.getMessage()]
     assert len(alarms) == 1 and alarms[0].levelname == "ERROR"
+
+
+async def test_an_own_position_above_64_bits_is_malformed_not_an_alarm(
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The 64-bit bound comes before the own-name check: 2**63 is no position anyone committed."""
+    h = make()
+    h.send(f"POSITION s me 0 {2**63}")
+    h.handler.handle_line(f"POSITION s me 0 {2**63}".encode(), 0.0)  # the line-at-a-time path too
+    await h.settle()
+    assert h.rejected("token_too_large") == 2
+    assert h.rejected("conflicting_own_name") == 0 and h.dropped("echo") == 0
+    assert h.position("me") == 0 and h.applied == []
+    refused = [r for r in caplog.records if "token_too_large" in r.getMessage()]
+    assert len(refused) == 1 and refused[0].levelname == "WARNING"  # rate-limited to one line
+    assert not [r for r in caplog.records if "ALARM" in r.getMessage()]
+
+
+async def test_rows_of_the_next_and_the_previous_release_are_read(
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Additive changes across one release: trailing fields a reader does not know are ignored, a
+    missing trailing field with a default takes it, a stream it does not know is skipped and
+    counted, and none of these is a rejection."""
+    caplog.set_level("INFO", logger="pubsub.handler")
+    h = make()
+    h.send("POSITION s w1 0 0")
+    h.send(
+        'RDATA s w1 1 [0,1,"a",3,"a field of the next release",{"k":[1]}]',
+        'RDATA s w1 2 [1,1,"b"]',  # the previous release's row, before `n` existed
+        'RDATA s w1 batch ["c",5,null]',
+        'RDATA s w1 3 [2,2,"d",6,7]',
+        'RDATA receipts w1 4 [3,1,"!r:hs","m.read"]',
+        "POSITION receipts w1 3 4",
+    )
+    h.handler.handle_line('RDATA s w1 4 [3,1,"é",1,"x"]', 0.0)  # not ASCII: the general path
+    await h.settle()
+    rows = [row for _, _, payloads in h.applied for row in payloads]
+    assert rows == ["a", "b", "c", "d", "é"]
+    assert h.handler.metrics.rejected == {}
+    assert h.dropped("unknown_stream") == 2
+    skipped = [r for r in caplog.records if "unknown stream=receipts" in r.getMessage()]
+    assert len(skipped) == 1 and skipped[0].levelname == "INFO"
 
 
 async def test_metrics_are_plain_counters_exposed_at_collection(make: Callable[..., Harness]) -> None:

@@ -57,8 +57,8 @@ def test_the_shape_on_the_wire() -> None:
         '[0,1,"a",["1","2","3","4"],3]',
         '[0,0,"a",null,3]',  # a numbered row counts at least itself
         '[-1,1,"a",null,3]',
-        '[0,1,"a",null]',  # arity, both ways
-        '[0,1,"a",null,3,4]',
+        '[0,1,"a",null]',  # a missing field without a default
+        "[0,1]",
         '{"prev":0,"n":1,"row":{"name":"a","keys":null,"count":3}}',  # objects are not rows
         '[0,1,"a",null,3',
     ],
@@ -66,6 +66,30 @@ def test_the_shape_on_the_wire() -> None:
 def test_invalid_payloads_are_refused(payload: str) -> None:
     with pytest.raises(ValidationError):
         _stream().parse_payload(payload, True)
+
+
+class Grown(NamedTuple):
+    """`Sample` after a release added a field with a default at its end."""
+
+    name: Annotated[str, Field(min_length=1, max_length=20)]
+    keys: Annotated[tuple[str, ...] | None, Field(max_length=3)]
+    count: Annotated[int, Field(ge=0)]
+    kind: Annotated[str | None, Field(max_length=5)] = None
+
+
+def test_rows_differ_across_one_release_only_at_their_end() -> None:
+    """A reader ignores trailing elements it does not know and defaults trailing fields it knows
+    but the row lacks; the fields it knows keep every check."""
+    old, new = _stream(), Stream("s", Grown, MemoryTable().update, MemoryGenerator(["w"]), ["w"])
+    newer_row = '[4,1,"a",null,3,"m.x",[1,{"k":2}]]'
+    assert old.parse_payload(newer_row, True) == (Sample("a", None, 3), 4, 1)
+    assert new.parse_payload(newer_row, True) == (Grown("a", None, 3, "m.x"), 4, 1)
+    assert new.parse_payload('[4,1,"a",null,3]', True) == (Grown("a", None, 3, None), 4, 1)
+    assert new.parse_payload('["a",null,3]', False) == (Grown("a", None, 3, None), -1, 0)
+    assert old.parse_payload('["a",null,3,"m.x",9]', False)[0] == Sample("a", None, 3)
+    for refused in ('[4,1,"a",null,3,"toolong"]', '[4,1,"a",null,3,7]'):
+        with pytest.raises(ValidationError):
+            new.parse_payload(refused, True)
 
 
 def test_the_row_type_must_be_a_named_tuple() -> None:

@@ -8,11 +8,24 @@ stale data after the replication handler cleared it.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Generic, Protocol, TypeVar
 
-from workers.model import CURRENT_STATE_CACHE, MEMBER_EVENT, VISIBILITY_EVENT, CacheInvalidation, UserRooms
+from idgen import MultiWriterIdGenerator
+from workers.model import (
+    ACCESS_TOKEN_CACHE,
+    CURRENT_STATE_CACHE,
+    MEMBER_EVENT,
+    VISIBILITY_EVENT,
+    CacheInvalidation,
+    UserRooms,
+)
+from workers.storage import Conn
+from workers.storage.events import insert_invalidations
+from workers.storage.users import Requester
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -119,6 +132,8 @@ class SyncCaches:
         current_state: Callable[[str], Awaitable[dict[tuple[str, str], str]]],
         room_visibility: Callable[[str], Awaitable[tuple[tuple[int, str], ...]]],
         max_size: int = 10_000,
+        access_token: Callable[[str], Awaitable[Requester]] | None = None,
+        access_token_entries: int = 100_000,
     ) -> None:
         self.rooms_for_user: LruCache[str, UserRooms] = LruCache("rooms_for_user", max_size, rooms_for_user)
         self.joined_members: LruCache[str, frozenset[str]] = LruCache(
@@ -130,9 +145,18 @@ class SyncCaches:
         self.room_visibility: LruCache[str, tuple[tuple[int, str], ...]] = LruCache(
             "room_visibility", max_size, room_visibility
         )
+        #: Access token (hex SHA-256) -> its owner (every worker applies the caches stream); the
+        #: writer that ends a token sends its key there (`CacheRows`).
+        self.access_tokens: LruCache[str, Requester] | None = None
+        if access_token is not None:
+            self.access_tokens = LruCache(ACCESS_TOKEN_CACHE, access_token_entries, access_token)
 
     def all(self) -> list[LruCache[str, object]]:
-        return [self.rooms_for_user, self.joined_members, self.current_state, self.room_visibility]  # type: ignore[list-item]
+        caches = [
+            self.rooms_for_user, self.joined_members, self.current_state, self.room_visibility,
+            self.access_tokens,
+        ]  # fmt: skip
+        return [c for c in caches if c is not None]  # type: ignore[misc]
 
     async def sharing_a_room(self, user_id: str, among: Iterable[str] | None = None) -> set[str]:
         """The users joined to a room `user_id` is joined to, themself included; with `among`, only
@@ -180,3 +204,66 @@ class SyncCaches:
                     cache.invalidate_all()
                 else:
                     cache.invalidate_many(row.keys)
+
+
+class PendingRow:
+    """One caches-stream row being written in another write's transaction (see `CacheRows`)."""
+
+    __slots__ = ("_instance", "row", "stream_id")
+
+    def __init__(self, stream_id: int, instance: str) -> None:
+        self.stream_id = stream_id
+        self._instance = instance
+        self.row: CacheInvalidation | None = None
+
+    async def write(self, conn: Conn, cache_func: str, keys: Sequence[str] | None) -> CacheInvalidation:
+        """Insert the row on `conn`, inside the caller's transaction (once per reservation)."""
+        if self.row is not None:
+            raise RuntimeError("a reserved caches row is written once")
+        row = CacheInvalidation(cache_func, None if keys is None else tuple(keys), int(time.time() * 1000))
+        await insert_invalidations(conn, [(self.stream_id, row)], self._instance)
+        self.row = row
+        return row
+
+
+class CacheRows:
+    """Writes a caches-stream row in the same transaction as the change it reports, on a writer of
+    the caches stream, so a reader that misses its RDATA finds it by catch-up from the database.
+
+        async with cache_rows.reserve() as pending:      # one caches stream id, in flight
+            ...transaction: the change, then `await pending.write(conn, func, keys)`...
+
+    Leaving the block normally means the transaction committed: the row is applied here and staged
+    for RDATA (`committed`) before the id finishes. Leaving it by an exception after `write` means
+    the commit may have happened: `uncertain` applies it here (an invalidation is always safe) and
+    makes readers fetch the id from the database. Then the id finishes (published) and `finished`
+    runs. An id whose block wrote nothing is a harmless gap."""
+
+    def __init__(
+        self,
+        instance: str,
+        generator: MultiWriterIdGenerator,
+        committed: Callable[[Sequence[tuple[int, CacheInvalidation]]], None],
+        uncertain: Callable[[int, CacheInvalidation], None],
+        finished: Callable[[Sequence[tuple[int, CacheInvalidation]]], None],
+    ) -> None:
+        self.instance = instance
+        self._generator = generator
+        self._committed = committed
+        self._uncertain = uncertain
+        self._finished = finished
+
+    @contextlib.asynccontextmanager
+    async def reserve(self) -> AsyncIterator[PendingRow]:
+        async with self._generator.get_next() as stream_id:
+            pending = PendingRow(stream_id, self.instance)
+            try:
+                yield pending
+            except BaseException:
+                if pending.row is not None:
+                    self._uncertain(stream_id, pending.row)
+                raise
+            if pending.row is not None:
+                self._committed([(stream_id, pending.row)])
+        if pending.row is not None:
+            self._finished([(stream_id, pending.row)])

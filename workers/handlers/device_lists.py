@@ -4,7 +4,9 @@ Local users: a device created at login, its keys uploaded (`POST /keys/upload`),
 deleted. Each change runs on the user's writer (`workers.handlers.stream_writes`) in one
 transaction with its stream row and one outbound poke per remote server sharing a room with the
 user, so a reader that learns of the change (and re-queries the keys) can never read the state
-from before it. Access tokens go with their device, in the same transaction.
+from before it. Access tokens go with their device, in the same transaction, with a caches-stream
+row naming them (`CacheRows`; every device_lists writer writes the caches stream), so every worker
+that caches tokens drops them within one replication delay, by catch-up if its RDATA is lost.
 
 Remote users: a reader that needs a remote user's devices (`POST /keys/query`) answers from the
 cached copy in PostgreSQL when it is fresh. Otherwise it asks the user's device_lists writer,
@@ -22,7 +24,10 @@ from typing import Any
 
 import asyncpg
 
+from workers.handlers.caches import CacheRows
+from workers.handlers.forwarding import OwnerUnavailable
 from workers.handlers.stream_writes import UserStreamWrites, object_arg, text_arg, written
+from workers.model import ACCESS_TOKEN_CACHE
 from workers.storage import Conn, users
 from workers.storage import device_lists as stream_store
 from workers.storage import devices as store
@@ -53,6 +58,8 @@ class DeviceLists:
         self._fetch_remote = fetch_remote
         self._in_flight: dict[str, asyncio.Future[list[dict[str, Any]]]] = {}
         self.resyncs = 0
+        #: Set by the worker on a device_lists writer: where the ended tokens are recorded.
+        self.cache_rows: CacheRows | None = None
         writes.ops.update(
             ensure_device=self._ensure_device, set_keys=self._set_keys, rename=self._rename,
             delete=self._delete, resync=self._resync,
@@ -81,9 +88,23 @@ class DeviceLists:
         )
         return answer.get("found") is True
 
-    async def delete(self, user_id: str, device_ids: list[str] | None) -> None:
-        """Delete devices (None: every one) with their access tokens and waiting messages."""
-        await self.writes.run(user_id, "delete", {"user_id": user_id, "device_ids": device_ids})
+    async def delete(
+        self,
+        user_id: str,
+        device_ids: list[str] | None,
+        *,
+        except_device: str | None = None,
+        except_token: str | None = None,
+    ) -> list[str] | None:
+        """Delete devices (None: every one, and every token of the user) with their access tokens
+        and waiting messages, keeping `except_device` and the token whose key is `except_token`;
+        the caches keys of the tokens that ended (None: possibly any)."""
+        args = {"user_id": user_id, "device_ids": device_ids}
+        if except_device is not None or except_token is not None:
+            args |= {"except_device": except_device, "except_token": except_token}
+        answer = await self.writes.run(user_id, "delete", args)
+        ended = answer.get("ended_tokens")
+        return ended if isinstance(ended, list) and all(isinstance(k, str) for k in ended) else None
 
     async def remote_devices(self, user_id: str) -> list[dict[str, Any]]:
         """A remote user's devices: the cached list when fresh, else resynced by the writer.
@@ -153,14 +174,29 @@ class DeviceLists:
             not isinstance(device_ids, list) or not all(isinstance(d, str) for d in device_ids)
         ):
             raise ValueError("device_ids must be a list of strings or null")
+        except_device = text_arg(args, "except_device", optional=True)
+        except_token = text_arg(args, "except_token", optional=True)
+        kept_token = None if except_token is None else bytes.fromhex(except_token)
 
-        async def mutate(conn: Conn) -> bool:
-            deleted = await users.delete_devices(conn, user_id, device_ids)
-            if deleted:
-                await inbox_store.delete_device_messages(conn, user_id, deleted)
-            return bool(deleted)
+        if self.cache_rows is None:
+            raise OwnerUnavailable(self.writes.name, "this device_lists writer writes no caches stream")
+        ended: list[str] | None = []
+        async with self.cache_rows.reserve() as pending:
 
-        return await self._change(user_id, mutate)
+            async def mutate(conn: Conn) -> bool:
+                nonlocal ended
+                deleted, tokens = await users.delete_devices(
+                    conn, user_id, device_ids, except_device, kept_token
+                )
+                if tokens:
+                    ended = users.ended_token_keys(tokens)
+                    await pending.write(conn, ACCESS_TOKEN_CACHE, ended)
+                if deleted:
+                    await inbox_store.delete_device_messages(conn, user_id, deleted)
+                return bool(deleted)
+
+            answer = await self._change(user_id, mutate)
+        return {**answer, "ended_tokens": ended}
 
     async def _resync(self, args: dict[str, Any]) -> dict[str, Any]:
         user_id = text_arg(args, "user_id")

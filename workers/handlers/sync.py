@@ -198,7 +198,6 @@ class SyncHandler:
                         sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
                     sections.add_ephemeral(typing, presence)
                     sections.add_stored(stored)
-                    await self._drop_forgotten(user_id, user_rooms, sections)
                     await sections.load_state(self._state_events, self._state_at, self._pending_state)
                     body = await self._response(sections, now)
                     if woken_at is not None and events:
@@ -284,8 +283,9 @@ class SyncHandler:
         return found[::-1]
 
     async def _drop_forgotten(self, user_id: str, user_rooms: UserRooms, sections: RoomSections) -> None:
-        """Leave out the left rooms the user forgot (one indexed read, only when a left room is
-        listed)."""
+        """Leave out of an initial sync the left rooms the user forgot (one indexed read, only when a
+        left room is listed). An incremental window still carries a leave the user forgot later:
+        the leave event is delivered once, like every other."""
         if not sections.leave:
             return
         async with self._pool.acquire() as conn:

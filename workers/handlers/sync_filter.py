@@ -11,15 +11,22 @@ A `not_*` entry wins over its positive list. Other fields (`event_fields`, `even
 
 The timeline filter selects what a timeline shows, never where a room goes: a room's section
 comes from the user's own membership events whatever the filter leaves out of its timeline.
+
+An uploaded filter never changes (its id is taken once, the row is never updated), and an inline
+one is its text: `FilterCache` parses each once per worker, so a client that names the same filter
+on every /sync costs neither a database read nor a parse after its first.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from workers.handlers.caches import LruCache
 
 #: Timeline events per room when no filter says otherwise.
 DEFAULT_TIMELINE_LIMIT = 20
@@ -127,8 +134,49 @@ class SyncFilter:
             presence=EventFilter.parse(_object(body, "presence"), "presence."),
         )
 
+    @classmethod
+    def parse_text(cls, text: str) -> SyncFilter:
+        """A filter from its JSON text; ValueError for bad JSON or a wrong field."""
+        return cls.parse(json.loads(text))  # JSONDecodeError is a ValueError
+
     def includes(self, room_id: str) -> bool:
         return room_id not in self.not_rooms and (self.rooms is None or room_id in self.rooms)
+
+
+#: Inline filters longer than this are parsed on every request rather than kept as cache keys.
+MAX_CACHED_INLINE_BYTES = 4096
+
+
+class FilterCache:
+    """Parsed filters: uploaded ones by (user, filter id), inline ones by their text; bounded LRU.
+
+    `stored(user_id, filter_id)` reads the filter's JSON text (None: no such filter). Nothing is
+    invalidated: neither key can come to mean another filter. A missing filter or a bad one raises
+    (ValueError, or what `stored` raises) and is not kept."""
+
+    def __init__(self, stored: Callable[[str, int], Awaitable[str | None]], max_size: int = 10_000) -> None:
+        self._stored = stored
+        self.uploaded: LruCache[tuple[str, int], SyncFilter] = LruCache("sync_filters", max_size, self._load)
+        self.inline: LruCache[str, SyncFilter] = LruCache("inline_sync_filters", max_size, self._parse)
+
+    async def _load(self, key: tuple[str, int]) -> SyncFilter:
+        text = await self._stored(*key)
+        if text is None:
+            raise LookupError(f"no filter {key[1]}")
+        return SyncFilter.parse_text(text)
+
+    @staticmethod
+    async def _parse(text: str) -> SyncFilter:
+        return SyncFilter.parse_text(text)
+
+    async def by_id(self, user_id: str, filter_id: int) -> SyncFilter:
+        """LookupError when the user has no such filter."""
+        return await self.uploaded.get((user_id, filter_id))
+
+    async def by_text(self, text: str) -> SyncFilter:
+        if len(text) > MAX_CACHED_INLINE_BYTES:
+            return SyncFilter.parse_text(text)
+        return await self.inline.get(text)
 
 
 def _object(body: dict[str, Any], key: str, where: str = "") -> dict[str, Any]:

@@ -57,6 +57,19 @@ def pending_events(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def receipts_seen(body: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(room, receipt type, user, event id) of every receipt in a /sync answer's joined rooms."""
+    out: list[tuple[str, str, str, str]] = []
+    for room_id, room in body.get("rooms", {}).get("join", {}).items():
+        for event in room.get("ephemeral", {}).get("events", []):
+            if event.get("type") != "m.receipt":
+                continue
+            for event_id, kinds in event.get("content", {}).items():
+                for kind, users in kinds.items():
+                    out += [(room_id, kind, user, event_id) for user in users]
+    return out
+
+
 def room_sections(body: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(section, room id) of every room a /sync answer lists under join, invite, leave or knock."""
     rooms = body.get("rooms", {})
@@ -225,6 +238,25 @@ class ClusterClient:
         """Upload this device's identity keys (`user_id` and `device_id` are filled in)."""
         body = {"device_keys": {**keys, "user_id": self.user_id, "device_id": self.device_id}}
         await self._call("POST", f"{self._url(via)}{CLIENT}/keys/upload", body)
+
+    async def receipt(
+        self, room_id: str, event_id: str, receipt_type: str = "m.read", via: str | None = None
+    ) -> None:
+        url = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}/receipt/{_q(receipt_type)}/{_q(event_id)}"
+        await self._call("POST", url, {})
+
+    async def upload_one_time_keys(self, keys: dict[str, Any], via: str | None = None) -> dict[str, int]:
+        """Upload one-time keys for this device; the counts the server holds after it."""
+        data = await self._call("POST", f"{self._url(via)}{CLIENT}/keys/upload", {"one_time_keys": keys})
+        return dict(data["one_time_key_counts"])
+
+    async def claim_key(
+        self, user_id: str, device_id: str, algorithm: str = "signed_curve25519", via: str | None = None
+    ) -> list[str]:
+        """Claim one key of `user_id`'s device; the key ids handed out (none when it has none)."""
+        body = {"one_time_keys": {user_id: {device_id: algorithm}}}
+        data = await self._call("POST", f"{self._url(via)}{CLIENT}/keys/claim", body)
+        return list(data.get("one_time_keys", {}).get(user_id, {}).get(device_id, {}))
 
     async def sync(
         self, via: str | None = None, since: str | None = None, timeout_ms: int = 0, **params: Any

@@ -166,6 +166,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"  persist-to-visible on every sync worker  p50 {summary['latency_p50_ms']} ms,"
         f" p99 {summary['latency_p99_ms']} ms ({summary['latency_samples']} messages)",
         f"  syncs checked                {summary['syncs']}",
+        f"  receipts / one-time keys     {summary['receipts_sent']} receipts set, "
+        f"{summary['receipts_seen']} seen in /sync; {summary['one_time_keys_uploaded']} keys uploaded, "
+        f"{summary['one_time_keys_claimed']} claimed (each once)",
         f"  membership churn             {summary['membership_changes']} changes; "
         f"{summary['invites_and_knocks_seen']} invites and knocks seen, "
         f"{summary['left_and_pending_seen']} of them with the room under leave too",

@@ -68,6 +68,10 @@ class SyncRecord:
     device_changed: tuple[str, ...] = ()
     #: (section, room id) of every room the answer listed; None: not recorded (not checked).
     sections: tuple[tuple[str, str], ...] | None = None
+    #: (room, receipt type, user, event id) of every receipt the answer carried.
+    receipts: tuple[tuple[str, str, str, str], ...] = ()
+    #: The syncing device's `signed_curve25519` one-time keys left (None: not recorded).
+    one_time_keys: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,4 +357,58 @@ def check_stored_streams(
     for msg, acked, _sender in to_device_sent:
         if acked and msg not in arrived:
             problems.append(f"{user_id}: missed to-device message {msg}")
+    return problems
+
+
+def check_receipts(
+    user_id: str,
+    records: Sequence[SyncRecord],
+    last_written: Mapping[tuple[str, str, str], str],
+    watched_rooms: Iterable[str] = (),
+) -> list[str]:
+    """Receipts as one reader saw them. Receipts are state, not a log (a later one replaces an
+    earlier one), so the check is on values, not on exactly-once:
+
+    * never another user's `m.read.private` receipt;
+    * nothing nobody wrote: every receipt seen is one some user's write set at some point (checked
+      as: its (room, type, user) was written);
+    * in `watched_rooms` (rooms the reader was joined to for the whole run, as the probes are), the
+      last value seen of every (room, `m.read`, user) is that user's last receipt there.
+
+    `last_written`: (room, receipt type, user) -> the event of the last receipt that user set.
+    """
+    problems: list[str] = []
+    latest: dict[tuple[str, str, str], str] = {}
+    for index, record in enumerate(records):
+        for room_id, kind, user, event_id in record.receipts:
+            if kind == "m.read.private" and user != user_id:
+                problems.append(f"{user_id}: sync {index} carried {user}'s private receipt in {room_id}")
+            if (room_id, kind, user) not in last_written:
+                problems.append(
+                    f"{user_id}: sync {index} carried a receipt nobody set: {user} {kind} {room_id}"
+                )
+            latest[(room_id, kind, user)] = event_id
+    watched = set(watched_rooms)
+    for (room_id, kind, user), event_id in sorted(last_written.items()):
+        if room_id in watched and kind == "m.read" and latest.get((room_id, kind, user)) != event_id:
+            seen = latest.get((room_id, kind, user))
+            problems.append(f"{user_id}: {user}'s last m.read in {room_id} is {event_id}, last seen {seen}")
+    return problems
+
+
+def check_one_time_keys(
+    user_id: str, records: Sequence[SyncRecord], uploaded: Sequence[str], claimed: Sequence[str]
+) -> list[str]:
+    """One device's one-time keys: each key handed out by a claim was uploaded by this device and
+    handed out once, and the count the device's last sync carried is what is left."""
+    problems: list[str] = []
+    mine = set(uploaded)
+    for key in sorted(set(claimed) - mine):
+        problems.append(f"{user_id}: claimed key {key} was never uploaded by this device")
+    for key in sorted({k for k in claimed if claimed.count(k) > 1}):
+        problems.append(f"{user_id}: key {key} was claimed {claimed.count(key)} times")
+    counts = [r.one_time_keys for r in records if r.one_time_keys is not None]
+    left = len(mine - set(claimed))
+    if counts and counts[-1] != left:
+        problems.append(f"{user_id}: last sync counted {counts[-1]} one-time keys, {left} are left")
     return problems

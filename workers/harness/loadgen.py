@@ -33,6 +33,7 @@ from workers.harness.cluster_client import (
     ClusterClient,
     RequestRefused,
     pending_events,
+    receipts_seen,
     room_sections,
     timeline_events,
 )
@@ -41,6 +42,8 @@ from workers.harness.history import (
     StoredEvent,
     SyncRecord,
     check_history,
+    check_one_time_keys,
+    check_receipts,
     check_stored_streams,
     stream_token,
 )
@@ -72,6 +75,10 @@ class LoadReport:
     #: Answers with status 500 (writes and syncs): a fault must be answered 503, never 500.
     internal_errors: int = 0
     membership_changes: int = 0
+    receipts_sent: int = 0
+    receipts_seen: int = 0
+    keys_uploaded: int = 0
+    keys_claimed: int = 0
     #: Sync answers that listed a room under `leave` and under `invite` or `knock` at once.
     left_and_pending_seen: int = 0
     pending_seen: int = 0
@@ -112,6 +119,10 @@ class LoadReport:
             "failed_requests": self.failed,
             "internal_errors": self.internal_errors,
             "membership_changes": self.membership_changes,
+            "receipts_sent": self.receipts_sent,
+            "receipts_seen": self.receipts_seen,
+            "one_time_keys_uploaded": self.keys_uploaded,
+            "one_time_keys_claimed": self.keys_claimed,
             "invites_and_knocks_seen": self.pending_seen,
             "left_and_pending_seen": self.left_and_pending_seen,
             "seconds": round(self.seconds, 2),
@@ -154,6 +165,8 @@ class _Reader:
         self.failed_syncs = 0
         self.internal_errors = 0
         self.token: str | None = None
+        #: room -> the last event this reader saw there (what its user's receipts point at).
+        self.latest: dict[str, str] = {}
 
     async def initial(self) -> None:
         self.token = (await self.client.sync(self.workers[0]))["next_batch"]
@@ -161,13 +174,16 @@ class _Reader:
     async def run(self, stop: asyncio.Event, caught_up: Callable[[str], bool], timeout_ms: int) -> None:
         assert self.token is not None
         count = 0
-        while not (stop.is_set() and caught_up(self.token)):
+        # Ends with a sync begun after the load stopped (its key counts are final) that is caught up.
+        finished = False
+        while not (finished and caught_up(self.token)):
             worker = self.workers[(count // self.switch_every) % len(self.workers)]
             count += 1
-            if self.pause_s and not stop.is_set():
+            stopping = stop.is_set()
+            if self.pause_s and not stopping:
                 await asyncio.sleep(self.pause_s)
             try:
-                result = await self.client.sync(worker, self.token, timeout_ms if not stop.is_set() else 200)
+                result = await self.client.sync(worker, self.token, timeout_ms if not stopping else 200)
             except (RequestRefused, aiohttp.ClientError, TimeoutError) as e:
                 if isinstance(e, RequestRefused) and e.status < 500:
                     raise
@@ -181,12 +197,16 @@ class _Reader:
             ids = tuple(e["event_id"] for e in events)
             for event in events:
                 self.arrivals.setdefault(event["event_id"], now)
+            for event in timeline_events(result):
+                self.latest[event["room_id"]] = event["event_id"]
             self.records.append(
                 SyncRecord(
                     worker, self.token, result["next_batch"], ids,
                     tuple(e["type"] for e in result["account_data"]["events"]),
                     tuple(str(e["content"].get("msg")) for e in result["to_device"]["events"]),
                     tuple(result["device_lists"]["changed"]), tuple(room_sections(result)),
+                    tuple(receipts_seen(result)),
+                    result.get("device_one_time_keys_count", {}).get("signed_curve25519"),
                 )
             )  # fmt: skip
             self.typing_seen += sum(
@@ -197,6 +217,7 @@ class _Reader:
             )
             self.presence_seen += len(result["presence"]["events"])
             self.token = result["next_batch"]
+            finished = stopping
 
 
 async def invalidation_counts(conn: Conn) -> tuple[int, int]:
@@ -238,6 +259,13 @@ class LoadDriver:
         self.joined: dict[str, set[str]] = {}
         #: (user, room) -> the user's membership as the load last set it (UNKNOWN after a failure).
         self.membership: dict[tuple[str, str], str | None] = {}
+        #: (room, receipt type, user) -> the event of the last receipt the user set there.
+        self.receipts: dict[tuple[str, str, str], str] = {}
+        #: (user, device) -> one-time key ids uploaded, and handed out by claims.
+        self.keys_uploaded: dict[tuple[str, str], list[str]] = {}
+        self.keys_claimed: dict[tuple[str, str], list[str]] = {}
+        #: Devices a key upload or claim of unknown outcome touched (their count is not checked).
+        self.keys_uncertain: set[tuple[str, str]] = set()
         self.locks: dict[str, asyncio.Lock] = {}
         self.report = LoadReport()
         #: (recipient, device) -> the to-device messages sent to it in order: (id, acknowledged, sender).
@@ -297,7 +325,8 @@ class LoadDriver:
         client = self.rng.choice(self.clients)
         roll = self.rng.random()
         kinds = (
-            (0.54, "message"), (0.58, "churn"), (0.66, "state"), (0.73, "join"), (0.79, "leave"),
+            (0.50, "message"), (0.54, "churn"), (0.58, "receipt"), (0.60, "keys_upload"),
+            (0.62, "keys_claim"), (0.68, "state"), (0.74, "join"), (0.79, "leave"),
             (0.82, "typing"), (0.85, "presence"), (0.91, "account_data"), (0.97, "to_device"),
         )  # fmt: skip
         kind = next((k for bound, k in kinds if roll < bound), "device_keys")
@@ -338,6 +367,9 @@ class LoadDriver:
                 elif kind in ("account_data", "to_device", "device_keys"):
                     await self._stored_write(kind, client)
                     return
+                elif kind in ("receipt", "keys_upload", "keys_claim"):
+                    await self._client_chore(kind, client, mine)
+                    return
                 elif mine:
                     await client.send(
                         self.rng.choice(mine), "m.room.message", {"body": f"hello {time.time()}"}
@@ -362,6 +394,40 @@ class LoadDriver:
                     self._set(user, room, UNKNOWN)
                 return
         self.report.events_sent += 1
+
+    async def _client_chore(self, kind: str, client: ClusterClient, mine: list[str]) -> None:
+        """What clients do every minute besides sending: a receipt on the last event the user's
+        reader saw in one of its rooms (private one time in five), an upload of three one-time
+        keys, a claim of one of another user's device's keys. An outcome that is unknown (a fault)
+        takes the device's key count out of the check."""
+        user, device = str(client.user_id), str(client.device_id)
+        if kind == "receipt":
+            latest = self.readers[self.clients.index(client)].latest
+            room = self.rng.choice(mine) if mine else None
+            if room is None or room not in latest:
+                return
+            receipt_type = "m.read.private" if self.rng.random() < 0.2 else "m.read"
+            await client.receipt(room, latest[room], receipt_type)
+            self.receipts[(room, receipt_type, user)] = latest[room]
+            self.report.receipts_sent += 1
+        elif kind == "keys_upload":
+            self._sent += 1
+            keys = {f"signed_curve25519:{self._run_id}.{self._sent}.{i}": {"key": f"k{i}"} for i in range(3)}
+            self.keys_uncertain.add((user, device))
+            await client.upload_one_time_keys(keys)
+            self.keys_uncertain.discard((user, device))
+            self.keys_uploaded.setdefault((user, device), []).extend(k.partition(":")[2] for k in keys)
+            self.report.keys_uploaded += len(keys)
+        else:
+            owners = [k for k, v in self.keys_uploaded.items() if v and k[0] != user]
+            if not owners:
+                return
+            owner = self.rng.choice(owners)
+            self.keys_uncertain.add(owner)
+            handed = await client.claim_key(*owner)
+            self.keys_uncertain.discard(owner)
+            self.keys_claimed.setdefault(owner, []).extend(k.partition(":")[2] for k in handed)
+            self.report.keys_claimed += len(handed)
 
     async def _churn(self, client: ClusterClient, room: str) -> int:
         """Two to four membership changes of `client` in `room` back to back, each one the room's
@@ -515,6 +581,16 @@ class LoadDriver:
         )
         self.report.typing_seen = sum(r.typing_seen for r in readers)
         self.report.internal_errors += sum(r.internal_errors for r in readers)
+        for reader in readers:
+            user, device = str(reader.client.user_id), str(reader.client.device_id)
+            watched = self.rooms if reader in self.probes else ()
+            self.report.problems += check_receipts(user, reader.records, self.receipts, watched)
+            self.report.receipts_seen += sum(len(r.receipts) for r in reader.records)
+            if (user, device) in self.keys_uploaded and (user, device) not in self.keys_uncertain:
+                self.report.problems += check_one_time_keys(
+                    user, reader.records, self.keys_uploaded[(user, device)],
+                    self.keys_claimed.get((user, device), []),
+                )  # fmt: skip
         for record in (r for reader in readers for r in reader.records):
             pending = {room for section, room in record.sections or () if section in ("invite", "knock")}
             self.report.pending_seen += len(pending)
@@ -564,7 +640,7 @@ CHURN_MOVES: dict[str | None, list[tuple[str, str]]] = {
 }
 
 #: The stored streams whose final positions the readers must reach before the check.
-STORED_TARGETS = ("account_data", "device_lists", "to_device")
+STORED_TARGETS = ("account_data", "device_lists", "to_device", "receipts")
 
 
 def _covers(token: str, target: dict[str, dict[str, int]], instance_ids: dict[str, int]) -> bool:

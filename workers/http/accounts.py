@@ -9,7 +9,9 @@
 * `GET /login` lists `m.login.password`; `POST /login` checks the password (argon2id) and makes a
   device (on the user's device_lists writer, which records the change) and a token. Rate limited
   per client address, per account tried, and per account's wrong passwords (`rc_login`).
-  `POST /logout` ends the token and its device; `/logout/all` every one.
+  `POST /logout` ends the token and its device; `/logout/all` every one. `POST /account/password`
+  (the password confirmed by user-interactive auth) sets a new one and, unless `logout_devices` is
+  false, ends every other device and token of the user.
 * `GET|POST /_synapse/admin/v1/register`: a nonce, then an HMAC-SHA1 of
   `nonce\\0user\\0password\\0admin|notadmin` under `registration_shared_secret` (the grammar of
   Synapse's `register_new_matrix_user`), for scripts; works when open registration is off.
@@ -29,7 +31,7 @@ from aiohttp import web
 from workers import identifiers
 from workers.handlers.device_lists import DeviceLists
 from workers.handlers.passwords import hash_password, verify_password
-from workers.http.auth import access_token, requester
+from workers.http.auth import access_token, confirm_password, forget_tokens, requester, token_key
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, unavailable
 from workers.http.rate_limits import RateLimiter
@@ -73,6 +75,7 @@ class Accounts:
             web.post(f"{CLIENT}/logout", self.logout),
             web.post(f"{CLIENT}/logout/all", self.logout_all),
             web.get(f"{CLIENT}/account/whoami", self.whoami),
+            web.post(f"{CLIENT}/account/password", self.change_password),
             web.get(f"{CLIENT}/profile/{{user_id}}", self.profile),
             web.get(f"{CLIENT}/profile/{{user_id}}/{{field}}", self.profile),
             web.get("/_synapse/admin/v1/register", self.admin_nonce),
@@ -253,19 +256,44 @@ class Accounts:
     async def logout(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
         if who.device_id is not None and self._devices is not None:
-            # The device goes with its tokens, recorded on the device_lists stream.
-            await self._devices.delete(who.user_id, [who.device_id])
-        else:
+            # The device goes with its tokens, recorded on the device_lists and caches streams.
+            forget_tokens(request, await self._devices.delete(who.user_id, [who.device_id]))
+        else:  # a token without a device is never cached (workers.http.auth)
             async with self._pool.acquire() as conn:
                 await users.log_out(conn, access_token(request))
+        forget_tokens(request, [token_key(access_token(request))])
         return web.json_response({})
 
     async def logout_all(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
-        if self._devices is not None:
-            await self._devices.delete(who.user_id, None)
+        if self._devices is not None:  # every device and every token of the user
+            forget_tokens(request, await self._devices.delete(who.user_id, None))
+        else:
+            async with self._pool.acquire() as conn:
+                forget_tokens(request, users.ended_token_keys(await users.log_out_all(conn, who.user_id)))
+        return web.json_response({})
+
+    async def change_password(self, request: web.Request) -> web.Response:
+        """As Synapse does: with `logout_devices` (default true) every other device and every other
+        token of the user end, recorded like a device deletion; the session that asked stays."""
+        who = await requester(self._pool, request)
+        body = await json_body(request)
+        password = self._password(body.get("new_password"), required=True)
+        assert password is not None
+        logout = body.get("logout_devices", True)
+        if not isinstance(logout, bool):
+            raise ApiError(400, "M_BAD_JSON", "logout_devices must be true or false")
+        await confirm_password(self._pool, who.user_id, body.get("auth"))
+        if logout and self._devices is None:
+            raise unavailable("devices are not served by this worker", 10)
+        hashed = await hash_password(password)
         async with self._pool.acquire() as conn:
-            await users.log_out_all(conn, who.user_id)
+            await users.set_password_hash(conn, who.user_id, hashed)
+        if logout and self._devices is not None:
+            ended = await self._devices.delete(
+                who.user_id, None, except_device=who.device_id, except_token=token_key(access_token(request))
+            )
+            forget_tokens(request, ended)
         return web.json_response({})
 
     async def whoami(self, request: web.Request) -> web.Response:

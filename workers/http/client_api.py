@@ -187,7 +187,7 @@ class ClientApi:
             {
                 "capabilities": {
                     "m.room_versions": {"default": self.deps.default_room_version, "available": versions},
-                    "m.change_password": {"enabled": False},
+                    "m.change_password": {"enabled": True},
                     "m.set_displayname": {"enabled": False},
                     "m.set_avatar_url": {"enabled": False},
                     "m.3pid_changes": {"enabled": False},

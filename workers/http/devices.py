@@ -13,7 +13,6 @@ Every device change is recorded on the device_lists stream (room-mates see it in
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import asyncpg
@@ -21,9 +20,8 @@ from aiohttp import web
 
 from workers import identifiers
 from workers.handlers.device_lists import DeviceLists
-from workers.handlers.passwords import verify_password
 from workers.handlers.to_device import ToDeviceInbox
-from workers.http.auth import requester
+from workers.http.auth import confirm_password, forget_tokens, requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked
 from workers.storage import users
@@ -31,7 +29,6 @@ from workers.storage import users
 CLIENT = "/_matrix/client/v3"
 MAX_DEVICES_PER_DELETE = 1000
 MAX_MESSAGE_BYTES = 256 * 1024
-_PASSWORD_FLOWS = {"flows": [{"stages": ["m.login.password"]}], "params": {}}
 
 
 class DeviceRoutes:
@@ -93,27 +90,10 @@ class DeviceRoutes:
         self, request: web.Request, device_ids: list[str], body: dict[str, Any]
     ) -> web.Response:
         who = await requester(self._pool, request)
-        await self._password_stage(who.user_id, body.get("auth"))
+        await confirm_password(self._pool, who.user_id, body.get("auth"))
         if device_ids:
-            await self._devices.delete(who.user_id, device_ids)
+            forget_tokens(request, await self._devices.delete(who.user_id, device_ids))
         return web.json_response({})
-
-    async def _password_stage(self, user_id: str, auth: Any) -> None:
-        """User-interactive auth with m.login.password for `user_id`; a 401 with the flows unless
-        `auth` completes it."""
-        if not isinstance(auth, dict) or auth.get("type") != "m.login.password":
-            raise ApiError(401, "M_UNAUTHORIZED", "confirm with your password", **_flows(auth))
-        identifier = auth.get("identifier")
-        name = identifier.get("user") if isinstance(identifier, dict) else auth.get("user")
-        password = auth.get("password")
-        async with self._pool.acquire() as conn:
-            stored = await users.password_hash(conn, user_id)
-        if (
-            name not in (user_id, user_id[1:].partition(":")[0])
-            or not isinstance(password, str)
-            or not await verify_password(password, stored)
-        ):
-            raise ApiError(401, "M_FORBIDDEN", "invalid password", **_flows(auth))
 
     async def send_to_device(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
@@ -142,8 +122,3 @@ def _device(device_id: str, name: str | None) -> dict[str, Any]:
     if name is not None:
         body["display_name"] = name
     return body
-
-
-def _flows(auth: Any) -> dict[str, Any]:
-    session = auth.get("session") if isinstance(auth, dict) else None
-    return {**_PASSWORD_FLOWS, "session": session if isinstance(session, str) else secrets.token_urlsafe(16)}

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from idgen import InvalidTokenError
 from workers.handlers.sync import SyncHandler
-from workers.handlers.sync_filter import SyncFilter
+from workers.handlers.sync_filter import FilterCache, SyncFilter
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.ephemeral_routes import EphemeralServices
@@ -31,6 +31,7 @@ class SyncRoutes:
         self._pool = pool
         self._sync = sync
         self._services = services
+        self.filters = FilterCache(self._stored_filter)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -68,21 +69,23 @@ class SyncRoutes:
         return web.json_response(result)
 
     async def _filter(self, user_id: str, value: str | None) -> SyncFilter | None:
+        """The request's filter, parsed once per worker for each filter id or inline text."""
         if value is None:
             return None
-        text = value
-        if not value.lstrip().startswith("{"):
+        try:
+            if value.lstrip().startswith("{"):
+                return await self.filters.by_text(value)
             if not value.isdigit() or len(value) > 18:
                 raise ApiError(400, "M_INVALID_PARAM", "filter is a JSON object or a filter id")
-            async with self._pool.acquire() as conn:
-                stored = await users.get_filter(conn, user_id, int(value))
-            if stored is None:
-                raise ApiError(404, "M_NOT_FOUND", f"no filter {value}")
-            text = stored
-        try:
-            return SyncFilter.parse(json.loads(text))
+            return await self.filters.by_id(user_id, int(value))
+        except LookupError:
+            raise ApiError(404, "M_NOT_FOUND", f"no filter {value}") from None
         except ValueError as e:  # JSONDecodeError is one
             raise ApiError(400, "M_BAD_JSON", f"filter: {e}") from None
+
+    async def _stored_filter(self, user_id: str, filter_id: int) -> str | None:
+        async with self._pool.acquire() as conn:
+            return await users.get_filter(conn, user_id, filter_id)
 
     def _own(self, user_id: str, request: web.Request) -> None:
         if request.match_info["user_id"] != user_id:

@@ -163,19 +163,27 @@ async def insert_batch(
             [e.stream_ordering for e in members],
         )
     await _record_redactions(conn, events)
-    if invalidations:
-        await conn.execute(
-            "INSERT INTO cache_invalidation_stream_by_instance (stream_id, instance_name, cache_func, keys,"
-            " invalidation_ts) SELECT s, $2, f,"
-            " CASE WHEN k IS NULL THEN NULL ELSE ARRAY(SELECT x FROM jsonb_array_elements_text(k::jsonb)"
-            " WITH ORDINALITY AS e(x, n) ORDER BY n) END, t"
-            " FROM unnest($1::bigint[], $3::text[], $4::text[], $5::bigint[]) AS u(s, f, k, t)",
-            [stream_id for stream_id, _ in invalidations],
-            instance_name,
-            [row.cache_func for _, row in invalidations],
-            [None if row.keys is None else json.dumps(row.keys) for _, row in invalidations],
-            [row.invalidation_ts for _, row in invalidations],
-        )
+    await insert_invalidations(conn, invalidations, instance_name)
+
+
+async def insert_invalidations(
+    conn: Conn, invalidations: Sequence[tuple[int, CacheInvalidation]], instance_name: str
+) -> None:
+    """Log caches-stream rows (stream id, row) of `instance_name`, where catch-up reads them."""
+    if not invalidations:
+        return
+    await conn.execute(
+        "INSERT INTO cache_invalidation_stream_by_instance (stream_id, instance_name, cache_func, keys,"
+        " invalidation_ts) SELECT s, $2, f,"
+        " CASE WHEN k IS NULL THEN NULL ELSE ARRAY(SELECT x FROM jsonb_array_elements_text(k::jsonb)"
+        " WITH ORDINALITY AS e(x, n) ORDER BY n) END, t"
+        " FROM unnest($1::bigint[], $3::text[], $4::text[], $5::bigint[]) AS u(s, f, k, t)",
+        [stream_id for stream_id, _ in invalidations],
+        instance_name,
+        [row.cache_func for _, row in invalidations],
+        [None if row.keys is None else json.dumps(row.keys) for _, row in invalidations],
+        [row.invalidation_ts for _, row in invalidations],
+    )
 
 
 async def _record_redactions(conn: Conn, events: Sequence[Event]) -> None:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from workers.errors import WorkerError
+from workers.model import KEYS_PER_INVALIDATION
 from workers.storage import Conn
 
 
@@ -126,22 +127,37 @@ async def rename_device(conn: Conn, user_id: str, device_id: str, display_name: 
     return found is not None
 
 
-async def delete_devices(conn: Conn, user_id: str, device_ids: list[str] | None) -> list[str]:
-    """Delete devices (None: all of the user's) with their access tokens; the ids deleted."""
+async def delete_devices(
+    conn: Conn,
+    user_id: str,
+    device_ids: list[str] | None,
+    except_device: str | None = None,
+    except_token: bytes | None = None,
+) -> tuple[list[str], list[bytes]]:
+    """Delete devices (None: all of the user's) with their access tokens (None: every token of the
+    user, one without a device too), keeping `except_device` and the token hashed `except_token`
+    (a password change keeps the session that made it); the device ids and token hashes deleted."""
     records = await conn.fetch(
         "DELETE FROM devices WHERE user_id = $1 AND ($2::text[] IS NULL OR device_id = ANY($2::text[]))"
-        " RETURNING device_id",
+        " AND device_id IS DISTINCT FROM $3 RETURNING device_id",
         user_id,
         device_ids,
+        except_device,
     )
     deleted = [r["device_id"] for r in records]
-    await conn.execute(
-        "DELETE FROM access_tokens"
-        " WHERE user_id = $1 AND ($2::text[] IS NULL OR device_id = ANY($2::text[]))",
+    tokens = await conn.fetch(
+        "DELETE FROM access_tokens WHERE user_id = $1"
+        " AND ($2::text[] IS NULL OR device_id = ANY($2::text[])) AND token_hash IS DISTINCT FROM $3"
+        " RETURNING token_hash",
         user_id,
         device_ids,
+        except_token,
     )
-    return deleted
+    return deleted, [r["token_hash"] for r in tokens]
+
+
+async def set_password_hash(conn: Conn, user_id: str, password_hash: str) -> None:
+    await conn.execute("UPDATE users SET password_hash = $2 WHERE user_id = $1", user_id, password_hash)
 
 
 async def list_devices(conn: Conn, user_id: str) -> list[tuple[str, str | None]]:
@@ -157,10 +173,19 @@ def new_device_id() -> str:
 
 
 async def requester_for_token(conn: Conn, token: str) -> Requester | None:
-    record = await conn.fetchrow(
-        "SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1", token_hash(token)
-    )
+    return await requester_for_hash(conn, token_hash(token))
+
+
+async def requester_for_hash(conn: Conn, hashed: bytes) -> Requester | None:
+    """The owner of the token whose `token_hash` is `hashed`; None when no such token exists."""
+    record = await conn.fetchrow("SELECT user_id, device_id FROM access_tokens WHERE token_hash = $1", hashed)
     return None if record is None else Requester(record["user_id"], record["device_id"])
+
+
+def ended_token_keys(hashes: list[bytes]) -> list[str] | None:
+    """The caches-stream keys telling readers these tokens ended (their hex hashes); None (every
+    cached token) when they do not fit in one row."""
+    return [h.hex() for h in hashes] if len(hashes) <= KEYS_PER_INVALIDATION else None
 
 
 async def log_out(conn: Conn, token: str) -> Requester | None:

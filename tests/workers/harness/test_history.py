@@ -7,6 +7,8 @@ from workers.harness.history import (
     StoredEvent,
     SyncRecord,
     check_history,
+    check_one_time_keys,
+    check_receipts,
     check_stored_streams,
     visible_events,
 )
@@ -222,3 +224,27 @@ def test_shared_history_counts_only_when_the_join_is_in_the_same_window() -> Non
     missing = [_listed("s0", "s7", ("$join", "$leave", "$narrow", "$back"), "join")]
     problems = check_history(ALICE, missing, SHARED_ROOM, IDS)
     assert any("missed $before" in p for p in problems) and any("missed $away" in p for p in problems)
+
+
+def test_receipts_private_ones_and_stale_last_values_are_caught() -> None:
+    written = {("!r", "m.read", "@bob"): "$b", ("!r", "m.read.private", "@bob"): "$b"}
+    good = [SyncRecord("s", "s0", "s1", (), receipts=(("!r", "m.read", "@bob", "$a"),)),
+            SyncRecord("s", "s1", "s2", (), receipts=(("!r", "m.read", "@bob", "$b"),))]  # fmt: skip
+    assert check_receipts(ALICE, good, written, ["!r"]) == []
+    stale = good[:1]
+    assert any("last m.read" in p for p in check_receipts(ALICE, stale, written, ["!r"]))
+    assert check_receipts(ALICE, stale, written, []) == []  # not watched: a value, not a log
+    private = [SyncRecord("s", "s0", "s1", (), receipts=(("!r", "m.read.private", "@bob", "$b"),))]
+    assert any("private receipt" in p for p in check_receipts(ALICE, private, written))
+    forged = [SyncRecord("s", "s0", "s1", (), receipts=(("!x", "m.read", "@eve", "$b"),))]
+    assert any("nobody set" in p for p in check_receipts(ALICE, forged, written))
+
+
+def test_one_time_keys_claimed_twice_foreign_or_miscounted_are_caught() -> None:
+    records = [SyncRecord("s", "s0", "s1", (), one_time_keys=1)]
+    assert check_one_time_keys(ALICE, records, ["k1", "k2", "k3"], ["k1", "k2"]) == []
+    assert any(
+        "claimed 2 times" in p for p in check_one_time_keys(ALICE, records, ["k1", "k2"], ["k1", "k1"])
+    )
+    assert any("never uploaded" in p for p in check_one_time_keys(ALICE, records, ["k1", "k2"], ["k9"]))
+    assert any("counted 1" in p for p in check_one_time_keys(ALICE, records, ["k1", "k2"], []))

@@ -149,7 +149,8 @@ async def test_reader_records_the_caches_rows_it_applied(
 async def test_write_only_persisters_follow_positions_and_serve_no_reads(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
-    """`serve_reads: false`: the worker applies no other writer's rows, only follows positions;
+    """`serve_reads: false`: the worker applies no other writer's rows but the caches stream's (it
+    caches access tokens), only follows positions;
     that is enough for an idle writer to announce positions that let readers' persisted-upto pass
     the busy writer's events. It still takes writes (forwarding them to the room's owner), and
     answers reads with a 503 that names the setting."""

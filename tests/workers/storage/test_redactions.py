@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 
+from tests.conftest import Servers
 from workers.handlers.recent_events import EventBodies
 from workers.handlers.room_versions import RoomVersion, render
 from workers.model import REDACTION_EVENT, Event, NewEvent
 from workers.storage import events as store
+from workers.storage.migrate import apply_migrations, available_migrations
 
 ROOM, OTHER = "!room:hs", "!other:hs"
 
@@ -141,3 +144,40 @@ async def test_event_bodies_forget_a_redacted_body_even_while_reading_it(db_pool
     reads = other.reads
     await other.get(["$msg"])
     assert other.reads == reads + 1
+
+
+async def test_the_migration_applies_the_redactions_stored_before_it(servers: Servers) -> None:
+    """A database of the previous schema holding redactions: migrating records the earliest
+    redaction of each event of the redaction's own room, and reads prune it."""
+    name = f"m_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(servers.admin_url)
+    await admin.execute(f"CREATE DATABASE {name}")
+    await admin.close()
+    conn = await asyncpg.connect(servers.database_url(name))
+    try:
+        shipped = available_migrations()
+        await apply_migrations(conn, migrations=[m for m in shipped if m.name != "redactions"])
+        events = [
+            _event(1, NewEvent("$create", ROOM, "m.room.create", "@a:hs", {"room_version": "11"}, "")),
+            _event(2, NewEvent("$msg", ROOM, "m.room.message", "@a:hs", {"body": "oops"})),
+            _event(3, NewEvent("$far", OTHER, "m.room.message", "@a:hs", {"body": "far"})),
+            _event(4, _redaction("$first", ROOM, "$msg")),
+            _event(5, _redaction("$second", ROOM, "$msg")),
+            _event(6, _redaction("$cross", ROOM, "$far")),
+            _event(7, _redaction("$create-gone", ROOM, "$create")),
+        ]
+        await store.copy_event_rows(
+            conn,
+            [(e.stream_ordering, e.instance_name, e.event_id, e.room_id, e.type, e.state_key, e.sender,
+              e.to_json(), e.received_ts) for e in events],
+        )  # fmt: skip
+        await conn.execute("INSERT INTO rooms (room_id, room_version, creator) VALUES ($1, '11', '@a')", ROOM)
+        await apply_migrations(conn)
+        recorded = {tuple(r) for r in await conn.fetch("SELECT * FROM redactions")}
+        found = await store.events_by_ids(conn, ["$msg", "$far", "$create"])
+    finally:
+        await conn.close()
+        await servers.drop_database(name)
+    assert recorded == {("$msg", "$first", "11"), ("$create", "$create-gone", "11")}
+    assert found["$msg"].content == {} and found["$far"].content == {"body": "far"}
+    assert found["$create"].content == {"room_version": "11"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,3 +65,11 @@ def test_a_redactions_row_names_its_target_and_other_rows_none() -> None:
     message = Event(8, "p1", "$m", room, "m.room.message", "@u:hs", {"redacts": "$target"}, None, 1)
     assert _EVENTS.parse_payload(row_json(message, "11"), False)[0].redacts is None
     assert rows == ["$target", None, None, None]
+
+
+def test_only_a_redactions_row_has_the_trailing_field() -> None:
+    """Rows of every other event are as the previous release wrote them (seven fields)."""
+    message = Event(8, "p1", "$m", "!r:hs", "m.room.message", "@u:hs", {"body": "hi"}, None, 1)
+    redaction = message._replace(type=REDACTION_EVENT, content={"redacts": "$m"})
+    assert len(json.loads(row_json(message, "10"))) == 7
+    assert json.loads(row_json(redaction, "10"))[7:] == ["$m"]

@@ -8,3 +8,13 @@ CREATE TABLE redactions (
     redaction_id TEXT NOT NULL,
     room_version TEXT NOT NULL
 );
+
+-- Redactions stored before this table existed apply too (the earliest of an event's, by stream
+-- ordering). Additive: the previous release ignores the table.
+INSERT INTO redactions (redacts, redaction_id, room_version)
+SELECT DISTINCT ON (t.event_id) t.event_id, r.event_id, coalesce(ro.room_version, '1')
+FROM events r
+JOIN events t ON t.event_id = r.json::jsonb->'content'->>'redacts' AND t.room_id = r.room_id
+LEFT JOIN rooms ro ON ro.room_id = r.room_id
+WHERE r.type = 'm.room.redaction'
+ORDER BY t.event_id, r.stream_ordering;
