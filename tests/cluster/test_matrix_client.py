@@ -280,3 +280,46 @@ async def test_nio_redaction_removes_the_event_on_every_worker(
                 assert event.source["content"] == {}, (url, event.source)
     for reader in readers:
         await reader.close()
+
+
+async def test_nio_lazy_loading_sync_carries_only_the_timelines_senders(
+    cluster: LocalCluster, clients: list[nio.AsyncClient]
+) -> None:
+    alice, bob = await alice_and_bob(clients)
+    carol, dave = clients[2], clients[3]
+    for client, name in ((carol, "carol"), (dave, "dave")):
+        assert isinstance(await client.register(name, PASSWORD), nio.RegisterResponse)
+    created = await alice.room_create(name="Big", preset=nio.RoomPreset.public_chat)
+    assert isinstance(created, nio.RoomCreateResponse)
+    room = created.room_id
+    for client in (bob, carol, dave):
+        assert isinstance(await client.join(room), nio.JoinResponse)
+    said = await bob.room_send(room, "m.room.message", {"msgtype": "m.text", "body": "from bob"})
+    assert isinstance(said, nio.RoomSendResponse)
+    lazy = {"room": {"state": {"lazy_load_members": True}, "timeline": {"limit": 1}}}
+
+    def members(synced: nio.SyncResponse) -> set[str]:
+        state = synced.rooms.join[room].state
+        return {e.state_key for e in state if isinstance(e, nio.RoomMemberEvent)}
+
+    first: nio.SyncResponse | nio.SyncError | None = None
+    for _ in range(20):  # until dave's worker has bob's message
+        first = await dave.sync(timeout=1000, sync_filter=lazy, since=None)
+        assert isinstance(first, nio.SyncResponse), first
+        timeline = first.rooms.join[room].timeline.events if room in first.rooms.join else []
+        if [e.event_id for e in timeline] == [said.event_id]:
+            break
+    assert isinstance(first, nio.SyncResponse)
+    assert members(first) == {bob.user_id, dave.user_id}  # not alice or carol: they said nothing here
+    spoke = await carol.room_send(room, "m.room.message", {"msgtype": "m.text", "body": "from carol"})
+    assert isinstance(spoke, nio.RoomSendResponse)
+    since, later = first.next_batch, None
+    for _ in range(20):
+        later = await dave.sync(timeout=2000, sync_filter=lazy, since=since)
+        assert isinstance(later, nio.SyncResponse), later
+        since = later.next_batch
+        if room in later.rooms.join and later.rooms.join[room].timeline.events:
+            break
+    assert isinstance(later, nio.SyncResponse)
+    assert [e.event_id for e in later.rooms.join[room].timeline.events] == [spoke.event_id]
+    assert members(later) == {carol.user_id}  # the new sender's member event comes with her message

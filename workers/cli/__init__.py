@@ -42,6 +42,8 @@ BENCHES: dict[str, str] = {
     "longpoll": "workers.harness.bench.longpoll",
     "scale": "workers.harness.bench.scale",
     "ratelimit": "workers.harness.bench.ratelimit",
+    "crowd": "workers.harness.bench.crowd",
+    "live": "workers.harness.bench.live",
     "all": "workers.harness.bench.all",
 }
 

@@ -197,6 +197,7 @@ class SyncHandler:
                     if full_state:
                         sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
                     sections.add_ephemeral(typing, presence)
+                    await self._add_key_counts(stored, user_id, device_id)
                     sections.add_stored(stored)
                     await sections.load_state(self._state_events, self._state_at, self._pending_state)
                     body = await self._response(sections, now)
@@ -247,6 +248,7 @@ class SyncHandler:
                     sections.add_left_room(room_id, recent)
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
         stored, now = await self._stored(user_id, device_id, user_rooms, None, now, [])
+        await self._add_key_counts(stored, user_id, device_id)
         sections.add_stored(stored)
         await self._drop_forgotten(user_id, user_rooms, sections)
         await sections.load_state(self._state_events, self._state_at, self._pending_state)
@@ -308,6 +310,10 @@ class SyncHandler:
         if self.stored is None:
             return StoredUpdates(), now
         return await self.stored.collect(user_id, device_id, user_rooms, since, now, events)
+
+    async def _add_key_counts(self, stored: StoredUpdates, user_id: str, device_id: str | None) -> None:
+        if self.stored is not None and device_id is not None:
+            await self.stored.add_key_counts(stored, user_id, device_id)
 
     async def _ephemeral(
         self,

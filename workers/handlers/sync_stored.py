@@ -14,8 +14,8 @@ this user since?" without a query in the common case.
   sync: every receipt the rooms hold up to `now`), others' private receipts left out; the receipts
   change cache is keyed by room.
 * one-time keys: the syncing device's one-time keys left per algorithm and the algorithms of its
-  unused fallback keys, read at every sync (they change with claims, which no stream records; a
-  count is not news, so it never ends a long-poll by itself).
+  unused fallback keys, read once per answer (they change with claims, which no stream records; a
+  count is not news, so it never ends a long-poll by itself, and a poll that parks reads none).
 * device lists (incremental syncs only): `changed` holds the users sharing a joined room with the
   syncing user (themself included) whose device list changed in the window, and those who newly
   share one (they joined a room of the user's, or the user joined theirs); `left` holds those who
@@ -116,13 +116,17 @@ class StoredSections:
         await self._receipts(updates, user_id, joined, since, now)
         if device_id is not None:
             now = await self._to_device(updates, user_id, device_id, since, now)
-            async with self._pool.acquire() as conn:
-                counts = await read_counts(conn, user_id, device_id)
-            updates.one_time_key_counts = counts.one_time
-            updates.unused_fallback_key_types = counts.unused_fallback
         if since is not None:
             await self._device_lists(updates, user_id, joined, since, now, events)
         return updates, now
+
+    async def add_key_counts(self, updates: StoredUpdates, user_id: str, device_id: str) -> None:
+        """The device's one-time key counts and unused fallback key types, read when an answer is
+        made (not by a long-poll that parks: the counts are no news)."""
+        async with self._pool.acquire() as conn:
+            counts = await read_counts(conn, user_id, device_id)
+        updates.one_time_key_counts = counts.one_time
+        updates.unused_fallback_key_types = counts.unused_fallback
 
     async def reopen_blind_caches(self) -> None:
         """Reopen each change cache whose blind period is over, above the sequence's value now

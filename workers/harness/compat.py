@@ -102,7 +102,7 @@ async def _listen(redis_url: str, prefix: str, recording: Recording, subscribed:
 
 async def _session(urls: dict[str, str], session: aiohttp.ClientSession, recording: Recording) -> None:
     """Touch every stream: events (messages, state, membership), backfill, caches (every write
-    invalidates), typing, presence, account data and tags, device keys, to-device; sync between
+    invalidates), typing, presence, account data and tags, device keys, to-device, receipts; sync between
     steps through both reading workers (a persister serves reads too), keeping each token."""
     alice = ClusterClient(session, urls)
     bob = ClusterClient(session, urls)
@@ -149,7 +149,19 @@ async def _session(urls: dict[str, str], session: aiohttp.ClientSession, recordi
     await step("to-device", lambda: bob.send_to_device(
         "org.example.ping", {str(alice.user_id): {"*": {"n": 1}}}
     ))  # fmt: skip
-    await step("a leave", lambda: bob.membership(room["id"], "leave"))
+
+    async def receipts() -> None:
+        sent = await alice.send(room["id"], "m.room.message", {"msgtype": "m.text", "body": "read"})
+        await bob.receipt(room["id"], sent["event_id"], "m.read", via="sync1")
+        await bob.receipt(room["id"], sent["event_id"], "m.read.private", via="persister2")
+
+    await step("receipts", receipts)
+    await step("an invite, a knock room and a leave", lambda: asyncio.gather(
+        bob.membership(room["id"], "leave"),
+        alice.create_room("invite", initial_state=[
+            {"type": "m.room.join_rules", "content": {"join_rule": "knock"}}
+        ], invite=[str(bob.user_id)]),
+    ))  # fmt: skip
 
 
 async def record(database_url: str, redis_url: str, out: Path, workdir: Path) -> Recording:

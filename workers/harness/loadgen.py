@@ -407,8 +407,9 @@ class LoadDriver:
             if room is None or room not in latest:
                 return
             receipt_type = "m.read.private" if self.rng.random() < 0.2 else "m.read"
-            await client.receipt(room, latest[room], receipt_type)
-            self.receipts[(room, receipt_type, user)] = latest[room]
+            event_id = latest[room]  # the reader moves it on meanwhile
+            await client.receipt(room, event_id, receipt_type)
+            self.receipts[(room, receipt_type, user)] = event_id
             self.report.receipts_sent += 1
         elif kind == "keys_upload":
             self._sent += 1

@@ -44,6 +44,8 @@ async def sync_counts(worker: Worker, client: ClusterClient) -> tuple[dict[str, 
     rooms = await worker.caches.rooms_for_user.get(client.user_id)
     now = worker.sync.current_token()
     updates, _ = await worker.sync.stored.collect(client.user_id, client.device_id, rooms, now, now, [])
+    assert not updates and not updates.one_time_key_counts  # a poll that parks reads no counts
+    await worker.sync.stored.add_key_counts(updates, client.user_id, client.device_id)
     assert not updates  # counts are no news: they never end a long-poll by themselves
     return updates.one_time_key_counts, updates.unused_fallback_key_types
 

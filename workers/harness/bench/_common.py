@@ -8,17 +8,86 @@ into `Figure`s: a measured value beside the ceiling measured in the same run and
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import os
 import platform
 import statistics
 import sys
+import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+
+from workers.harness.cluster import LocalCluster
+
+
+def report(result: dict[str, Any], figures: Callable[[dict[str, Any]], Sequence[Figure]]) -> None:
+    """A benchmark's end: its result as JSON on stdout, then each of its figures as a line on stderr."""
+    print(json.dumps(result, indent=2))
+    for figure in figures(result):
+        progress(figure.line())
+
+
+def beside_ceiling(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    ceiling: Callable[[argparse.Namespace], Coroutine[Any, Any, Any]],
+    fanout: Callable[[argparse.Namespace, str, str], Coroutine[Any, Any, Any]],
+    figures: Callable[[dict[str, Any]], Sequence[Figure]],
+) -> int:
+    """Run `ceiling(args)` into `result["ceiling"]`, then `fanout(args, admin URL, Redis URL)` into
+    `result["fanout"]` (on the servers `--database-url` and `--redis-url` name, embedded ones for
+    those not given), then `report` it."""
+    from workers import event_loop
+    from workers.services import given_or_embedded
+
+    progress("ceiling: the same clients against a bare server")
+    result["ceiling"] = event_loop.run(ceiling(args))
+    progress("fanout")
+    with given_or_embedded(args.database_url, args.redis_url) as (admin_url, redis_url):
+        result["fanout"] = event_loop.run(fanout(args, admin_url, redis_url))
+    report(result, figures)
+    return 0
+
+
+@asynccontextmanager
+async def bench_cluster(
+    admin_url: str, redis_url: str, tag: str, *, persisters: int, sync_workers: int
+) -> AsyncIterator[LocalCluster]:
+    """A started `LocalCluster` (no background worker) on a fresh database and its own channel
+    prefix; stopped on leaving."""
+    cluster = LocalCluster(
+        await scratch_database(admin_url, tag),
+        redis_url,
+        Path(tempfile.mkdtemp(prefix=f"fanout-bench-{tag}-")),
+        persisters=persisters,
+        sync_workers=sync_workers,
+        background_workers=0,
+        channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
+    )
+    await cluster.start()
+    try:
+        yield cluster
+    finally:
+        await cluster.stop()
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return value
 
 
 def progress(message: str) -> None:
@@ -35,6 +104,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[min(rank, len(ordered)) - 1]
+
+
+def latency_ms(values_ms: Sequence[float]) -> dict[str, float]:
+    """How many, p50, p99 and max of latencies in milliseconds (rounded to 0.01 ms; NaN when none)."""
+    return {
+        "samples": len(values_ms),
+        "p50_ms": round(percentile(values_ms, 50), 2),
+        "p99_ms": round(percentile(values_ms, 99), 2),
+        "max_ms": round(max(values_ms, default=float("nan")), 2),
+    }
 
 
 def spread(values: Sequence[float]) -> float:
@@ -115,17 +194,23 @@ def _number(value: float | None, unit: str = "") -> str:
     return f"{text} {unit}".strip()
 
 
-def markdown_table(figures: Sequence[Figure]) -> str:
-    """The figures as one Markdown table: benchmark, figure, value, ceiling, ratio, target, met."""
+def markdown_table(figures: Sequence[Figure], previous: Mapping[tuple[str, str], float] | None = None) -> str:
+    """The figures as one Markdown table: benchmark, figure, value, ceiling, ratio, target, met;
+    with `previous` (value by benchmark and figure name, from an earlier run), a `previous`
+    column after the value ("-" for a figure that run did not have)."""
+    before = previous is not None
     lines = [
-        "| benchmark | figure | value | ceiling | ratio | target | met |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| benchmark | figure | value |"
+        + (" previous |" if before else "")
+        + " ceiling | ratio | target | met |",
+        "|---|---|---:|" + ("---:|" if before else "") + "---:|---:|---|---|",
     ]
     for f in figures:
         met = {True: "yes", False: "**no**", None: ""}[f.met]
         ratio = "-" if f.ratio is None else f"{f.ratio:.2f}"
+        earlier = f" {_number(previous.get((f.benchmark, f.name)), f.unit)} |" if previous is not None else ""
         lines.append(
-            f"| {f.benchmark} | {f.name} | {_number(f.value, f.unit)} | {_number(f.ceiling, f.unit)}"
+            f"| {f.benchmark} | {f.name} | {_number(f.value, f.unit)} |{earlier} {_number(f.ceiling, f.unit)}"
             f" | {ratio} | {f.target} | {met} |"
         )
     return "\n".join(lines)

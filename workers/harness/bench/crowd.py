@@ -1,0 +1,254 @@
+"""`fanout bench crowd`: one sync worker holding a crowd of re-issued long-polls, woken room by room.
+
+`--rooms` rooms (default 100) of `--members` users (default 10): each room's creator sends, the
+others read. Every member holds one `/sync` long-poll; the rest of the `--polls` (default 10,000)
+come from users in no room, `--polls-per-idle-user` each (clients with several devices or tabs).
+Every poll has a timeout of `--poll-timeout` seconds (default 30) and is re-issued with its
+`next_batch` as soon as it returns. The polls are opened at `--open-per-s` a second (default
+500) from `--client-processes` processes (`poll_clients.py`). Measured on the sync worker's
+process (/proc):
+
+* RSS once every poll is held, and its maximum over the run;
+* idle CPU per re-poll: the worker's CPU time over `--idle-seconds` (default 30: each poll times
+  out and is re-issued about once in a window as long as the poll timeout) divided by the
+  answers the clients received in that window;
+* the wake, `--rounds` times (default 3): one event into every room at once (sent straight to
+  the persister); for each reader's poll, the time from that send's 200 to the poll's answer
+  arriving. Woken counts the readers' answers that brought their round's event (expected:
+  rooms x (members - 1) per round; the senders' own polls wake too, not counted).
+
+The ceiling: the same client processes and sends against the bare server of `bare_sync.py`
+holding the same polls: what holding, re-polling and waking that many polls costs without
+fanout. The command raises its file-descriptor limit to the hard limit (the clients and the
+workers it starts inherit it) and refuses to run when that is too low for the polls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from workers.harness.bench._common import (
+    Figure,
+    bench_cluster,
+    beside_ceiling,
+    latency_ms,
+    positive_int,
+    process_usage,
+    progress,
+)
+from workers.harness.bench.bare_sync import bare_server
+from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked, wait_held
+from workers.harness.bench.profile import Profiles, profile
+from workers.harness.bench.room_setup import populate
+
+TARGET_RSS_MB = 300.0
+TARGET_REPOLL_CPU_MS = 0.15
+TARGET_WAKE_P99_MS = 100.0
+#: How long py-spy records the first round's wake.
+WAKE_PROFILE_S = 3
+#: How long a round waits for every reader before it counts the missing ones as not woken.
+ROUND_LIMIT_S = 15.0
+
+#: A room as the measurement sees it: (room id, the sender's access token).
+Target = tuple[str, str]
+
+
+async def measure(
+    sync_base: str,
+    send_base: str,
+    pid: int,
+    rooms: list[Target],
+    polls: list[Poll],
+    args: argparse.Namespace,
+    profile_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Open `polls` against `sync_base`, measure the process `pid` while they idle, then wake every
+    room `args.rounds` times (sends to `send_base`). The same for fanout and the bare server.
+    With `profile_dir`, py-spy records `pid` over the idle window and over the first round."""
+    readers = sum(p.measured for p in polls)
+    rss_before, _ = process_usage(pid)
+    progress(
+        f"  opening {len(polls):,} polls at {args.open_per_s:,.0f}/s from {args.client_processes} processes"
+    )
+    clients = PollClients(
+        sync_base + "/_matrix/client/v3/sync",
+        polls,
+        args.client_processes,
+        timeout_ms=int(args.poll_timeout * 1000),
+        open_per_s=args.open_per_s,
+    )
+    try:
+        await clients.opened()
+        held = await wait_held(sync_base, len(polls))
+        rss_held, cpu_start = process_usage(pid)
+        answers_start, _ = await clients.answers()
+        started = time.monotonic()
+        progress(f"  {held:,.0f} polls held; idle for {args.idle_seconds:g} s")
+        profiles = [_profile(pid, args.idle_seconds, profile_dir, "idle")]
+        await asyncio.sleep(args.idle_seconds)
+        rss_idle, cpu_end = process_usage(pid)
+        answers_end, _ = await clients.answers()
+        idle_s = time.monotonic() - started
+        idle_answers = answers_end - answers_start
+        answered: dict[tuple[int, int], float] = {}
+        seen = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            for round_ in range(args.rounds):
+                if round_ == 0 and profile_dir is not None:
+                    profiles.append(_profile(pid, WAKE_PROFILE_S, profile_dir, "wake"))
+                    await asyncio.sleep(0.3)  # py-spy attached before the sends
+                sends = await asyncio.gather(
+                    *(
+                        send_marked(http, send_base, room, token, f"{round_}:{i}")
+                        for i, (room, token) in enumerate(rooms)
+                    )
+                )
+                if not all(ok for _, _, ok in sends):
+                    raise RuntimeError(f"round {round_}: a send failed")
+                answered |= {(round_, i): end for i, (_, end, _) in enumerate(sends)}
+                deadline = time.monotonic() + ROUND_LIMIT_S
+                while True:
+                    seen += await clients.seen()
+                    woken = sum(1 for text, _, _ in seen if text.startswith(f"{round_}:"))
+                    if woken >= readers or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.2)
+                progress(f"  round {round_ + 1}: {woken:,} of {readers:,} readers woken")
+                await asyncio.sleep(args.round_gap)
+        rss_end, _ = process_usage(pid)
+        _, failed = await clients.answers()
+    finally:
+        clients.close()
+    for written in (path for recording in profiles if recording is not None for path in recording.wait()):
+        progress(f"  profile: {written}")
+    woken_ms: dict[tuple[str, int], float] = {}
+    for text, arrived, poll in seen:
+        round_text, _, room_text = text.partition(":")
+        sent_at = answered[(int(round_text), int(room_text))]
+        woken_ms.setdefault((round_text, poll), (arrived - sent_at) * 1000)
+    return {
+        "polls": len(polls),
+        "held": held,
+        "rss_before_mb": round(rss_before, 1),
+        "rss_held_mb": round(rss_held, 1),
+        "rss_max_mb": round(max(rss_held, rss_idle, rss_end), 1),
+        "idle_seconds": round(idle_s, 1),
+        "idle_answers": idle_answers,
+        "idle_cpu_fraction": round((cpu_end - cpu_start) / idle_s, 4),
+        "repoll_cpu_ms": round((cpu_end - cpu_start) / idle_answers * 1000, 4) if idle_answers else math.nan,
+        "failed_requests": failed,
+        "rounds": args.rounds,
+        "expected_woken": readers * args.rounds,
+        "woken": len(woken_ms),
+        **{k: v for k, v in latency_ms(list(woken_ms.values())).items() if k != "samples"},
+    }
+
+
+def _profile(pid: int, seconds: float, profile_dir: Path | None, phase: str) -> Profiles | None:
+    return None if profile_dir is None else profile({"sync": pid}, max(1, int(seconds)), profile_dir / phase)
+
+
+#: A user's poll as the crowd is made of them: (access token, since token).
+Holder = tuple[str, str]
+
+
+def _polls(rooms: list[list[Holder]], idle: list[Holder], total: int) -> list[Poll]:
+    """One poll per room member (the first, the sender, not measured), then the idle users' polls
+    round-robin up to `total`."""
+    polls = [Poll(token, since, i > 0) for members in rooms for i, (token, since) in enumerate(members)]
+    polls += [Poll(*idle[n % len(idle)]) for n in range(total - len(polls))]
+    return polls
+
+
+async def fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> dict[str, Any]:
+    async with bench_cluster(admin_url, redis_url, "crowd", persisters=1, sync_workers=1) as cluster:
+        base = cluster.url("sync1")
+        rooms, idle = await populate(base, args.rooms, args.members, idle_users(args))
+        members = [[(u.token, u.since) for u in (r.sender, *r.joined)] for r in rooms]
+        polls = _polls(members, [(u.token, u.since) for u in idle], args.polls)
+        pid = cluster.workers["sync1"].process.pid  # type: ignore[union-attr]
+        targets = [(r.room_id, r.sender.token) for r in rooms]
+        profile_dir = None if args.profile is None else Path(args.profile)
+        return await measure(base, cluster.url("persister1"), pid, targets, polls, args, profile_dir)
+
+
+async def ceiling(args: argparse.Namespace) -> dict[str, Any]:
+    with bare_server() as bare:
+        rooms = [f"!bare{i}:localhost" for i in range(args.rooms)]
+        members = [[(f"room:{room}", "0")] * args.members for room in rooms]
+        polls = _polls(members, [("idle", "0")], args.polls)
+        return await measure(bare.url, bare.url, bare.pid, [(r, "sender") for r in rooms], polls, args)
+
+
+def idle_users(args: argparse.Namespace) -> int:
+    idle_polls: int = args.polls - args.rooms * args.members
+    per_user: int = args.polls_per_idle_user
+    return math.ceil(idle_polls / per_user)
+
+
+def figures(result: dict[str, Any]) -> list[Figure]:
+    """RSS, CPU per re-poll, woken and the wake's p50, p99 and max, each beside the bare server's."""
+    ours, bare = result["fanout"], result["ceiling"]
+    polls = f"{ours['polls']:,} polls"
+    return [
+        Figure(
+            "crowd", f"sync worker RSS holding {polls}", ours["rss_max_mb"], "MB", bare["rss_max_mb"],
+            f"< {TARGET_RSS_MB:.0f} MB", ours["rss_max_mb"] < TARGET_RSS_MB,
+        ),
+        Figure(
+            "crowd", f"CPU per re-poll, {polls} idle", ours["repoll_cpu_ms"], "ms", bare["repoll_cpu_ms"],
+            f"<= {TARGET_REPOLL_CPU_MS} ms", ours["repoll_cpu_ms"] <= TARGET_REPOLL_CPU_MS,
+        ),
+        Figure(
+            "crowd", f"readers woken ({ours['rounds']} rounds, every room at once)", ours["woken"], "",
+            bare["woken"], f"= {ours['expected_woken']:,}", ours["woken"] == ours["expected_woken"],
+        ),
+        Figure("crowd", "send 200 -> wake, p50", ours["p50_ms"], "ms", bare["p50_ms"]),
+        Figure(
+            "crowd", "send 200 -> wake, p99", ours["p99_ms"], "ms", bare["p99_ms"],
+            f"<= {TARGET_WAKE_P99_MS:.0f} ms", ours["p99_ms"] <= TARGET_WAKE_P99_MS,
+        ),
+        Figure("crowd", "send 200 -> wake, max", ours["max_ms"], "ms", bare["max_ms"]),
+    ]  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="fanout bench crowd", description=__doc__.split("\n\n")[0])
+    p.add_argument("--database-url", help="an admin URL (a benchmark database is created on it)")
+    p.add_argument("--redis-url")
+    p.add_argument("--polls", type=positive_int, default=10_000, help="long-polls held on the sync worker")
+    p.add_argument("--rooms", type=positive_int, default=100)
+    p.add_argument(
+        "--members", type=positive_int, default=10, help="users per room (one sender, the rest read)"
+    )
+    p.add_argument("--polls-per-idle-user", type=positive_int, default=100, help="polls per user in no room")
+    p.add_argument("--open-per-s", type=float, default=500.0, help="polls opened per second")
+    p.add_argument("--poll-timeout", type=float, default=30.0, help="each poll's timeout, seconds")
+    p.add_argument("--idle-seconds", type=float, default=30.0, help="the idle window measured")
+    p.add_argument("--rounds", type=positive_int, default=3, help="wakes of every room at once")
+    p.add_argument("--round-gap", type=float, default=3.0, help="seconds between rounds")
+    p.add_argument("--client-processes", type=positive_int, default=4)
+    p.add_argument(
+        "--profile", metavar="DIR", help="record the sync worker with py-spy: idle window, first wake"
+    )
+    args = p.parse_args(argv)
+    if args.members < 2:
+        p.error("--members must be at least 2 (a sender and a reader)")
+    if args.rooms * args.members > args.polls:
+        p.error(f"--polls must be at least --rooms x --members ({args.rooms * args.members})")
+    fds = raise_fd_limit()
+    if fds < args.polls + 1024:
+        p.error(f"the file-descriptor hard limit is {fds}: too low for {args.polls:,} polls")
+    return beside_ceiling(args, {}, ceiling, fanout, figures)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
