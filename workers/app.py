@@ -70,7 +70,7 @@ from workers.http.limits import runner_limits
 from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
 from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
-from workers.model import CacheInvalidation, Event, UserRooms
+from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, redacts_of
 from workers.reachability import PostgresProbe
 from workers.startup_retry import connect_with_retry
 from workers.storage import create_pool
@@ -402,6 +402,8 @@ class Worker:
         self, stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Row]]
     ) -> None:
         rooms, users = self._woken.setdefault(stream.name, (set(), set()))
+        if stream.name in (EVENTS, BACKFILL):  # a redacted event's cached body is stale
+            self.sync.bodies.forget([r.redacts for _, r in rows if isinstance(r, EventRow) and r.redacts])
         if stream.name == EVENTS:
             placed = cast("Sequence[tuple[int, EventRow]]", rows)  # a stream's rows are of its row type
             event_rows = [r for _, r in placed]
@@ -448,6 +450,8 @@ class Worker:
         """Inside the ID blocks, after commit: invalidate our caches, stage the rows for RDATA."""
         self.caches.on_events(events)
         self.room_views.on_events(events)
+        redacted = [e for e in events if e.type == REDACTION_EVENT]  # their targets' bodies are stale
+        self.sync.bodies.forget([r for e in redacted if (r := redacts_of(e.type, e.content)) is not None])
         if self.config.serve_reads and events and events[0].stream_ordering > 0:
             self.sync.recent.add([ref_of(e) for e in events])
         self.caches.on_invalidations(row for _, row in invalidations)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring
 from typing import Any, NamedTuple
@@ -11,6 +12,10 @@ import pydantic_core
 MEMBER_EVENT = "m.room.member"
 CREATE_EVENT = "m.room.create"
 VISIBILITY_EVENT = "m.room.history_visibility"
+REDACTION_EVENT = "m.room.redaction"
+#: What an id in an events-stream row may look like (readers refuse a row with anything else).
+ROW_ID_PATTERN = r"^[!$@#A-Za-z0-9_.:=\-/+]{1,255}$"
+_ROW_ID = re.compile(ROW_ID_PATTERN)
 #: The version of a room whose m.room.create content names none (the spec's default for that case).
 IMPLICIT_ROOM_VERSION = "1"
 #: The room versions this server creates rooms in and accepts invites to.
@@ -51,6 +56,15 @@ def membership_of(event_type: str, content: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) and value in MEMBERSHIPS else None
 
 
+def redacts_of(event_type: str, content: dict[str, Any]) -> str | None:
+    """The event an m.room.redaction names (`content.redacts`), when it is one an events-stream
+    row can carry (an id that is not one names no stored event, so nothing is redacted by it)."""
+    if event_type != REDACTION_EVENT:
+        return None
+    value = content.get("redacts")
+    return value if isinstance(value, str) and _ROW_ID.match(value) else None
+
+
 def room_version_of(create_content: dict[str, Any]) -> str:
     """The room version an m.room.create event's content declares."""
     version = create_content.get("room_version", IMPLICIT_ROOM_VERSION)
@@ -76,11 +90,14 @@ class NewEvent(NamedTuple):
 
     def persisted(self, stream_ordering: int, instance_name: str, received_ts: int) -> Event:
         """This event as stored (its fields are Event's, in Event's order, between these)."""
-        return _new(Event, (stream_ordering, instance_name, *self, received_ts))  # no Python-level __new__
+        return _new(Event, (stream_ordering, instance_name, *self, received_ts, None))  # no Python __new__
 
 
 class Event(NamedTuple):
-    """A persisted event: live ones have positive stream orderings, backfilled ones negative."""
+    """A persisted event: live ones have positive stream orderings, backfilled ones negative.
+
+    A redacted event, as the storage layer reads it, has its content pruned by its room's version
+    and `redacted_because`, the redaction that pruned it (rendered into `unsigned`)."""
 
     stream_ordering: int
     instance_name: str
@@ -91,6 +108,7 @@ class Event(NamedTuple):
     content: dict[str, Any]
     state_key: str | None
     received_ts: int
+    redacted_because: Event | None = None
 
     @property
     def membership(self) -> str | None:
@@ -102,7 +120,8 @@ class Event(NamedTuple):
 
     def json_texts(self, room_version: str | None = None) -> tuple[str, str]:
         """(the stored JSON, the JSON array of the event's `events` stream row, which carries the
-        room's version).
+        room's version and, for a redaction only, the event it redacts: the trailing field is left
+        out of every other row, where readers take its default).
 
         The persister needs both for every event, so they are built together, as text: each string
         is escaped once, by the standard library's C encoder, for both (escaping cost about 150 ns a
@@ -126,9 +145,11 @@ class Event(NamedTuple):
             f'"stream_ordering":{self.stream_ordering},"instance_name":{instance}{state}}}'
         )
         version = "null" if room_version is None else known(room_version) or _literal(room_version)
+        redacts = redacts_of(self.type, self.content) if self.type == REDACTION_EVENT else None
         row = (
             f"[{event_id},{room_id},{kind},{sender},{state_key},"
-            f"{'null' if membership is None else _literal(membership)},{version}]"
+            f"{'null' if membership is None else _literal(membership)},{version}"
+            f"{']' if redacts is None else f',{q(redacts)}]'}"
         )
         return stored, row
 

@@ -224,6 +224,64 @@ async def test_nio_receipts_read_markers_and_forget_across_workers(
         assert isinstance(after, nio.SyncResponse) and room not in after.rooms.leave, url
 
 
+async def test_nio_redaction_removes_the_event_on_every_worker(
+    cluster: LocalCluster, clients: list[nio.AsyncClient]
+) -> None:
+    urls = list(cluster.urls.values())
+    alice, bob = await alice_and_bob(clients)
+    readers = [on(url, bob) for url in urls]
+    for version in ("10", "11"):
+        created = await alice.room_create(name=f"v{version}", invite=[bob.user_id], room_version=version)
+        assert isinstance(created, nio.RoomCreateResponse), created
+        room = created.room_id
+        assert isinstance(await readers[-1].join(room), nio.JoinResponse)
+        body = {"msgtype": "m.text", "body": f"oops in v{version}"}
+        sent = await alice.room_send(room, "m.room.message", body)
+        assert isinstance(sent, nio.RoomSendResponse), sent
+        # Every worker serves the message whole to bob first (and caches its body).
+        since: dict[str, str] = {}
+        for url, reader in zip(urls, readers, strict=True):
+            for _ in range(20):
+                synced = await reader.sync(timeout=2000, since=since.get(url))
+                assert isinstance(synced, nio.SyncResponse), synced
+                since[url] = synced.next_batch
+                joined = synced.rooms.join.get(room)
+                events = [] if joined is None else joined.timeline.events
+                texts = [e for e in events if e.event_id == sent.event_id]
+                if texts:
+                    assert isinstance(texts[0], nio.RoomMessageText) and texts[0].body == body["body"]
+                    break
+            else:
+                raise AssertionError(f"{url} never served the message")
+        redacted = await alice.room_redact(room, sent.event_id, reason="typo")
+        assert isinstance(redacted, nio.RoomRedactResponse), redacted
+        for url, reader in zip(urls, readers, strict=True):
+            heard: list[nio.RedactionEvent] = []
+            for _ in range(20):
+                synced = await reader.sync(timeout=2000, since=since[url])
+                assert isinstance(synced, nio.SyncResponse), synced
+                since[url] = synced.next_batch
+                joined = synced.rooms.join.get(room)
+                events = [] if joined is None else joined.timeline.events
+                heard += [e for e in events if isinstance(e, nio.RedactionEvent)]
+                if heard:
+                    break
+            assert [e.redacts for e in heard] == [sent.event_id], url
+            got = await reader.room_get_event(room, sent.event_id)
+            assert isinstance(got, nio.RoomGetEventResponse), got
+            page = await reader.room_messages(room, limit=20)
+            assert isinstance(page, nio.RoomMessagesResponse), page
+            initial = await reader.sync(timeout=0, full_state=True)
+            assert isinstance(initial, nio.SyncResponse), initial
+            timeline = initial.rooms.join[room].timeline.events
+            for event in [got.event, *(e for e in [*page.chunk, *timeline] if e.event_id == sent.event_id)]:
+                assert isinstance(event, nio.RedactedEvent), (url, event)
+                assert event.redacter == alice.user_id and event.reason == "typo"
+                assert event.source["content"] == {}, (url, event.source)
+    for reader in readers:
+        await reader.close()
+
+
 async def test_nio_lazy_loading_sync_carries_only_the_timelines_senders(
     cluster: LocalCluster, clients: list[nio.AsyncClient]
 ) -> None:

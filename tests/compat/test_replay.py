@@ -113,9 +113,18 @@ async def _publish(redis_url: str, channel: str, lines: list[str]) -> None:
         await client.aclose()
 
 
-def _with_a_newer_field(line: str) -> str:
-    """The line as the next release would send it, had it appended a field to the row."""
-    return f'{line[:-1]},"a field of the next release"]' if line.startswith("RDATA ") else line
+def _with_a_newer_field(line: str, row_type: Any) -> str:
+    """The line as the next release would send it, had it appended a field to HEAD's row: the
+    trailing fields HEAD added since the recording (`row_type`'s, None: a stream HEAD lacks) at
+    their defaults, then one HEAD does not know."""
+    if not line.startswith("RDATA "):
+        return line
+    command = parse_line(line)
+    assert isinstance(command, RData)
+    recorded = len(json.loads(command.row_json)) - (0 if command.token is None else 2)
+    fields = [] if row_type is None else list(row_type._fields)[recorded:]
+    added = "".join(f",{json.dumps(row_type._field_defaults[f])}" for f in fields)
+    return f'{line[:-1]}{added},"a field of the next release"]'
 
 
 @pytest.mark.parametrize("newer", [False, True], ids=["as recorded", "plus a field"])
@@ -133,10 +142,11 @@ async def test_head_reads_the_previous_release_lines(
     await _restore_sequences(database_url)
     worker = await start_reader()
     handler = _reading(worker, stream)
-    lines = [_with_a_newer_field(line) if newer else line for line in _lines(path)]
+    head_stream = handler.streams.get(stream)
+    row_type = None if head_stream is None else head_stream.row_type
+    lines = [_with_a_newer_field(line, row_type) if newer else line for line in _lines(path)]
     await _publish(redis_url, base_channel(channel_prefix) + CHANNELS[stream], lines)
     rows = sum(1 for cmd in commands if isinstance(cmd, RData))
-    head_stream = handler.streams.get(stream)
     received = lambda: handler.metrics.value(  # noqa: E731
         "fanout_repl_commands_in_total", {"command": "RDATA", "stream": stream}
     )

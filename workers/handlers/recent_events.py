@@ -15,8 +15,9 @@ is expected here, and rises as old entries are dropped), a window longer than `M
 (the database's index by room does better), and any window while the index may miss something
 (`forget`, `blind`).
 
-Event bodies never change once persisted (a redaction is an event of its own), so `EventBodies`
-needs no invalidation.
+An event's body changes once at most: when a redaction of it commits, reads return it pruned. So
+`EventBodies` forgets a body when the redaction's events-stream row is applied (`forget`), before
+the position advances and readers wake.
 """
 
 from __future__ import annotations
@@ -190,7 +191,8 @@ _new = tuple.__new__
 
 class EventBodies:
     """Persisted events by id, shared by every sync of the worker: concurrent requests for the same
-    id wait for one read."""
+    id wait for one read. A read in flight when its id is forgotten keeps nothing and serves only
+    the requests that came before: later ones read again."""
 
     __slots__ = ("_cache", "_loading", "_pool", "max_size", "reads")
 
@@ -206,6 +208,12 @@ class EventBodies:
         self._cache[event.event_id] = event
         if len(self._cache) > self.max_size:
             self._cache.popitem(last=False)
+
+    def forget(self, event_ids: Iterable[str]) -> None:
+        """These events changed (redacted): the next request reads them from the database."""
+        for event_id in event_ids:
+            self._cache.pop(event_id, None)
+            self._loading.pop(event_id, None)
 
     async def get(self, event_ids: Sequence[str]) -> dict[str, Event]:
         """The persisted events among `event_ids`, by id (an id that is not stored is left out)."""
@@ -243,9 +251,11 @@ class EventBodies:
             async with self._pool.acquire() as conn:
                 loaded = await store.events_by_ids(conn, event_ids)
             for event in loaded.values():
-                self._store(event)
+                if self._loading.get(event.event_id) is future:  # not forgotten meanwhile
+                    self._store(event)
             return loaded
         finally:
             for event_id in event_ids:
-                self._loading.pop(event_id, None)
+                if self._loading.get(event_id) is future:
+                    del self._loading[event_id]
             future.set_result(loaded)  # None when the read failed or was cancelled

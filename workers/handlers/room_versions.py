@@ -4,7 +4,8 @@ A room's version is fixed when it is created (the `m.room.create` content, and t
 the persister writes in the same transaction) or, for a room that lives on another server, by the
 invite that named it. Each events-stream row carries its room's version, so a reader learns it
 with the row (`learn`); a reader that restarted, or never saw the row, reads it from `rooms`.
-Events are rendered for clients with their room's rules (`render`).
+Events are rendered for clients with their room's rules (`render`); a redacted event comes from
+the storage layer already pruned by them, with the redaction that pruned it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ import asyncpg
 
 from workers.handlers.caches import LruCache
 from workers.model import IMPLICIT_ROOM_VERSION, Event
+from workers.model import REDACTION_EVENT as REDACTION_EVENT  # where the handlers import it from
 from workers.storage import rooms as store
-
-REDACTION_EVENT = "m.room.redaction"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,10 @@ def render(event: Event, version: RoomVersion, *, room_id: bool = True) -> dict[
 
     Redactions are stored with `redacts` in their content. Before version 11 the spec puts it at
     the top of the event instead; from 11 on it stays in the content, and (as servers do for
-    clients written before 11) is repeated at the top."""
+    clients written before 11) is repeated at the top.
+
+    A redacted event (its content already pruned) carries the redaction, rendered the same way,
+    in `unsigned.redacted_because`, as the spec has it."""
     body = event.matrix(room_id=room_id)
     if event.type == REDACTION_EVENT:
         redacts = event.content.get("redacts")
@@ -45,6 +48,8 @@ def render(event: Event, version: RoomVersion, *, room_id: bool = True) -> dict[
             body["content"] = {k: v for k, v in event.content.items() if k != "redacts"}
         if isinstance(redacts, str):
             body["redacts"] = redacts
+    if event.redacted_because is not None:
+        body["unsigned"]["redacted_because"] = render(event.redacted_because, version, room_id=room_id)
     return body
 
 

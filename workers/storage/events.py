@@ -4,6 +4,11 @@ Writes happen in the persister's one transaction per batch (`insert_batch`); rea
 the HTTP API, the background task and the streams' catch-up (update) functions. Every multi-row
 write is one statement (a binary COPY for events, `unnest` arrays for the upserts), so a batch costs
 a fixed number of round trips.
+
+A redaction is recorded in `redactions` by its own write. `events.json` keeps the original, and
+every read that builds events for clients (all but `events_by_writer`, which builds stream rows)
+joins `redactions` and returns a redacted event pruned by its room's version
+(`workers.redaction_rules`) with the redaction in `Event.redacted_because`.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ import asyncpg
 
 from workers.model import (
     CREATE_EVENT,
+    IMPLICIT_ROOM_VERSION,
     MEMBER_EVENT,
+    REDACTION_EVENT,
     CacheInvalidation,
     Event,
     UserRooms,
     membership_of,
+    redacts_of,
     room_version_of,
 )
+from workers.redaction_rules import prune_content, rules_for
 from workers.storage import Conn
 
 #: The columns of `events` that reads select and `copy_event_rows` writes, in this order.
@@ -33,6 +42,7 @@ _EVENT_COLUMNS = ", ".join(EVENT_COLUMNS)
 
 
 def _event(record: asyncpg.Record) -> Event:
+    """The event of an `events` row as stored (unpruned)."""
     body = json.loads(record["json"])
     return Event(
         stream_ordering=record["stream_ordering"],
@@ -47,6 +57,39 @@ def _event(record: asyncpg.Record) -> Event:
     )
 
 
+def _with_redactions(query: str, order: str = "") -> str:
+    """`query` (which selects `EVENT_COLUMNS` of `events`) with what `_read_event` needs to prune
+    a redacted event: the room version it is pruned by, the redaction's stored JSON and, when the
+    redaction was redacted in turn, its room version. `order` restores the query's order."""
+    return (
+        "SELECT q.*, r.room_version AS redacted_in, re.json AS redaction,"
+        f" r2.room_version AS redaction_redacted_in FROM ({query}) q"
+        " LEFT JOIN redactions r ON r.redacts = q.event_id"
+        " LEFT JOIN events re ON re.event_id = r.redaction_id"
+        " LEFT JOIN redactions r2 ON r2.redacts = r.redaction_id" + (f" ORDER BY {order}" if order else "")
+    )
+
+
+def _read_event(record: asyncpg.Record) -> Event:
+    """The event of a row of a `_with_redactions` query, as clients get it: pruned when redacted."""
+    event = _event(record)
+    version: str | None = record["redacted_in"]
+    if version is None:
+        return event
+    because = None
+    if record["redaction"] is not None:
+        body = json.loads(record["redaction"])
+        content = body.get("content", {})
+        if record["redaction_redacted_in"] is not None:
+            content = prune_content(REDACTION_EVENT, content, rules_for(record["redaction_redacted_in"]))
+        because = Event(
+            body["stream_ordering"], body["instance_name"], body["event_id"], body["room_id"],
+            body["type"], body["sender"], content, body.get("state_key"), body["origin_server_ts"],
+        )  # fmt: skip
+    content = prune_content(event.type, event.content, rules_for(version))
+    return event._replace(content=content, redacted_because=because)
+
+
 async def insert_batch(
     conn: Conn,
     events: Sequence[Event],
@@ -55,9 +98,10 @@ async def insert_batch(
     instance_name: str,
 ) -> None:
     """Insert `events` (in stream order) with their stored JSON (`Event.json_texts`), fold their
-    state into current state and membership, record new rooms with their version, and log the
-    cache invalidations. Call inside a transaction unless `needs_transaction` says one statement
-    suffices (a batch of messages only: one COPY is atomic on its own).
+    state into current state and membership, record new rooms with their version and the
+    redactions that apply (`_record_redactions`), and log the cache invalidations. Call inside a
+    transaction unless `needs_transaction` says one statement suffices (a batch of messages only,
+    no redaction: one COPY is atomic on its own).
 
     Several persisters may write the same room: current state and membership keep the row with the
     highest stream ordering, whatever order the transactions commit in.
@@ -118,6 +162,7 @@ async def insert_batch(
             [e.event_id for e in members],
             [e.stream_ordering for e in members],
         )
+    await _record_redactions(conn, events)
     await insert_invalidations(conn, invalidations, instance_name)
 
 
@@ -141,6 +186,31 @@ async def insert_invalidations(
     )
 
 
+async def _record_redactions(conn: Conn, events: Sequence[Event]) -> None:
+    """Record the redactions among `events` whose target is stored in the redaction's room (one
+    naming another room's event, or none stored, applies to nothing), with the version the
+    target is pruned by. An event's first redaction is the one kept."""
+    targets: dict[str, Event] = {}
+    for event in events:
+        redacts = redacts_of(event.type, event.content)
+        if redacts is not None and redacts not in targets:
+            targets[redacts] = event
+    if not targets:
+        return
+    await conn.execute(
+        "INSERT INTO redactions (redacts, redaction_id, room_version)"
+        " SELECT u.redacts, u.redaction_id, coalesce(ro.room_version, $4)"
+        " FROM unnest($1::text[], $2::text[], $3::text[]) AS u(redacts, redaction_id, room_id)"
+        " JOIN events e ON e.event_id = u.redacts AND e.room_id = u.room_id"
+        " LEFT JOIN rooms ro ON ro.room_id = u.room_id"
+        " ORDER BY u.redacts ON CONFLICT (redacts) DO NOTHING",
+        list(targets),
+        [e.event_id for e in targets.values()],
+        [e.room_id for e in targets.values()],
+        IMPLICIT_ROOM_VERSION,
+    )
+
+
 async def copy_event_rows(conn: Conn, rows: Iterable[tuple[object, ...]]) -> None:
     """Write `events` rows (tuples in `EVENT_COLUMNS` order) with one binary COPY: half the client
     CPU per row of `INSERT ... SELECT * FROM unnest($1::events[])`, whose array encoding makes four
@@ -150,7 +220,7 @@ async def copy_event_rows(conn: Conn, rows: Iterable[tuple[object, ...]]) -> Non
 
 def needs_transaction(events: Sequence[Event], invalidations: Sequence[object]) -> bool:
     """Whether `insert_batch` will run more than one statement for this batch."""
-    return bool(invalidations) or any(e.state_key is not None for e in events)
+    return bool(invalidations) or any(e.state_key is not None or e.type == REDACTION_EVENT for e in events)
 
 
 async def events_for_rooms(
@@ -167,14 +237,17 @@ async def events_for_rooms(
     writer's range is scanned on its own, so a writer that lags does not widen the others' scans.
     """
     names = list(windows)
-    records = await conn.fetch(
+    query = (
         f"SELECT {_EVENT_COLUMNS} FROM events e,"
         " unnest($2::text[], $3::bigint[], $4::bigint[]) AS w(name, low, high)"
         " WHERE e.room_id = ANY($1::text[]) AND e.instance_name = w.name"
         " AND e.stream_ordering > w.low AND e.stream_ordering <= w.high"
         f" UNION ALL SELECT {_EVENT_COLUMNS} FROM events WHERE room_id = ANY($1::text[])"
         " AND instance_name <> ALL($2::text[]) AND stream_ordering > $5 AND stream_ordering <= $6"
-        " ORDER BY stream_ordering LIMIT $7",
+        " ORDER BY stream_ordering LIMIT $7"
+    )
+    records = await conn.fetch(
+        _with_redactions(query, "q.stream_ordering"),
         list(rooms),
         names,
         [windows[n][0] for n in names],
@@ -183,15 +256,16 @@ async def events_for_rooms(
         default[1],
         limit,
     )
-    return [_event(r) for r in records]
+    return [_read_event(r) for r in records]
 
 
 async def events_by_ids(conn: Conn, event_ids: Sequence[str]) -> dict[str, Event]:
     """The stored events among `event_ids`, by id."""
     records = await conn.fetch(
-        f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id = ANY($1::text[])", list(event_ids)
+        _with_redactions(f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id = ANY($1::text[])"),
+        list(event_ids),
     )
-    return {r["event_id"]: _event(r) for r in records}
+    return {r["event_id"]: _read_event(r) for r in records}
 
 
 async def room_events(
@@ -227,15 +301,19 @@ async def room_events(
     args.append(limit)
     order = "DESC" if descending else "ASC"
     records = await conn.fetch(
-        f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
-        f" ORDER BY stream_ordering {order} LIMIT ${len(args)}",
+        _with_redactions(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
+            f" ORDER BY stream_ordering {order} LIMIT ${len(args)}",
+            f"q.stream_ordering {order}",
+        ),
         *args,
     )
-    return [_event(r) for r in records]
+    return [_read_event(r) for r in records]
 
 
 async def events_by_writer(conn: Conn, instance: str, low: int, high: int, limit: int) -> list[Event]:
-    """`instance`'s events with low < stream_ordering <= high, in stream order, at most `limit`.
+    """`instance`'s events with low < stream_ordering <= high, in stream order, at most `limit`,
+    as stored (unpruned: they become stream rows, and a redaction's row names its target).
 
     For the negative (backfill) stream pass the signed bounds with low > high: rows with
     high <= stream_ordering < low, nearest to zero first.
@@ -337,20 +415,24 @@ async def state_at(
         args += [list(types), member]
         clause = " AND (type = ANY($3::text[]) OR (type = 'm.room.member' AND state_key = $4))"
     records = await conn.fetch(
-        f"SELECT DISTINCT ON (type, state_key) {_EVENT_COLUMNS} FROM events"
-        f" WHERE room_id = $1 AND stream_ordering <= $2 AND state_key IS NOT NULL{clause}"
-        " ORDER BY type, state_key, stream_ordering DESC",
+        _with_redactions(
+            f"SELECT DISTINCT ON (type, state_key) {_EVENT_COLUMNS} FROM events"
+            f" WHERE room_id = $1 AND stream_ordering <= $2 AND state_key IS NOT NULL{clause}"
+            " ORDER BY type, state_key, stream_ordering DESC",
+            "q.type, q.state_key",
+        ),
         *args,
     )
-    return [_event(r) for r in records]
+    return [_read_event(r) for r in records]
 
 
 async def events_at(conn: Conn, orderings: Sequence[int]) -> dict[int, Event]:
     """The events with these stream orderings, by ordering."""
     records = await conn.fetch(
-        f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_ordering = ANY($1::bigint[])", list(orderings)
+        _with_redactions(f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_ordering = ANY($1::bigint[])"),
+        list(orderings),
     )
-    return {r["stream_ordering"]: _event(r) for r in records}
+    return {r["stream_ordering"]: _read_event(r) for r in records}
 
 
 async def visibility_changes(conn: Conn, room_id: str) -> tuple[tuple[int, str], ...]:

@@ -1,8 +1,9 @@
 """The `events` stream (live, positive orderings) and the `backfill` stream (historic, negative).
 
 A row carries what a reader needs to invalidate caches and wake the right readers (room, type,
-state key, membership) and to render the room's events (its version), not the event body:
-readers fetch bodies from the database, which is the truth. Wire tokens of `backfill` are
+state key, membership), to render the room's events (its version) and, for a redaction, to drop
+the body of the event it redacts (`redacts`), not the event body: readers fetch bodies from the
+database, which is the truth. Wire tokens of `backfill` are
 positive (the negated stream ordering), see pubsub.streams.
 """
 
@@ -16,13 +17,13 @@ from pydantic import Field
 
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator
-from workers.model import Event
+from workers.model import ROW_ID_PATTERN, Event, redacts_of
 from workers.storage.events import events_by_writer
 from workers.storage.rooms import room_versions
 
 EVENTS = "events"
 BACKFILL = "backfill"
-_Id = Annotated[str, Field(pattern=r"^[!$@#A-Za-z0-9_.:=\-/+]{1,255}$")]
+_Id = Annotated[str, Field(pattern=ROW_ID_PATTERN)]
 
 
 class EventRow(NamedTuple):
@@ -36,13 +37,16 @@ class EventRow(NamedTuple):
     membership: Annotated[str | None, Field(max_length=32)] = None
     #: The room's version: a reader renders the room's events with its rules.
     room_version: Annotated[str | None, Field(pattern=r"^[a-z0-9.\-]{1,32}$")] = None
+    #: For an m.room.redaction, the event it redacts: readers drop its cached body. (Trailing and
+    #: optional: the writer leaves it out of every other row.)
+    redacts: _Id | None = None
 
     @classmethod
     def of(cls, event: Event, room_version: str | None) -> EventRow:
         """The row of a persisted event (catch-up reads them back with this)."""
         return cls(
             event.event_id, event.room_id, event.type, event.sender, event.state_key, event.membership,
-            room_version,
+            room_version, redacts_of(event.type, event.content),
         )  # fmt: skip
 
 

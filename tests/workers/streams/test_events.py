@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -9,7 +11,7 @@ from pubsub.streams import Stream
 from tests.pubsub.fakes import MemoryGenerator, MemoryTable
 from workers import identifiers
 from workers.handlers import rooms
-from workers.model import MEMBER_EVENT, MEMBERSHIPS, Event
+from workers.model import MEMBER_EVENT, MEMBERSHIPS, REDACTION_EVENT, Event
 from workers.streams.events import EventRow, row_json
 
 _EVENTS = Stream("events", EventRow, MemoryTable().update, MemoryGenerator(["p1"]), ["p1"])
@@ -48,3 +50,26 @@ def test_staged_event_row_is_what_readers_accept(
         0,
         1,
     )
+
+
+def test_a_redactions_row_names_its_target_and_other_rows_none() -> None:
+    """The trailing `redacts` field: a redaction's row carries the id it names (when a row can
+    carry it), every other row None; readers get the same row from the staged JSON."""
+    room = "!r:hs"
+    rows = []
+    for content in ({"redacts": "$target"}, {"redacts": "$not an id"}, {"redacts": 5}, {}):
+        event = Event(7, "p1", "$red", room, REDACTION_EVENT, "@u:hs", content, None, 1)
+        row = _EVENTS.parse_payload(Stream.encode_payload(row_json(event, "11"), 0, 1), True)[0]
+        assert row == EventRow.of(event, "11")
+        rows.append(row.redacts)
+    message = Event(8, "p1", "$m", room, "m.room.message", "@u:hs", {"redacts": "$target"}, None, 1)
+    assert _EVENTS.parse_payload(row_json(message, "11"), False)[0].redacts is None
+    assert rows == ["$target", None, None, None]
+
+
+def test_only_a_redactions_row_has_the_trailing_field() -> None:
+    """Rows of every other event are as the previous release wrote them (seven fields)."""
+    message = Event(8, "p1", "$m", "!r:hs", "m.room.message", "@u:hs", {"body": "hi"}, None, 1)
+    redaction = message._replace(type=REDACTION_EVENT, content={"redacts": "$m"})
+    assert len(json.loads(row_json(message, "10"))) == 7
+    assert json.loads(row_json(redaction, "10"))[7:] == ["$m"]
