@@ -28,9 +28,11 @@ from workers.model import (
     DEFAULT_ROOM_VERSION,
     MEMBER_EVENT,
     MEMBERSHIPS,
+    REDACTION_EVENT,
     SUPPORTED_ROOM_VERSIONS,
     NewEvent,
 )
+from workers.redaction_rules import prune_content, rules_for
 from workers.storage import Conn
 from workers.storage import rooms as room_store
 
@@ -77,13 +79,16 @@ class RoomView:
 async def load_room(conn: Conn, room_id: str) -> RoomRules:
     """The room's rules from its current state."""
     records = await conn.fetch(
-        "SELECT c.type, e.sender, e.json FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
+        "SELECT c.type, e.sender, e.json, r.room_version AS redacted_under FROM current_state_events c"
+        " JOIN events e ON e.event_id = c.event_id LEFT JOIN redactions r ON r.redacts = c.event_id"
         " WHERE c.room_id = $1 AND c.type IN ('m.room.create', 'm.room.join_rules', 'm.room.power_levels')",
         room_id,
     )
     exists, join_rule, creator, power = False, "invite", None, None
     for r in records:
         content = json.loads(r["json"]).get("content", {})
+        if r["redacted_under"] is not None:  # a redacted rule counts as what its pruning leaves
+            content = prune_content(r["type"], content, rules_for(r["redacted_under"]))
         if r["type"] == CREATE_EVENT:
             exists, creator = True, content.get("creator", r["sender"])
         elif r["type"] == JOIN_RULES_EVENT:
@@ -142,6 +147,8 @@ class RoomViews:
     def on_events(self, events: Iterable[EventLike]) -> None:
         """Forget what committed `events` changed (call before their senders are answered)."""
         for event in events:
+            if event.type == REDACTION_EVENT:  # it may prune the room's power levels or join rule
+                self.rooms.invalidate(event.room_id)
             if event.state_key is None:
                 continue
             if event.type == MEMBER_EVENT:

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from tests.workers.conftest import MakeWorker, client_for
-from workers.harness.cluster_client import ClusterClient, timeline_events
+from workers.harness.cluster_client import ClusterClient, RequestRefused, timeline_events
 
 C = "/_matrix/client/v3"
 WRITERS = ["p1"]
@@ -108,3 +108,22 @@ async def test_redacted_events_are_pruned_on_every_read_path_of_a_reader_and_aft
     await alice._call("PUT", url, {"reason": "wrong room"})
     event = await alice._call("GET", f"{alice.urls['p1']}{C}/rooms/{other}/event/{kept['event_id']}")
     assert event["content"] == {"body": "stays"} and "redacted_because" not in event["unsigned"]
+
+
+async def test_a_redacted_power_levels_event_governs_by_what_its_pruning_leaves(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """Version 10 prunes `invite` from power levels: once the event that raised it is redacted,
+    the room's invite level is the default again, on the writer that checks the rules."""
+    worker = await make_worker("p1", WRITERS)
+    alice, bob = client_for(http, [worker], WRITERS), client_for(http, [worker], WRITERS)
+    await alice.register("alice")
+    await bob.register("bob")
+    room = await alice.create_room("public", room_version="10")
+    await bob.membership(room, "join")
+    raised = await alice.set_state(room, POWER, "", {"users": {alice.user_id: 100}, "invite": 50})
+    with pytest.raises(RequestRefused) as refused:
+        await bob.membership(room, "invite", "@carol:localhost")
+    assert refused.value.status == 403
+    await alice.redact(room, raised["event_id"])
+    await bob.membership(room, "invite", "@carol:localhost")  # invite is back at its default, 0
