@@ -35,7 +35,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
 import asyncpg
-import redis.asyncio
 import redis.exceptions
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -72,7 +71,7 @@ from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
 from workers.model import CacheInvalidation, Event, UserRooms
 from workers.reachability import PostgresProbe
-from workers.startup_retry import connect_with_retry
+from workers.startup_retry import connect_with_retry, ping_redis
 from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
@@ -90,15 +89,6 @@ SHUTDOWN_STEP_S = 10.0
 #: What "not reachable yet" looks like at start-up (retried for `startup_retry_s`).
 _POSTGRES_DOWN = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 _REDIS_DOWN = (OSError, TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
-
-async def _ping_redis(url: str) -> None:
-    """One PING on a short-lived connection: is the server there (and do our credentials work)?"""
-    client = redis.asyncio.from_url(url, socket_connect_timeout=5)
-    try:
-        await client.ping()
-    finally:
-        await client.aclose()
 
 
 class Worker:
@@ -168,7 +158,7 @@ class Worker:
             self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
         with self._phase("connect_redis"):
             await connect_with_retry(
-                "Redis", config.redis_url, lambda: _ping_redis(config.redis_url),
+                "Redis", config.redis_url, lambda: ping_redis(config.redis_url),
                 config.startup_retry_s, _REDIS_DOWN,
             )  # fmt: skip
         with self._phase("migrate"):
