@@ -67,6 +67,7 @@ from workers.http.federation_client import FederationClient
 from workers.http.health import CacheCollector, ReadinessCollector, health_routes
 from workers.http.limits import runner_limits
 from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
+from workers.http.read_forwarding import ReadRouting
 from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
 from workers.model import CacheInvalidation, Event, UserRooms
@@ -333,6 +334,7 @@ class Worker:
                 default_room_version=config.default_room_version,
                 federation_secret=config.worker_secret,
                 rate_limits=self.rate_limits,
+                reads=ReadRouting(self.name, reads, config.read_workers, config.worker_request_timeout_s),
             )
         )
         app = api.application()
@@ -341,6 +343,9 @@ class Worker:
         app.middlewares.insert(0, request_timing(self.registry))
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         self.room_writes.forwarder = self.ephemeral.requests
+        if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
+            api.deps.reads.requests = self.ephemeral.requests
+            api.deps.reads.wait_for_positions = self.ephemeral.wait_for_positions
         self.room_writes.hears = lambda writer: self.replication.handler.is_connected(EVENTS, writer)
         self.sync.ephemeral = self.ephemeral
         api.deps.ephemeral.typing = self.ephemeral.typing

@@ -210,7 +210,13 @@ class WorkerConfig(BaseSettings):
         True,
         description="Serve /sync and room state, applying every writer's rows; false for a"
         " persister that only writes (it then applies only the caches stream's rows, for its token"
-        " cache, and follows the other streams' positions)",
+        " cache, follows the other streams' positions, and relays reads to a worker that serves them)",
+    )
+    read_workers: list[str] = Field(
+        default_factory=list,
+        description="With serve_reads false: the instance_map names to relay /sync and the other"
+        " reads to (a client's token keeps to one of them); empty: every other instance_map entry,"
+        " skipping those that serve no reads",
     )
     default_room_version: str = Field(
         DEFAULT_ROOM_VERSION,
@@ -388,6 +394,13 @@ class WorkerConfig(BaseSettings):
             except ValueError as e:
                 raise ValueError(f"{name}: {e}") from None
         return {name: url.rstrip("/") for name, url in value.items()}
+
+    @model_validator(mode="after")
+    def _read_workers_known(self) -> WorkerConfig:
+        unknown = [name for name in self.read_workers if name not in self.instance_map]
+        if unknown:
+            raise ValueError(f"read_workers {unknown} have no URL in instance_map")
+        return self
 
     @field_validator("remote_servers")
     @classmethod
