@@ -17,8 +17,8 @@ Order on every replicated batch (the rule that keeps readers from seeing stale d
 callback invalidates caches, pubsub advances the generator, then the position listener wakes
 readers. The persister keeps the same order for its own writes.
 
-SIGTERM/SIGINT: stop taking requests (503), finish queued writes, announce final positions, close,
-exit 0.
+SIGTERM/SIGINT: stop taking requests (503), finish queued writes, let requests in flight end (at
+most `SHUTDOWN_GRACE_S`, then they answer 503), announce final positions, close, exit 0.
 
 Over 400 lines, one class: each start-up phase has its undo in `stop()`, which runs whatever
 started (also after a failed start), and the two read best side by side. What a phase does lives
@@ -65,6 +65,7 @@ from workers.http.auth import TOKEN_CACHE, token_loader
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.federation_client import FederationClient
 from workers.http.health import CacheCollector, ReadinessCollector, health_routes
+from workers.http.in_flight import InFlight
 from workers.http.limits import runner_limits
 from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
 from workers.http.read_forwarding import ReadRouting
@@ -87,6 +88,8 @@ from workers.worker_metrics import WorkerMetrics
 log = logging.getLogger(__name__)
 CATCH_UP_INTERVALS = 10
 SHUTDOWN_STEP_S = 10.0
+#: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
+SHUTDOWN_GRACE_S = 2.0
 #: What "not reachable yet" looks like at start-up (retried for `startup_retry_s`).
 _POSTGRES_DOWN = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 _REDIS_DOWN = (OSError, TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -107,6 +110,7 @@ class Worker:
         self._woken: dict[str, tuple[set[str], set[str]]] = {}
         self._runner: web.AppRunner | None = None
         self._metrics_runner: web.AppRunner | None = None
+        self.in_flight = InFlight()
         self.http_port = config.http_port
         self.persister: EventPersister | None = None
         self.backfill_persister: EventPersister | None = None
@@ -341,6 +345,7 @@ class Worker:
         if self.caches.access_tokens is not None:
             app[TOKEN_CACHE] = self.caches.access_tokens
         app.middlewares.insert(0, request_timing(self.registry))
+        app.middlewares.insert(0, self.in_flight.middleware)
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         self.room_writes.forwarder = self.ephemeral.requests
         if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
@@ -607,12 +612,13 @@ class Worker:
             steps.append(("stop_retention", self.retention.stop))
         if self.federation_sender is not None:
             steps.append(("stop_federation_sender", self.federation_sender.stop))
+        if self._runner is not None:  # while replication runs, so a send in flight sees its event
+            steps.append(("end_requests", lambda: self.in_flight.settle(SHUTDOWN_GRACE_S)))
+            steps.append(("close_http", self._runner.cleanup))
         if hasattr(self, "replication"):
             steps.append(("announce_and_unsubscribe", self.replication.stop))
         if self.applied is not None:
             steps.append(("record_applied", self.applied.stop))
-        if self._runner is not None:
-            steps.append(("close_http", self._runner.cleanup))
         if self._metrics_runner is not None:
             steps.append(("close_metrics_http", self._metrics_runner.cleanup))
         if self.rate_limits is not None:

@@ -182,8 +182,6 @@ class WorkerRequests:
         base = self.instance_map.get(owner)
         if base is None:
             raise OwnerUnavailable(owner, "no URL for it in instance_map", retry_after_s=10)
-        if self._session is None:
-            raise OwnerUnavailable(owner, "worker requests not started")
         reason = "no attempt"
         for attempt in range(self.attempts):
             if attempt:
@@ -195,8 +193,11 @@ class WorkerRequests:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            session = self._session  # None once closed at shutdown, also between two attempts
+            if session is None:
+                raise OwnerUnavailable(owner, "worker requests are closed (shutting down)")
             try:
-                async with self._session.request(
+                async with session.request(
                     call.method,
                     base + call.path,
                     json=call.body,
