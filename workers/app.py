@@ -45,6 +45,7 @@ from pubsub.streams import Stream
 from pubsub.types import Row
 from workers import event_loop
 from workers.config import ConfigError, WorkerConfig
+from workers.connection_budget import check_server
 from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
@@ -73,7 +74,7 @@ from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
 from workers.model import CacheInvalidation, Event, UserRooms
 from workers.reachability import PostgresProbe
-from workers.startup_retry import connect_with_retry, ping_redis
+from workers.startup_retry import connect_with_retry, ping_redis, where
 from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
@@ -174,6 +175,7 @@ class Worker:
                 config.database_url, config.channel_prefix, self.name, config.instance_lease_s,
                 self._lost_instance_name, retake_s=config.startup_retry_s,
             )  # fmt: skip
+        await check_server(self.pool, config.db_pool_size, where(config.database_url))
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)
             await self.instance_map.get_id(self.name)

@@ -198,7 +198,13 @@ class WorkerConfig(BaseSettings):
     catch_up_batch_size: int = Field(
         1000, ge=1, le=100_000, description="Rows read per query when catching up from the database"
     )
-    db_pool_size: int = Field(10, ge=1, le=200, description="Connections in the worker's Postgres pool")
+    db_pool_size: int = Field(
+        10,
+        ge=1,
+        le=200,
+        description="Connections in the worker's Postgres pool; the worker opens at most this plus one"
+        " (its instance-name lease): budget them against max_connections (operations.md, Capacity)",
+    )
     persist_batches_in_flight: int = Field(
         2,
         ge=1,
