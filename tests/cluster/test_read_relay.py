@@ -46,6 +46,17 @@ async def test_reads_on_a_worker_that_serves_none_are_relayed(make_cluster: Make
         state = await alice.room_state(room, via="persister1")
         assert any(e["type"] == "m.room.create" for e in state)
 
+        # Clients spread over persister1's candidates (persister2, sync1): persister2 serves no reads,
+        # refuses the relay once (421), and is asked last from then on; every read is answered.
+        for i in range(12):
+            other = ClusterClient(session, cluster.urls)
+            await other.register(f"spread{i}", via="sync1")
+            assert "next_batch" in await other.sync("persister1")
+        async with session.get(cluster.url("persister1") + "/metrics") as resp:
+            metrics = await resp.text()
+        refused = 'fanout_worker_requests_total{endpoint="relay_read",outcome="refused"} 1.0'
+        assert refused in metrics
+
         # The reader's errors come back unchanged: its errcode, its status.
         for path, status, errcode in [
             (f"{C}/sync?since=garbage", 400, "M_INVALID_PARAM"),
