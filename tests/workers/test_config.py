@@ -48,6 +48,7 @@ def test_good_file_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         (GOOD + "instance_map: {p1: 'http://:8080'}\n", "instance_map", "names no host"),
         (GOOD + "instance_map: {p1: 'http://h:123456'}\n", "instance_map", "not a number in 1-65535"),
         (GOOD + "remote_servers: {remote: 'http://h:0'}\n", "remote_servers", "not a number in 1-65535"),
+        (GOOD + "serve_reads: false\nread_workers: [sync1]\n", "(top level)", "no URL in instance_map"),
         (GOOD.replace("instance_name: persister1", "instance_name: 'two words'"), "instance_name", "letters"),
         ("\n".join(GOOD.splitlines()[2:]), "instance_name", "Field required"),
     ],

@@ -161,6 +161,11 @@ CASES: dict[str, tuple[Case, str, int]] = {
         "Redis at 127.0.0.1:{port} unreachable after 1s",
         1,
     ),
+    "Redis never answers": (  # a listening socket that nobody reads
+        lambda c, p: (_yaml({**c, "redis_url": f"redis://127.0.0.1:{p}"}), {}),
+        "Redis at 127.0.0.1:{port} unreachable after 1s: no answer",
+        1,
+    ),
     "busy HTTP port": (lambda c, p: (_yaml({**c, "http_port": p}), {}), "HTTP port busy", 1),
     # A real worker holds the name first (see _holder).
     "instance name held": (lambda c, p: (_yaml(c), {}), "instance name 'w1' (prefix ", 1),
@@ -191,7 +196,7 @@ async def test_startup_failure_is_one_line_and_a_code(
     request: pytest.FixtureRequest,
 ) -> None:
     make, expected, code = CASES[case]
-    port = busy_port if case == "busy HTTP port" else free_port()
+    port = busy_port if case in ("busy HTTP port", "Redis never answers") else free_port()
     if case == "not a Redis server":
         port = request.getfixturevalue("http_server_port")
     config = _config(database_url, redis_url, channel_prefix)
