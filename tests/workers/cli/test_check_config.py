@@ -83,3 +83,11 @@ def test_check_config_prints_a_directorys_connection_budget(tmp_path: Path) -> N
     bad = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
     assert "bad.yaml" in bad.stderr and "port '99999'" in bad.stderr
+    alone = subprocess.run(
+        [FANOUT, "check-config", str(tmp_path / "bad.yaml")], capture_output=True, text=True, timeout=60
+    )
+    assert (alone.returncode, alone.stdout) == (2, "")
+    assert alone.stderr.splitlines() == [
+        f"fanout: invalid configuration in {tmp_path / 'bad.yaml'}: field 'redis_url': Value error,"
+        " malformed URL: port '99999' is not a number in 1-65535"
+    ]
