@@ -29,10 +29,6 @@ class InFlight:
         self._tasks: set[asyncio.Task[object]] = set()
         self._ending: set[asyncio.Task[object]] = set()
 
-    @property
-    def count(self) -> int:
-        return len(self._tasks)
-
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         task = asyncio.current_task()
