@@ -85,6 +85,7 @@ async def test_sigterm_under_load_exits_within_the_bound(make_cluster: MakeClust
         try:
             for name in ("sync1", "persister1"):  # a reader, and a writer with relayed long-polls
                 code, took = await _sigterm_and_time(cluster, name)
+                print(f"{name} exited {code} {took:.2f}s after SIGTERM")  # shown with -s
                 assert code == 0, cluster.log_tail(name)
                 assert took < SHUTDOWN_BOUND_S, (name, took, cluster.log_tail(name, 60))
                 assert "took over" not in cluster.log_path(name).read_text()
