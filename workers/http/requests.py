@@ -210,7 +210,10 @@ class WorkerRequests:
                         if idempotent:
                             continue
                         break
-                    answer = await resp.json(content_type=None) if resp.content_length != 0 else {}
+                    try:
+                        answer = await resp.json(content_type=None) if resp.content_length != 0 else {}
+                    except ValueError:  # not JSON: no worker of ours answers that way
+                        raise OwnerUnavailable(owner, f"answered HTTP {resp.status} without JSON") from None
                     if resp.status >= 400:
                         if isinstance(answer, dict) and answer.get("errcode") == WORKER_AUTH_ERRCODE:
                             log.error(
