@@ -11,14 +11,16 @@ success or error, goes back to the client unchanged.
 Which reader: `read_workers` (names in `instance_map`), else every other instance in `instance_map`;
 a client's token always starts at the same one (its caches stay warm), the next ones are tried
 when it is unavailable. A worker that serves no reads itself answers a relayed read with 421
-`IO.FANOUT.NO_READS` (never relayed twice), and is skipped from then on. A long-poll may take the
-client's `timeout` plus `worker_request_timeout_s`; when no reader answers, the client gets
+`IO.FANOUT.NO_READS` (never relayed twice), and is asked last from then on. A relay, whichever
+readers it tries, takes at most the client's `timeout` (a long-poll's) plus
+`worker_request_timeout_s`; when no reader answers, the client gets
 503 `M_UNKNOWN` with `Retry-After` (as for an unavailable writer) and retries.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
@@ -33,7 +35,8 @@ FORWARDED_HEADER = "X-Fanout-Forwarded-By"
 NO_READS_ERRCODE = "IO.FANOUT.NO_READS"
 #: Misdirected Request: the worker that got a relayed read serves none either.
 NO_READS_STATUS = 421
-POSITION_WAIT_S = 5.0
+#: Below `worker_request_timeout_s` (5 s by default), so the relayer never gives up first.
+POSITION_WAIT_S = 2.0
 #: The headers of a client's request that the reader needs (the token may also be in the query).
 CLIENT_HEADERS = ("Authorization", "User-Agent")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,11 +105,15 @@ class ReadRouting:
         headers[FORWARDED_HEADER] = self.name
         key = request.headers.get("Authorization") or request.query.get("access_token", "")
         last: OwnerUnavailable | None = None
+        deadline = time.monotonic() + limit_s  # for all the readers tried, not each
         for reader in self.candidates(key):
-            if self.requests is None:
+            remaining = deadline - time.monotonic()
+            if self.requests is None or remaining <= 0:
                 break
             try:
-                answer = await self.requests.relay(reader, request.method, request.raw_path, headers, limit_s)
+                answer = await self.requests.relay(
+                    reader, request.method, request.raw_path, headers, remaining
+                )
             except ForwardRefused as e:
                 if e.status == NO_READS_STATUS and e.body.get("errcode") == NO_READS_ERRCODE:
                     if reader not in self._not_readers:
