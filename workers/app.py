@@ -17,8 +17,8 @@ Order on every replicated batch (the rule that keeps readers from seeing stale d
 callback invalidates caches, pubsub advances the generator, then the position listener wakes
 readers. The persister keeps the same order for its own writes.
 
-SIGTERM/SIGINT: stop taking requests (503), finish queued writes, announce final positions, close,
-exit 0.
+SIGTERM/SIGINT: stop taking requests (503), finish queued writes, let requests in flight end (at
+most `SHUTDOWN_GRACE_S`, then they answer 503), announce final positions, close, exit 0.
 
 Over 400 lines, one class: each start-up phase has its undo in `stop()`, which runs whatever
 started (also after a failed start), and the two read best side by side. What a phase does lives
@@ -35,7 +35,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
 import asyncpg
-import redis.asyncio
 import redis.exceptions
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -46,6 +45,7 @@ from pubsub.streams import Stream
 from pubsub.types import Row
 from workers import event_loop
 from workers.config import ConfigError, WorkerConfig
+from workers.connection_budget import check_server
 from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
@@ -66,13 +66,15 @@ from workers.http.auth import TOKEN_CACHE, token_loader
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.federation_client import FederationClient
 from workers.http.health import CacheCollector, ReadinessCollector, health_routes
+from workers.http.in_flight import InFlight
 from workers.http.limits import runner_limits
 from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
+from workers.http.read_forwarding import ReadRouting
 from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
 from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, redacts_of
 from workers.reachability import PostgresProbe
-from workers.startup_retry import connect_with_retry
+from workers.startup_retry import connect_with_retry, ping_redis, where
 from workers.storage import create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
@@ -87,18 +89,11 @@ from workers.worker_metrics import WorkerMetrics
 log = logging.getLogger(__name__)
 CATCH_UP_INTERVALS = 10
 SHUTDOWN_STEP_S = 10.0
+#: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
+SHUTDOWN_GRACE_S = 2.0
 #: What "not reachable yet" looks like at start-up (retried for `startup_retry_s`).
 _POSTGRES_DOWN = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 _REDIS_DOWN = (OSError, TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-
-
-async def _ping_redis(url: str) -> None:
-    """One PING on a short-lived connection: is the server there (and do our credentials work)?"""
-    client = redis.asyncio.from_url(url, socket_connect_timeout=5)
-    try:
-        await client.ping()
-    finally:
-        await client.aclose()
 
 
 class Worker:
@@ -116,6 +111,7 @@ class Worker:
         self._woken: dict[str, tuple[set[str], set[str]]] = {}
         self._runner: web.AppRunner | None = None
         self._metrics_runner: web.AppRunner | None = None
+        self.in_flight = InFlight()
         self.http_port = config.http_port
         self.persister: EventPersister | None = None
         self.backfill_persister: EventPersister | None = None
@@ -168,7 +164,7 @@ class Worker:
             self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
         with self._phase("connect_redis"):
             await connect_with_retry(
-                "Redis", config.redis_url, lambda: _ping_redis(config.redis_url),
+                "Redis", config.redis_url, lambda: ping_redis(config.redis_url),
                 config.startup_retry_s, _REDIS_DOWN,
             )  # fmt: skip
         with self._phase("migrate"):
@@ -179,6 +175,7 @@ class Worker:
                 config.database_url, config.channel_prefix, self.name, config.instance_lease_s,
                 self._lost_instance_name, retake_s=config.startup_retry_s,
             )  # fmt: skip
+        await check_server(self.pool, config.db_pool_size, where(config.database_url))
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)
             await self.instance_map.get_id(self.name)
@@ -343,14 +340,19 @@ class Worker:
                 default_room_version=config.default_room_version,
                 federation_secret=config.worker_secret,
                 rate_limits=self.rate_limits,
+                reads=ReadRouting(self.name, reads, config.read_workers, config.worker_request_timeout_s),
             )
         )
         app = api.application()
         if self.caches.access_tokens is not None:
             app[TOKEN_CACHE] = self.caches.access_tokens
         app.middlewares.insert(0, request_timing(self.registry))
+        app.middlewares.insert(0, self.in_flight.middleware)
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         self.room_writes.forwarder = self.ephemeral.requests
+        if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
+            api.deps.reads.requests = self.ephemeral.requests
+            api.deps.reads.wait_for_positions = self.ephemeral.wait_for_positions
         self.room_writes.hears = lambda writer: self.replication.handler.is_connected(EVENTS, writer)
         self.sync.ephemeral = self.ephemeral
         api.deps.ephemeral.typing = self.ephemeral.typing
@@ -616,12 +618,13 @@ class Worker:
             steps.append(("stop_retention", self.retention.stop))
         if self.federation_sender is not None:
             steps.append(("stop_federation_sender", self.federation_sender.stop))
+        if self._runner is not None:  # while replication runs, so a send in flight sees its event
+            steps.append(("end_requests", lambda: self.in_flight.settle(SHUTDOWN_GRACE_S)))
+            steps.append(("close_http", self._runner.cleanup))
         if hasattr(self, "replication"):
             steps.append(("announce_and_unsubscribe", self.replication.stop))
         if self.applied is not None:
             steps.append(("record_applied", self.applied.stop))
-        if self._runner is not None:
-            steps.append(("close_http", self._runner.cleanup))
         if self._metrics_runner is not None:
             steps.append(("close_metrics_http", self._metrics_runner.cleanup))
         if self.rate_limits is not None:

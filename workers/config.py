@@ -52,6 +52,30 @@ class LoginRateLimits(BaseModel):
     failed_attempts: RateLimit | None = Field(default_factory=lambda: _SYNAPSE_LOGIN_LIMIT)
 
 
+def checked_url(value: str, schemes: tuple[str, ...]) -> str:
+    """`value` unchanged if it is a URL of one of `schemes` whose parts a client can use: a port
+    in 1-65535 when one is given, a host for http(s), a database number for redis(s); else a
+    ValueError saying which part is wrong (the settings model turns it into a named field)."""
+    scheme, sep, _ = value.partition("://")
+    if not sep or scheme not in schemes:
+        raise ValueError("must start with " + " or ".join(f"{s}://" for s in schemes))
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as e:  # bad IPv6 brackets, a port that is no number or above 65535
+        if "Port" not in str(e):
+            raise ValueError(f"malformed URL: {e}") from None
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        given = parts.netloc.rpartition("@")[2].rpartition("]")[2].rpartition(":")[2]
+        raise ValueError(f"malformed URL: port {given!r} is not a number in 1-65535")
+    if scheme in ("http", "https") and not parts.hostname:
+        raise ValueError(f"malformed URL: {value!r} names no host")
+    if scheme in ("redis", "rediss") and not re.fullmatch(r"/?[0-9]{0,5}", parts.path):
+        raise ValueError(f"malformed URL: the path {parts.path!r} is not a database number (/0)")
+    return value
+
+
 class WorkerConfig(BaseSettings):
     """Everything one worker process needs to know. Defaults suit a single machine."""
 
@@ -174,7 +198,13 @@ class WorkerConfig(BaseSettings):
     catch_up_batch_size: int = Field(
         1000, ge=1, le=100_000, description="Rows read per query when catching up from the database"
     )
-    db_pool_size: int = Field(10, ge=1, le=200, description="Connections in the worker's Postgres pool")
+    db_pool_size: int = Field(
+        10,
+        ge=1,
+        le=200,
+        description="Connections in the worker's Postgres pool; the worker opens at most this plus one"
+        " (its instance-name lease): budget them against max_connections (operations.md, Capacity)",
+    )
     persist_batches_in_flight: int = Field(
         2,
         ge=1,
@@ -186,7 +216,13 @@ class WorkerConfig(BaseSettings):
         True,
         description="Serve /sync and room state, applying every writer's rows; false for a"
         " persister that only writes (it then applies only the caches stream's rows, for its token"
-        " cache, and follows the other streams' positions)",
+        " cache, follows the other streams' positions, and relays reads to a worker that serves them)",
+    )
+    read_workers: list[str] = Field(
+        default_factory=list,
+        description="With serve_reads false: the instance_map names to relay /sync and the other"
+        " reads to (a client's token keeps to one of them); empty: every other instance_map entry,"
+        " skipping those that serve no reads",
     )
     default_room_version: str = Field(
         DEFAULT_ROOM_VERSION,
@@ -294,13 +330,7 @@ class WorkerConfig(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _postgres_url(cls, value: str) -> str:
-        if not value.startswith(("postgresql://", "postgres://")):
-            raise ValueError("must start with postgresql:// or postgres://")
-        try:
-            urlsplit(value).port  # noqa: B018 - parsing is the check (bad IPv6 brackets, port)
-        except ValueError as e:
-            raise ValueError(f"malformed URL: {e}") from None
-        return value
+        return checked_url(value, ("postgresql", "postgres"))
 
     @field_validator("default_room_version")
     @classmethod
@@ -312,9 +342,7 @@ class WorkerConfig(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
-        return value
+        return checked_url(value, ("redis", "rediss", "unix"))
 
     @field_validator("redis_cluster")
     @classmethod
@@ -325,11 +353,10 @@ class WorkerConfig(BaseSettings):
                     f"{url!r} must start with redis:// or rediss:// (a cluster has no unix sockets)"
                 )
             try:
-                parts = urlsplit(url)
-                parts.port  # noqa: B018 - parsing is the check
+                checked_url(url, ("redis", "rediss"))
             except ValueError as e:
                 raise ValueError(f"{url!r} is malformed: {e}") from None
-            if parts.path not in ("", "/", "/0"):
+            if urlsplit(url).path not in ("", "/", "/0"):
                 raise ValueError(f"{url!r}: a Redis Cluster has database 0 only")
         return value
 
@@ -368,9 +395,28 @@ class WorkerConfig(BaseSettings):
         for name, url in value.items():
             if not _NAME.match(name):
                 raise ValueError(f"{name!r} is not a valid instance name")
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{name}: {url!r} must start with http:// or https://")
+            try:
+                checked_url(url, ("http", "https"))
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
         return {name: url.rstrip("/") for name, url in value.items()}
+
+    @model_validator(mode="after")
+    def _read_workers_known(self) -> WorkerConfig:
+        unknown = [name for name in self.read_workers if name not in self.instance_map]
+        if unknown:
+            raise ValueError(f"read_workers {unknown} have no URL in instance_map")
+        return self
+
+    @field_validator("remote_servers")
+    @classmethod
+    def _remote_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            try:
+                checked_url(url, ("http", "https"))
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+        return value
 
     def writers_of(self, stream: str) -> list[str]:
         """The configured writers of `stream` (empty: nobody may write it)."""
@@ -410,13 +456,19 @@ _ENV_FIELD = re.compile(r'field "([^"]+)" from source "EnvSettingsSource"')
 
 def _format_validation_error(source: str, error: ValidationError) -> str:
     lines = [f"invalid configuration in {source}:"]
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"]
-        if item["type"] == "extra_forbidden":
-            message = "unknown field (check the spelling)"
-        lines.append(f"  field '{field}': {message}")
+    if error.error_count() == 1:  # one problem: one line, as the start-up failure table shows it
+        lines[0] += " " + _describe_item(error.errors()[0])
+        return lines[0]
+    lines += [f"  {_describe_item(item)}" for item in error.errors()]
     return "\n".join(lines)
+
+
+def _describe_item(item: Any) -> str:
+    field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+    message = item["msg"]
+    if item["type"] == "extra_forbidden":
+        message = "unknown field (check the spelling)"
+    return f"field '{field}': {message}"
 
 
 def load_config(path: str | Path | None, **overrides: Any) -> WorkerConfig:

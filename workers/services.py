@@ -31,7 +31,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -181,10 +181,13 @@ def _wait(server: RunningServer, ready: Callable[[], bool]) -> None:
 UNSAFE_FAST = ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
 
 
-def start_postgres(data_dir: Path, source: Source = "embedded", *, durable: bool = False) -> RunningServer:
+def start_postgres(
+    data_dir: Path, source: Source = "embedded", *, durable: bool = False, settings: Sequence[str] = ()
+) -> RunningServer:
     """Start a postmaster on a free loopback port, after initdb (trust auth, user `postgres`) unless
     `data_dir` already holds a cluster. `durable=False` turns off fsync, synchronous_commit and
-    full_page_writes (fast, unsafe on a crash); `durable=True` keeps PostgreSQL's defaults."""
+    full_page_writes (fast, unsafe on a crash); `durable=True` keeps PostgreSQL's defaults.
+    `settings` ("name=value") come last and win (e.g. "max_connections=40")."""
     bin_dir = postgres_bin_dir(source)
     data_dir.mkdir(parents=True, exist_ok=True)
     uid = gid = None
@@ -204,7 +207,8 @@ def start_postgres(data_dir: Path, source: Source = "embedded", *, durable: bool
         process = subprocess.Popen(
             [str(bin_dir / "postgres"), "-D", str(data_dir), "-h", "127.0.0.1", "-p", str(port),
              "-k", str(data_dir), *([] if durable else UNSAFE_FAST),
-             "-c", "max_connections=400", "-c", "shared_buffers=128MB"],
+             "-c", "max_connections=400", "-c", "shared_buffers=128MB",
+             *(arg for setting in settings for arg in ("-c", setting))],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=child_setup(uid, gid, signal.SIGINT),
         )  # fmt: skip

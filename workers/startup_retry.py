@@ -2,7 +2,11 @@
 
 A cluster starts its servers and workers together, so a worker that finds Postgres or Redis not
 yet listening waits for them (0.1 s doubling to 2 s between attempts) up to `window_s`; after that
-it raises `Unreachable` naming the server, never a traceback.
+it raises `Unreachable` naming the server, never a traceback. A failure that names a configuration
+error (`startup_errors.refusal`: refused credentials, no such database, not a Redis server) raises
+`Refused` at once instead: waiting 30 s for a wrong password helps nobody. One attempt may take
+what is left of the window, at least `MIN_ATTEMPT_S`, so a server that accepts the connection and
+never answers ends in `Unreachable` too.
 """
 
 from __future__ import annotations
@@ -14,12 +18,16 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from workers.startup_errors import Unreachable
+import redis.asyncio
+
+from workers.startup_errors import Refused, Unreachable, refusal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 FIRST_DELAY_S = 0.1
 MAX_DELAY_S = 2.0
+#: The least time one attempt gets, also when the window is (nearly) over.
+MIN_ATTEMPT_S = 5.0
 
 
 def where(url: str) -> str:
@@ -37,14 +45,22 @@ async def connect_with_retry(
     window_s: float,
     retry_on: tuple[type[BaseException], ...],
 ) -> T:
-    """`connect()` until it succeeds or `window_s` has passed; then `Unreachable(what at where)`."""
+    """`connect()` until it succeeds or `window_s` has passed; then `Unreachable(what at where)`.
+    A failure the configuration causes raises `Refused` at once; one outside `retry_on` propagates."""
     deadline = time.monotonic() + window_s
     delay = FIRST_DELAY_S
     while True:
-        try:
-            return await connect()
-        except retry_on as e:
+        try:  # a server that accepts and then says nothing must not outlast the window
+            return await asyncio.wait_for(connect(), max(deadline - time.monotonic(), MIN_ATTEMPT_S))
+        except Exception as e:
             reason = str(e) or type(e).__name__
+            if isinstance(e, TimeoutError):
+                reason = "no answer"
+            refused = refusal(e)
+            if refused is not None:
+                raise Refused(f"{what} at {where(url)}: {refused}") from None
+            if not isinstance(e, retry_on):
+                raise
             if time.monotonic() + delay > deadline:
                 raise Unreachable(
                     f"{what} at {where(url)} unreachable after {window_s:g}s: {reason}"
@@ -54,3 +70,15 @@ async def connect_with_retry(
             )
         await asyncio.sleep(delay)
         delay = min(delay * 2, MAX_DELAY_S)
+
+
+async def ping_redis(url: str) -> None:
+    """One PING on a short-lived connection: is the server there, and do our credentials work?
+
+    RESP2, as the replication transport speaks it: a server that takes `HELLO 3 AUTH` but refuses
+    the plain `AUTH <password>` (a password given to a server that has none) fails here, not later."""
+    client = redis.asyncio.from_url(url, protocol=2, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        await client.ping()
+    finally:
+        await client.aclose()

@@ -41,6 +41,14 @@ def test_good_file_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         (GOOD + "http_port: eighty\n", "http_port", "integer"),
         (GOOD + "colour: blue\n", "colour", "unknown field"),
         (GOOD.replace("redis://", "http://"), "redis_url", "redis://"),
+        (GOOD.replace("6379/0", "99999/0"), "redis_url", "port '99999' is not a number in 1-65535"),
+        (GOOD.replace("6379/0", "0/0"), "redis_url", "port '0' is not a number in 1-65535"),
+        (GOOD.replace("6379/0", "6379/zero"), "redis_url", "is not a database number"),
+        (GOOD.replace(":5432/", ":65536/"), "database_url", "port '65536' is not a number in 1-65535"),
+        (GOOD + "instance_map: {p1: 'http://:8080'}\n", "instance_map", "names no host"),
+        (GOOD + "instance_map: {p1: 'http://h:123456'}\n", "instance_map", "not a number in 1-65535"),
+        (GOOD + "remote_servers: {remote: 'http://h:0'}\n", "remote_servers", "not a number in 1-65535"),
+        (GOOD + "serve_reads: false\nread_workers: [sync1]\n", "(top level)", "no URL in instance_map"),
         (GOOD.replace("instance_name: persister1", "instance_name: 'two words'"), "instance_name", "letters"),
         ("\n".join(GOOD.splitlines()[2:]), "instance_name", "Field required"),
     ],
@@ -50,6 +58,15 @@ def test_bad_field_is_named(tmp_path: Path, text: str, field: str, problem: str)
         load_config(_write(tmp_path, text))
     message = str(raised.value)
     assert f"'{field}'" in message and problem in message
+    assert "\n" not in message  # one problem, one line
+
+
+def test_several_problems_are_one_line_each(tmp_path: Path) -> None:
+    text = GOOD.replace("6379/0", "99999/0") + "http_port: -1\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(_write(tmp_path, text))
+    lines = str(raised.value).splitlines()
+    assert len(lines) == 3 and "'redis_url'" in lines[1] and "'http_port'" in lines[2]
 
 
 CLUSTER = GOOD.replace(

@@ -12,6 +12,8 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,38 @@ def busy_port() -> Iterator[int]:
         s.bind(("127.0.0.1", 0))
         s.listen()
         yield int(s.getsockname()[1])
+
+
+@pytest.fixture
+def http_server_port() -> Iterator[int]:
+    """A real server that is not Redis (Python's http.server) listening on a free port."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "http.server did not start"
+                time.sleep(0.05)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _with_url(field: str, make_url: Callable[[str, int], str]) -> Case:
+    """Set `field` to `make_url(the good value, port)`."""
+    return lambda config, port: (_yaml({**config, field: make_url(config[field], port)}), {})
+
+
+def _credentials(url: str, userinfo: str) -> str:
+    return url.replace("://", f"://{userinfo}@", 1)
 
 
 # case -> (edit of the good config as YAML text or None, extra env, expected text, exit code)
@@ -86,6 +120,36 @@ CASES: dict[str, tuple[Case, str, int]] = {
         "malformed URL: Invalid IPv6 URL",
         2,
     ),
+    "Redis URL port out of range": (
+        _set(redis_url="redis://127.0.0.1:99999/0"),
+        "field 'redis_url': Value error, malformed URL: port '99999' is not a number in 1-65535",
+        2,
+    ),
+    "Redis password, server has none": (
+        _with_url("redis_url", lambda url, _p: _credentials(url, ":not-configured")),
+        "credentials refused: AUTH <password> called without any password configured",
+        2,
+    ),
+    "Redis user and password refused": (
+        _with_url("redis_url", lambda url, _p: _credentials(url, "nobody:wrong")),
+        "credentials refused: invalid username-password pair",
+        2,
+    ),
+    "not a Redis server": (
+        _with_url("redis_url", lambda _url, port: f"redis://127.0.0.1:{port}/0"),
+        "Redis at 127.0.0.1:{port}: not a Redis server: Protocol error",
+        2,
+    ),
+    "no such database": (
+        _with_url("database_url", lambda url, _p: url.rpartition("/")[0] + "/no_such_db"),
+        'database "no_such_db" does not exist (create it, or fix database_url)',
+        2,
+    ),
+    "PostgreSQL login refused": (
+        _with_url("database_url", lambda url, _p: url.replace("://postgres@", "://no_such_role@", 1)),
+        'login refused: role "no_such_role" does not exist',
+        2,
+    ),
     "no writer for events": (_set(stream_writers={}), "names no writer of the 'events' stream", 2),
     "postgres unreachable": (
         lambda c, p: (_yaml({**c, "database_url": f"postgresql://u@127.0.0.1:{p}/db"}), {}),
@@ -95,6 +159,11 @@ CASES: dict[str, tuple[Case, str, int]] = {
     "redis unreachable": (
         lambda c, p: (_yaml({**c, "redis_url": f"redis://127.0.0.1:{p}"}), {}),
         "Redis at 127.0.0.1:{port} unreachable after 1s",
+        1,
+    ),
+    "Redis never answers": (  # a listening socket that nobody reads
+        lambda c, p: (_yaml({**c, "redis_url": f"redis://127.0.0.1:{p}"}), {}),
+        "Redis at 127.0.0.1:{port} unreachable after 1s: no answer",
         1,
     ),
     "busy HTTP port": (lambda c, p: (_yaml({**c, "http_port": p}), {}), "HTTP port busy", 1),
@@ -124,9 +193,12 @@ async def test_startup_failure_is_one_line_and_a_code(
     channel_prefix: str,
     busy_port: int,
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     make, expected, code = CASES[case]
-    port = busy_port if case == "busy HTTP port" else free_port()
+    port = busy_port if case in ("busy HTTP port", "Redis never answers") else free_port()
+    if case == "not a Redis server":
+        port = request.getfixturevalue("http_server_port")
     config = _config(database_url, redis_url, channel_prefix)
     text, env = make(config, port)
     path = tmp_path / "worker.yaml"
@@ -143,6 +215,8 @@ async def test_startup_failure_is_one_line_and_a_code(
             timeout=60,
         )
     assert result.returncode == code, result.stderr
+    if code == 2:  # a configuration error is never retried
+        assert "retrying" not in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     failure_lines = [line for line in result.stderr.splitlines() if line.startswith("fanout: ")]
     assert len(failure_lines) == 1, result.stderr

@@ -40,6 +40,7 @@ from workers.http.federation import FederationStandIn
 from workers.http.health import health_routes
 from workers.http.keys import KeyRoutes
 from workers.http.rate_limits import RateLimiter
+from workers.http.read_forwarding import ReadRouting
 from workers.http.room_markers import RoomMarkerRoutes
 from workers.http.rooms import RoomRoutes
 from workers.http.sync import SyncRoutes
@@ -95,6 +96,8 @@ class ApiDeps:
     federation_secret: str | None = None
     #: The cluster-wide rate limits (None: unlimited); its middleware guards the room routes.
     rate_limits: RateLimiter | None = None
+    #: Relays reads when this worker serves none (None in tests that build only the routes).
+    reads: ReadRouting | None = None
 
 
 class ClientApi:
@@ -113,9 +116,9 @@ class ClientApi:
                 web.get(f"{CLIENT}/pushrules/", self.push_rules),
                 *Accounts(deps.pool, deps.accounts, deps.device_lists, deps.rate_limits).routes(),
                 *RoomRoutes(
-                    deps.pool, deps.writes, deps.sync, deps.messages, deps.default_room_version
+                    deps.pool, deps.writes, deps.sync, deps.messages, deps.default_room_version, deps.reads
                 ).routes(),
-                *SyncRoutes(deps.pool, deps.sync, deps.ephemeral).routes(),
+                *SyncRoutes(deps.pool, deps.sync, deps.ephemeral, deps.reads).routes(),
                 *EphemeralRoutes(deps.pool, deps.ephemeral).routes(),
                 *KeyRoutes(
                     deps.pool, deps.accounts.server_name, deps.device_lists, deps.one_time_keys

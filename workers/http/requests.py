@@ -2,10 +2,12 @@
 stream or a duty, found in the configured `instance_map`.
 
 Contract (see `workers.handlers.forwarding.Forwarder`):
-* Auth: `Authorization: Bearer <worker_secret>`; the owner compares it in constant time.
+* Auth: `Authorization: Bearer <worker_secret>`; the owner compares it in constant time. A client
+  request relayed to a worker's client API (`client_headers`) carries the client's own headers
+  instead, and the receiving worker authenticates the client as if it had come directly.
 * Positions: `X-Fanout-Positions: <stream>:<writer>=<token>,...` carries what this worker has
   seen of every stream, so the owner can wait (bounded) until it has seen as much before acting.
-* Time: the whole call, retries included, takes at most `timeout_s`.
+* Time: the whole call, retries included, takes at most `timeout_s` (or the call's own `timeout_s`).
 * Retries with exponential backoff and jitter: a connection that could not be made is retried
   always (the owner never saw the request); a request that may have reached the owner (timeout,
   reset, 502/503/504) only when `idempotent`.
@@ -20,6 +22,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -79,6 +82,19 @@ class WorkerRequestMetrics:
         )
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One worker request as its caller gave it."""
+
+    owner: str
+    endpoint: str
+    method: str
+    path: str
+    body: dict[str, Any] | None
+    params: dict[str, str] | None
+    idempotent: bool
+
+
 class WorkerRequests:
     """The `Forwarder` of a worker: call `start()` inside the event loop, `close()` at shutdown."""
 
@@ -120,10 +136,30 @@ class WorkerRequests:
         params: dict[str, str] | None = None,
         idempotent: bool,
     ) -> dict[str, Any]:
+        answer = await self._counted(_Call(owner, endpoint, method, path, body, params, idempotent))
+        if not isinstance(answer, dict):
+            raise OwnerUnavailable(owner, "answered something other than a JSON object")
+        return answer
+
+    async def relay(
+        self, owner: str, method: str, path: str, client_headers: Mapping[str, str], timeout_s: float
+    ) -> Any:
+        """A client's request (path with its query) to `owner`'s client API with the client's own
+        headers; `owner`'s JSON answer. Retried as an idempotent request, within `timeout_s`."""
+        call = _Call(owner, "relay_read", method, path, None, None, True)
+        return await self._counted(call, client_headers, timeout_s)
+
+    async def _counted(
+        self, call: _Call, client_headers: Mapping[str, str] | None = None, timeout_s: float | None = None
+    ) -> Any:
         started = time.monotonic()
         outcome = "error"
+        deadline = started + (self.timeout_s if timeout_s is None else timeout_s)
         try:
-            result = await self._request(owner, endpoint, method, path, body, params, idempotent, started)
+            headers = self._worker_auth(call.owner) if client_headers is None else dict(client_headers)
+            if self._positions is not None:
+                headers[POSITIONS_HEADER] = format_positions(self._positions())
+            result = await self._request(call, headers, deadline)
             outcome = "ok"
             return result
         except ForwardRefused:
@@ -133,31 +169,19 @@ class WorkerRequests:
             outcome = "unavailable"
             raise
         finally:
-            self.metrics.requests.labels(endpoint, outcome).inc()
-            self.metrics.latency.labels(endpoint).observe(time.monotonic() - started)
+            self.metrics.requests.labels(call.endpoint, outcome).inc()
+            self.metrics.latency.labels(call.endpoint).observe(time.monotonic() - started)
 
-    async def _request(
-        self,
-        owner: str,
-        endpoint: str,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None,
-        params: dict[str, str] | None,
-        idempotent: bool,
-        started: float,
-    ) -> dict[str, Any]:
+    def _worker_auth(self, owner: str) -> dict[str, str]:
+        if self._secret is None:
+            raise OwnerUnavailable(owner, "worker_secret is not configured here", retry_after_s=10)
+        return {"Authorization": f"Bearer {self._secret}"}
+
+    async def _request(self, call: _Call, headers: dict[str, str], deadline: float) -> Any:
+        owner, endpoint, idempotent = call.owner, call.endpoint, call.idempotent
         base = self.instance_map.get(owner)
         if base is None:
             raise OwnerUnavailable(owner, "no URL for it in instance_map", retry_after_s=10)
-        if self._secret is None:
-            raise OwnerUnavailable(owner, "worker_secret is not configured here", retry_after_s=10)
-        if self._session is None:
-            raise OwnerUnavailable(owner, "worker requests not started")
-        headers = {"Authorization": f"Bearer {self._secret}"}
-        if self._positions is not None:
-            headers[POSITIONS_HEADER] = format_positions(self._positions())
-        deadline = started + self.timeout_s
         reason = "no attempt"
         for attempt in range(self.attempts):
             if attempt:
@@ -169,12 +193,15 @@ class WorkerRequests:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            session = self._session  # None once closed at shutdown, also between two attempts
+            if session is None:
+                raise OwnerUnavailable(owner, "worker requests are closed (shutting down)")
             try:
-                async with self._session.request(
-                    method,
-                    base + path,
-                    json=body,
-                    params=params,
+                async with session.request(
+                    call.method,
+                    base + call.path,
+                    json=call.body,
+                    params=call.params,
                     headers=headers,
                     timeout=aiohttp.ClientTimeout(total=remaining),
                 ) as resp:
@@ -183,7 +210,10 @@ class WorkerRequests:
                         if idempotent:
                             continue
                         break
-                    answer = await resp.json(content_type=None) if resp.content_length != 0 else {}
+                    try:
+                        answer = await resp.json(content_type=None) if resp.content_length != 0 else {}
+                    except ValueError:  # not JSON: no worker of ours answers that way
+                        raise OwnerUnavailable(owner, f"answered HTTP {resp.status} without JSON") from None
                     if resp.status >= 400:
                         if isinstance(answer, dict) and answer.get("errcode") == WORKER_AUTH_ERRCODE:
                             log.error(
@@ -192,7 +222,7 @@ class WorkerRequests:
                                 resp.status,
                             )
                         raise ForwardRefused(owner, resp.status, answer if isinstance(answer, dict) else {})
-                    if resp.status >= 300 or not isinstance(answer, dict):
+                    if resp.status >= 300:
                         raise OwnerUnavailable(owner, f"unexpected answer HTTP {resp.status}")
                     return answer
             except aiohttp.ClientConnectorError as e:

@@ -2,7 +2,8 @@
 
 Every write goes through `RoomWrites`, which checks it on the room's persister, here or behind a
 worker request; the client never learns which worker owns a room. Reads (`state`, `messages`,
-`joined_rooms`) answer from this worker's replicated view.
+`joined_rooms`) answer from this worker's replicated view, or are relayed to a worker that has one
+(`workers.http.read_forwarding`) when this one serves no reads.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from workers.handlers.sync import SyncHandler
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked, unavailable
+from workers.http.read_forwarding import ReadRouting
 from workers.model import DEFAULT_ROOM_VERSION, MEMBER_EVENT, MEMBERSHIPS, NewEvent
 from workers.storage import directory, forgotten_rooms
 from workers.storage import events as store
@@ -37,12 +39,17 @@ class RoomRoutes:
         sync: SyncHandler | None,
         messages: Messages | None,
         default_room_version: str = DEFAULT_ROOM_VERSION,
+        reads: ReadRouting | None = None,
     ) -> None:
         self._pool = pool
         self.writes = writes
         self._sync = sync
         self._messages = messages
         self._default_room_version = default_room_version
+        self._read_routing = reads
+
+    def _read(self, route: web.RouteDef) -> web.RouteDef:
+        return route if self._read_routing is None else self._read_routing.route(route)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -60,19 +67,19 @@ class RoomRoutes:
             web.put(f"{ROOM}/redact/{{event_id}}/{{txn_id}}", self.redact),
             web.put(f"{ROOM}/state/{{event_type}}", self.put_state),
             web.put(f"{ROOM}/state/{{event_type}}/{{state_key:.*}}", self.put_state),
-            web.get(f"{ROOM}/state", self.get_state),
-            web.get(f"{ROOM}/state/{{event_type}}", self.get_state_event),
-            web.get(f"{ROOM}/state/{{event_type}}/{{state_key:.*}}", self.get_state_event),
-            web.get(f"{ROOM}/messages", self.messages),
-            web.get(f"{ROOM}/event/{{event_id}}", self.event),
-            web.get(f"{ROOM}/joined_members", self.joined_members),
+            self._read(web.get(f"{ROOM}/state", self.get_state)),
+            self._read(web.get(f"{ROOM}/state/{{event_type}}", self.get_state_event)),
+            self._read(web.get(f"{ROOM}/state/{{event_type}}/{{state_key:.*}}", self.get_state_event)),
+            self._read(web.get(f"{ROOM}/messages", self.messages)),
+            self._read(web.get(f"{ROOM}/event/{{event_id}}", self.event)),
+            self._read(web.get(f"{ROOM}/joined_members", self.joined_members)),
             web.get(f"{CLIENT}/joined_rooms", self.joined_rooms),
             web.get(f"{CLIENT}/directory/room/{{alias}}", self.resolve_alias),
         ]
 
     def _reads(self) -> SyncHandler:
         if self._sync is None:
-            raise unavailable("this worker serves no reads (serve_reads: false); use another", 10)
+            raise unavailable("this worker serves no reads (serve_reads: false) and relays none", 10)
         return self._sync
 
     @staticmethod

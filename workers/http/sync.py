@@ -20,22 +20,39 @@ from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.ephemeral_routes import EphemeralServices
 from workers.http.errors import ApiError, unavailable
+from workers.http.read_forwarding import ReadRouting
 from workers.storage import users
 
 CLIENT = "/_matrix/client/v3"
 MAX_SYNC_TIMEOUT_MS = 60_000
 
 
+def long_poll_s(request: web.Request) -> float:
+    """How long a /sync may wait for news (its `timeout`, capped), for a relay's own limit."""
+    try:
+        return max(0, min(int(request.query.get("timeout", "0")), MAX_SYNC_TIMEOUT_MS)) / 1000
+    except ValueError:
+        return 0.0
+
+
 class SyncRoutes:
-    def __init__(self, pool: asyncpg.Pool, sync: SyncHandler | None, services: EphemeralServices) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        sync: SyncHandler | None,
+        services: EphemeralServices,
+        reads: ReadRouting | None = None,
+    ) -> None:
         self._pool = pool
         self._sync = sync
         self._services = services
         self.filters = FilterCache(self._stored_filter)
+        self._read_routing = reads
 
     def routes(self) -> list[web.RouteDef]:
+        sync = web.get(f"{CLIENT}/sync", self.sync)
         return [
-            web.get(f"{CLIENT}/sync", self.sync),
+            sync if self._read_routing is None else self._read_routing.route(sync, long_poll_s),
             web.post(f"{CLIENT}/user/{{user_id}}/filter", self.upload_filter),
             web.get(f"{CLIENT}/user/{{user_id}}/filter/{{filter_id}}", self.get_filter),
         ]
@@ -43,7 +60,7 @@ class SyncRoutes:
     async def sync(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
         if self._sync is None:
-            raise unavailable("this worker serves no reads (serve_reads: false); use another", 10)
+            raise unavailable("this worker serves no reads (serve_reads: false) and relays none", 10)
         query = request.query
         try:
             timeout_ms = int(query.get("timeout", "0"))

@@ -51,3 +51,43 @@ def test_check_config_prints_no_password(tmp_path: Path) -> None:
 def test_version_comes_from_the_package_metadata() -> None:
     result = subprocess.run([FANOUT, "--version"], capture_output=True, text=True, check=True, timeout=60)
     assert result.stdout.strip() == f"fanout {importlib.metadata.version('fanout')}"
+
+
+def _worker_yaml(name: str, **fields: object) -> str:
+    return yaml.safe_dump(
+        {
+            "instance_name": name,
+            "database_url": "postgresql://app@127.0.0.1:5432/fanout",
+            "redis_url": "redis://127.0.0.1:6379",
+            "stream_writers": {"events": ["p1"]},
+            **fields,
+        }
+    )
+
+
+def test_check_config_prints_a_directorys_connection_budget(tmp_path: Path) -> None:
+    (tmp_path / "p1.yaml").write_text(_worker_yaml("p1", db_pool_size=8))
+    (tmp_path / "sync.yaml").write_text(_worker_yaml("sync-{hostname}", db_pool_size=4))
+    (tmp_path / "notes.txt").write_text("not a configuration")
+    command = [FANOUT, "check-config", str(tmp_path), "--replicas", "sync=3", "--audit-partitions", "4"]
+    result = subprocess.run([*command, "--max-connections", "40"], capture_output=True, text=True, timeout=60)
+    # (8 + 1) + 3 x (4 + 1) + 4 partitions + 5 headroom = 33
+    assert result.returncode == 0, result.stderr
+    assert "sync.yaml: 3 x (db_pool_size 4 + lease 1) = 15" in result.stdout
+    assert "total: 33" in result.stdout and "fits max_connections=40 (7 to spare)" in result.stdout
+    over = subprocess.run([*command, "--max-connections", "32"], capture_output=True, text=True, timeout=60)
+    assert over.returncode == 2 and over.stderr.splitlines() == [
+        "fanout: the budget (33) exceeds max_connections=32: lower db_pool_size or raise max_connections"
+    ]
+    (tmp_path / "bad.yaml").write_text(_worker_yaml("bad", redis_url="redis://127.0.0.1:99999"))
+    bad = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+    assert "bad.yaml" in bad.stderr and "port '99999'" in bad.stderr
+    alone = subprocess.run(
+        [FANOUT, "check-config", str(tmp_path / "bad.yaml")], capture_output=True, text=True, timeout=60
+    )
+    assert (alone.returncode, alone.stdout) == (2, "")
+    assert alone.stderr.splitlines() == [
+        f"fanout: invalid configuration in {tmp_path / 'bad.yaml'}: field 'redis_url': Value error,"
+        " malformed URL: port '99999' is not a number in 1-65535"
+    ]

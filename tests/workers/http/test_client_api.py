@@ -152,8 +152,8 @@ async def test_write_only_persisters_follow_positions_and_serve_no_reads(
     """`serve_reads: false`: the worker applies no other writer's rows but the caches stream's (it
     caches access tokens), only follows positions;
     that is enough for an idle writer to announce positions that let readers' persisted-upto pass
-    the busy writer's events. It still takes writes (forwarding them to the room's owner), and
-    answers reads with a 503 that names the setting."""
+    the busy writer's events. It still takes writes (forwarding them to the room's owner); a read it
+    cannot relay (no reading worker in its instance_map) answers 503 naming the settings."""
     p1 = await make_worker("p1", ["p1", "p2"], serve_reads=False)
     p2 = await make_worker("p2", ["p1", "p2"], serve_reads=False)
     reader = await make_worker("r1", ["p1", "p2"])
