@@ -1,0 +1,219 @@
+"""The restore drill: a backup taken with `pg_dump` under load, the load going on past it, the
+cluster stopped, the dump restored into a fresh database (docs/operations.md's commands, run as
+written: `workers.harness.backup`), and the same cluster restarted on it with the same Redis.
+
+Checked after the restart: every worker starts; the Redis position hints (ahead of the restored
+data) are not taken by anyone and are overwritten from the restored sequences; the same clients go
+on with the tokens they held before (ahead of the restored data) and are answered at once, without
+an error, and then see every event persisted after the restore exactly once (the history check over
+a second load phase); every ID handed out after the restore is above every ID handed out before it,
+and no `stream_positions` row is past its sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+import redis.asyncio as aioredis
+
+from pubsub import keys
+from tests.conftest import Servers
+from workers.harness import backup
+from workers.harness.cluster import LocalCluster
+from workers.harness.history import stream_token
+from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
+from workers.streams import account_data, device_lists, to_device
+
+ROOT = Path(__file__).resolve().parents[2]
+WRITERS = ["persister1", "persister2"]
+#: stream -> (sequence, its tables' (table, id column)); the stream_positions name is the stream's.
+STREAMS: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    "events": ("events_stream_seq", [("events", "stream_ordering")]),
+    "caches": ("cache_invalidation_stream_seq", [("cache_invalidation_stream_by_instance", "stream_id")]),
+    account_data.ACCOUNT_DATA: (account_data.SEQUENCE, [(t, c) for t, _i, c in account_data.TABLES]),
+    device_lists.DEVICE_LISTS: (device_lists.SEQUENCE, [(t, c) for t, _i, c in device_lists.TABLES]),
+    to_device.TO_DEVICE: (to_device.SEQUENCE, [(t, c) for t, _i, c in to_device.TABLES]),
+}
+
+
+def plan(seed: int) -> LoadPlan:
+    return LoadPlan(
+        users=6, rooms=4, rooms_per_user=2, actions=300, concurrency=6, sync_timeout_ms=500, seed=seed
+    )
+
+
+async def sequence_values(url: str) -> dict[str, int]:
+    """Each stream sequence's last value handed out (0: none yet)."""
+    conn = await asyncpg.connect(url)
+    try:
+        return {
+            seq: int(await conn.fetchval(f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {seq}"))
+            for seq, _tables in STREAMS.values()
+        }
+    finally:
+        await conn.close()
+
+
+async def table_maxima(url: str) -> dict[str, int]:
+    """The highest ID in each stream table (0 when empty)."""
+    conn = await asyncpg.connect(url)
+    try:
+        return {
+            table: int(await conn.fetchval(f"SELECT coalesce(max({column}), 0) FROM {table}"))
+            for _seq, tables in STREAMS.values()
+            for table, column in tables
+        }
+    finally:
+        await conn.close()
+
+
+async def memberships(url: str) -> dict[tuple[str, str], str]:
+    """(user, room) -> the user's membership in the restored database (its last member event)."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT DISTINCT ON (room_id, state_key) state_key, room_id,"
+            " json::jsonb->'content'->>'membership' AS membership FROM events"
+            " WHERE type = 'm.room.member' AND stream_ordering > 0"
+            " ORDER BY room_id, state_key, stream_ordering DESC"
+        )
+    finally:
+        await conn.close()
+    return {(r["state_key"], r["room_id"]): r["membership"] for r in rows}
+
+
+def carry_over(before: LoadDriver, after: LoadDriver, membership: dict[tuple[str, str], str]) -> None:
+    """`after` drives the same clients, rooms and readers as `before` (each reader keeps its token;
+    what it recorded before the restore is dropped: the check covers the second phase), with the
+    memberships the restored database holds, since the writes past the backup are gone."""
+    after.clients, after.readers, after.probes = before.clients, before.readers, before.probes
+    after.rooms, after.knock_room, after.locks = before.rooms, before.knock_room, before.locks
+    after._run_id, after._sent = before._run_id, before._sent  # unique names go on where they were
+    for reader in after.readers + after.probes:
+        reader.records, reader.arrivals = [], {}
+        reader.typing_seen = reader.presence_seen = reader.failed_syncs = reader.internal_errors = 0
+    after.joined = {str(c.user_id): set() for c in after.clients}
+    for client in after.clients:
+        user = str(client.user_id)
+        for room in (*after.rooms, after.knock_room):
+            after._set(user, room, membership.get((user, room)))
+
+
+async def restored_hints(redis_url: str, prefix: str) -> dict[str, int]:
+    client = aioredis.from_url(redis_url)
+    try:
+        raw = await client.hgetall(keys.positions_key(prefix, "events"))
+    finally:
+        await client.aclose()
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+def assert_clean(report: LoadReport, phase: str) -> None:
+    assert report.problems == [], (phase, report.problems[:10])
+    assert report.internal_errors == 0, phase
+    assert report.events_sent > 0 and report.events_checked > 0, phase
+
+
+def test_the_documented_commands_are_the_ones_run() -> None:
+    """Each command of the procedure, with the docs' placeholders, is a line of docs/operations.md."""
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    steps = backup.procedure("$DATABASE_URL", "$BACKUP", "$ADMIN_URL", "fanout_restored", "$RESTORED_URL")
+    for phase in steps.values():
+        for step in phase:
+            assert backup.shell_line(step.argv) in docs.splitlines(), step.purpose
+
+
+async def test_restore_from_a_dump_taken_under_load(
+    servers: Servers, database_url: str, redis_url: str, channel_prefix: str, tmp_path: Path
+) -> None:
+    dump = str(tmp_path / "fanout.dump")
+    restored_name = f"r_{uuid.uuid4().hex[:16]}"
+    restored_url = servers.database_url(restored_name)
+    steps = backup.procedure(database_url, dump, servers.admin_url, restored_name, restored_url)
+    cluster = LocalCluster(
+        database_url, redis_url, tmp_path / "cluster", channel_prefix=channel_prefix,
+        announce_interval_s=0.2, background_workers=0,
+    )  # fmt: skip
+    try:
+        await cluster.start()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            first = LoadDriver(session, cluster.urls, WRITERS, cluster.sync_workers, database_url, plan(7))
+            await first.setup()
+            load = asyncio.create_task(first.run())
+            deadline = time.monotonic() + 120
+            while first.report.events_sent < plan(7).actions // 3:
+                assert time.monotonic() < deadline and not load.done(), "the load did not start"
+                await asyncio.sleep(0.05)
+            await backup.run(steps["backup"])
+            sent_at_dump = first.report.events_sent
+            assert_clean(await load, "before the restore")
+            assert first.report.events_sent > sent_at_dump, "no write after the dump: nothing to lose"
+            handed_out = await sequence_values(database_url)
+            tokens_before = {str(r.client.user_id): r.token for r in first.readers + first.probes}
+            codes = await cluster.stop()
+            assert all(code == 0 for code in codes.values()), codes
+
+            await backup.run(steps["restore"])
+            restored = await table_maxima(restored_url)
+            floor = await sequence_values(restored_url)
+            assert restored["events"] < handed_out["events_stream_seq"], "the dump holds every event"
+            hints = await restored_hints(redis_url, channel_prefix)
+            assert max(hints.values()) > restored["events"], ("Redis hints not ahead of the restore", hints)
+            for seq, value in floor.items():
+                assert value > handed_out[seq], (seq, "the sequence did not move past the old cluster")
+
+            cluster.database_url = restored_url  # same names, ports and Redis: the deployment as it was
+            await cluster.start()
+            # Nobody took a hint: each writer overwrote its own with a position of the restored sequence.
+            deadline = time.monotonic() + 10
+            while not all(
+                floor["events_stream_seq"] <= v
+                for v in (await restored_hints(redis_url, channel_prefix)).values()
+            ):
+                assert time.monotonic() < deadline, await restored_hints(redis_url, channel_prefix)
+                await asyncio.sleep(0.1)
+
+            second = LoadDriver(session, cluster.urls, WRITERS, cluster.sync_workers, restored_url, plan(8))
+            carry_over(first, second, await memberships(restored_url))
+            ahead = [
+                user
+                for user, token in tokens_before.items()
+                if token is not None and stream_token(token).get_max_stream_pos() > restored["events"]
+            ]
+            assert ahead, "no client held a token ahead of the restored database"
+            report = await second.run()
+            assert_clean(report, "after the restore")
+            for reader in second.readers + second.probes:
+                user = str(reader.client.user_id)
+                assert reader.failed_syncs == 0, (user, "a sync failed after the restore")
+                assert reader.records and reader.records[0].since == tokens_before[user], user
+    finally:
+        await cluster.stop()
+
+    now = await sequence_values(restored_url)
+    conn = await asyncpg.connect(restored_url)
+    try:
+        for stream, (seq, tables) in STREAMS.items():
+            for table, column in tables:
+                low = await conn.fetchval(
+                    f"SELECT min({column}) FROM {table} WHERE {column} > $1", restored[table]
+                )
+                if low is not None:  # written after the restore: above all that was handed out before
+                    assert low > handed_out[seq], (table, low, handed_out[seq])
+            rows = await conn.fetch(
+                "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = $1", stream
+            )
+            assert all(r["stream_id"] <= now[seq] for r in rows), (stream, rows, now[seq])
+        assert await conn.fetchval("SELECT count(*) = count(DISTINCT stream_ordering) FROM events")
+        new_events = await conn.fetchval(
+            "SELECT count(*) FROM events WHERE stream_ordering > $1", restored["events"]
+        )
+        assert new_events >= report.events_sent
+    finally:
+        await conn.close()
+        await servers.drop_database(restored_name)
