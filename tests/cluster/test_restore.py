@@ -113,6 +113,14 @@ async def restored_hints(redis_url: str, prefix: str) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in raw.items()}
 
 
+async def set_hint(redis_url: str, prefix: str, instance: str, position: int) -> None:
+    client = aioredis.from_url(redis_url)
+    try:
+        await client.hset(keys.positions_key(prefix, "events"), instance, str(position))
+    finally:
+        await client.aclose()
+
+
 def assert_clean(report: LoadReport, phase: str) -> None:
     assert report.problems == [], (phase, report.problems[:10])
     assert report.internal_errors == 0, phase
@@ -167,16 +175,23 @@ async def test_restore_from_a_dump_taken_under_load(
             for seq, value in floor.items():
                 assert value > handed_out[seq], (seq, "the sequence did not move past the old cluster")
 
+            # A retired writer's hint beyond even the moved sequence (as a too small gap would leave).
+            beyond = floor["events_stream_seq"] + 1000
+            await set_hint(redis_url, channel_prefix, "retired", beyond)
+
             cluster.database_url = restored_url  # same names, ports and Redis: the deployment as it was
             await cluster.start()
-            # Nobody took a hint: each writer overwrote its own with a position of the restored sequence.
+            # Nobody took a hint: the one beyond the sequence is gone with a warning, and each writer
+            # overwrote its own with a position of the restored sequence.
+            assert any("beyond the database's sequence" in cluster.log_tail(w, 200) for w in cluster.workers)
             deadline = time.monotonic() + 10
             while not all(
-                floor["events_stream_seq"] <= v
+                floor["events_stream_seq"] <= v < beyond
                 for v in (await restored_hints(redis_url, channel_prefix)).values()
             ):
                 assert time.monotonic() < deadline, await restored_hints(redis_url, channel_prefix)
                 await asyncio.sleep(0.1)
+            assert set(await restored_hints(redis_url, channel_prefix)) == set(WRITERS)
 
             second = LoadDriver(session, cluster.urls, WRITERS, cluster.sync_workers, restored_url, plan(8))
             carry_over(first, second, await memberships(restored_url))
