@@ -17,6 +17,7 @@ handed out between the dump and the old cluster's stop; the default covers a bil
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import subprocess
 from collections.abc import Sequence
@@ -74,14 +75,41 @@ def procedure(
     }
 
 
+def archiving(database_url: str, wal_dir: str, base_dir: str) -> dict[str, list[Step]]:
+    """Point-in-time recovery: turn WAL archiving on into `wal_dir` (then restart the server), and
+    take a base backup into `base_dir`. Recovering is `RECOVER`."""
+    archive_command = f"test ! -f {wal_dir}/%f && cp %p {wal_dir}/%f"
+    return {
+        "archive": [
+            Step("archive", ("psql", database_url, "-v", "ON_ERROR_STOP=1",
+                             "-c", "ALTER SYSTEM SET archive_mode = on",
+                             "-c", f"ALTER SYSTEM SET archive_command = '{archive_command}'")),
+        ],
+        "base_backup": [
+            Step("base backup", ("pg_basebackup", "--dbname", database_url, "--pgdata", base_dir,
+                                 "--wal-method=stream", "--checkpoint=fast")),
+        ],
+    }  # fmt: skip
+
+
+#: Recovery to time `$T` from the base backup `$BASE` and the archive `$WAL`, into the stopped
+#: server's data directory `$PGDATA`: shell lines, run by the server's user.
+RECOVER = (
+    'rm -rf "$PGDATA" && cp -a "$BASE" "$PGDATA"',
+    'touch "$PGDATA/recovery.signal"',
+    "printf \"restore_command = 'cp $WAL/%%f %%p'\\nrecovery_target_time = '%s'\\n"
+    'recovery_target_action = \'promote\'\\n" "$T" >> "$PGDATA/postgresql.auto.conf"',
+)
+
+
 def shell_line(argv: Sequence[str]) -> str:
-    """`argv` as one shell line as the docs print it: a `$NAME` placeholder in double quotes (the
-    shell expands it), SQL holding single quotes in double quotes, anything else as `shlex` quotes it."""
+    """`argv` as one shell line as the docs print it: an argument holding a `$NAME` placeholder,
+    a quote or a space in double quotes (the shell expands the placeholder), others as they are."""
     return " ".join(_quote(a) for a in argv)
 
 
 def _quote(arg: str) -> str:
-    if arg.startswith("$") or ("'" in arg and not any(c in arg for c in '"$`\\')):
+    if any(c in arg for c in "$' %&") and not any(c in arg for c in '"`\\'):
         return f'"{arg}"'
     return shlex.quote(arg)
 
@@ -107,6 +135,17 @@ async def run(steps: Sequence[Step], source: Source = "embedded") -> list[str]:
             )
         outputs.append(out.decode(errors="replace"))
     return outputs
+
+
+async def run_shell(lines: Sequence[str], env: dict[str, str]) -> None:
+    """Run each of `lines` with bash, `env` added to the environment (the placeholders' values)."""
+    for line in lines:
+        process = await asyncio.create_subprocess_exec(
+            "bash", "-c", line, env={**os.environ, **env}, stderr=asyncio.subprocess.PIPE
+        )
+        _out, err = await process.communicate()
+        if process.returncode != 0:
+            raise BackupError(f"{line} exited {process.returncode}: {err.decode(errors='replace').strip()}")
 
 
 def client_version(source: Source = "embedded") -> str:
