@@ -31,7 +31,7 @@ from workers.harness.cluster import LocalCluster
 from workers.harness.history import stream_token
 from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
 from workers.services import start_postgres
-from workers.streams import account_data, device_lists, to_device
+from workers.streams import account_data, device_lists, receipts, to_device
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITERS = ["persister1", "persister2"]
@@ -42,6 +42,7 @@ STREAMS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     account_data.ACCOUNT_DATA: (account_data.SEQUENCE, [(t, c) for t, _i, c in account_data.TABLES]),
     device_lists.DEVICE_LISTS: (device_lists.SEQUENCE, [(t, c) for t, _i, c in device_lists.TABLES]),
     to_device.TO_DEVICE: (to_device.SEQUENCE, [(t, c) for t, _i, c in to_device.TABLES]),
+    receipts.RECEIPTS: (receipts.SEQUENCE, [(t, c) for t, _i, c in receipts.TABLES]),
 }
 
 
