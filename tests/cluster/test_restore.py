@@ -3,11 +3,13 @@ cluster stopped, the dump restored into a fresh database (docs/operations.md's c
 written: `workers.harness.backup`), and the same cluster restarted on it with the same Redis.
 
 Checked after the restart: every worker starts; the Redis position hints (ahead of the restored
-data) are not taken by anyone and are overwritten from the restored sequences; the same clients go
-on with the tokens they held before (ahead of the restored data) and are answered at once, without
-an error, and then see every event persisted after the restore exactly once (the history check over
-a second load phase); every ID handed out after the restore is above every ID handed out before it,
-and no `stream_positions` row is past its sequence.
+data) are not taken by anyone and are overwritten from the restored sequences, and one beyond the
+sequence is deleted with a warning; the same clients go on with the tokens they held before (ahead
+of the restored data) and are answered without an error, and then see every event persisted after
+the restore exactly once (the history check over a second load phase); every ID handed out after
+the restore is above every ID handed out before it, and no `stream_positions` row is past its
+sequence. Beside it: point-in-time recovery from archived WAL on a server of its own, and the check
+that the docs print the commands these tests run.
 """
 
 from __future__ import annotations

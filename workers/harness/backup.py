@@ -1,9 +1,10 @@
 """Backup and restore of the database, command for command as docs/operations.md gives them.
 
-`procedure()` is the documented sequence of commands (as argument lists); the restore test runs
-it and a test checks that each line, rendered with the documentation's placeholders, is in the
-docs. The client binaries are PostgreSQL's own: `pg_dump` refuses a server of a newer major
-version, so they come from the same installation as the server (`workers.services.postgres_bin_dir`:
+`procedure()` (dump and restore) and `archiving()` with `RECOVER` (point-in-time recovery) are the
+documented commands, as argument lists or shell lines; tests/cluster/test_restore.py runs them and
+checks that each, rendered with the documentation's placeholders, is a line of the docs. The
+client binaries are PostgreSQL's own: `pg_dump` refuses a server of a newer major version, so they
+come from the same installation as the server (`workers.services.postgres_bin_dir`:
 pgserver's bundled 16 by default; Debian's 15 client on PATH is too old for it).
 
 Why the sequences move forward after the restore: clients and the old cluster's readers hold tokens
@@ -19,10 +20,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from workers.errors import WorkerError
 from workers.services import Source, postgres_bin_dir
@@ -146,9 +145,3 @@ async def run_shell(lines: Sequence[str], env: dict[str, str]) -> None:
         _out, err = await process.communicate()
         if process.returncode != 0:
             raise BackupError(f"{line} exited {process.returncode}: {err.decode(errors='replace').strip()}")
-
-
-def client_version(source: Source = "embedded") -> str:
-    """`pg_dump --version` of `source`'s binaries, for the record."""
-    path = Path(postgres_bin_dir(source)) / "pg_dump"
-    return subprocess.run([str(path), "--version"], capture_output=True, text=True, check=True).stdout.strip()
