@@ -15,6 +15,7 @@ Hints are read before the sequence: any hint a live writer wrote is then at or b
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 
@@ -25,6 +26,8 @@ from idgen import MultiWriterIdGenerator
 from pubsub import keys
 
 log = logging.getLogger(__name__)
+#: The whole check gives up after this long (a Redis that accepts but never answers).
+CHECK_TIMEOUT_S = 5.0
 
 
 async def discard_hints_ahead(
@@ -33,12 +36,13 @@ async def discard_hints_ahead(
     """Delete each stream's hints beyond its sequence (one warning per stream); what was deleted."""
     discarded: dict[str, dict[str, int]] = {}
     try:
-        for stream, generator in generators.items():
-            ahead = await _discard(client, keys.positions_key(prefix, stream), stream, generator)
-            if ahead:
-                discarded[stream] = ahead
-    except (RedisError, OSError) as e:  # a hint check must never keep a worker from starting
-        log.warning("could not check the position hints in Redis (%s)", e)
+        async with asyncio.timeout(CHECK_TIMEOUT_S):
+            for stream, generator in generators.items():
+                ahead = await _discard(client, keys.positions_key(prefix, stream), stream, generator)
+                if ahead:
+                    discarded[stream] = ahead
+    except (RedisError, OSError, TimeoutError) as e:  # a hint check never keeps a worker from starting
+        log.warning("could not check the position hints in Redis (%s)", e or "no answer")
     return discarded
 
 

@@ -1,9 +1,11 @@
 """The start-up hint check on a real database and Redis: hints beyond the sequence are deleted with a
-warning, the others (and what is not a number) are left alone, for a negative stream too."""
+warning, the others (and what is not a number) are left alone, for a negative stream too; a Redis
+that never answers does not hold start-up."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import asyncpg
 import pytest
@@ -11,6 +13,8 @@ import redis.asyncio as aioredis
 
 from idgen import MultiWriterIdGenerator
 from pubsub import keys
+from workers import position_hints
+from workers.harness.faultproxy import FaultProxy, target_of, through
 from workers.position_hints import discard_hints_ahead
 
 
@@ -48,3 +52,27 @@ async def test_hints_beyond_the_sequence_are_discarded(
         await client.aclose()
         await events.close()
         await backfill.close()
+
+
+async def test_a_silent_redis_does_not_hold_start_up(
+    db_pool: asyncpg.Pool,
+    redis_url: str,
+    channel_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis accepts the connection but never answers: the check gives up, start-up goes on."""
+    monkeypatch.setattr(position_hints, "CHECK_TIMEOUT_S", 0.5)
+    events = await generator(db_pool, "events", "events_stream_seq", True)
+    async with FaultProxy(*target_of(redis_url)) as proxy:
+        client = aioredis.from_url(through(redis_url, proxy))
+        try:
+            await client.ping()
+            proxy.silence()
+            started = time.monotonic()
+            assert await discard_hints_ahead(client, channel_prefix, {"events": events}) == {}
+            assert time.monotonic() - started < 3
+            assert "could not check the position hints in Redis (no answer)" in caplog.text
+        finally:
+            await client.aclose()
+            await events.close()
