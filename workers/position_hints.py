@@ -42,7 +42,7 @@ async def discard_hints_ahead(
                 if ahead:
                     discarded[stream] = ahead
     except (RedisError, OSError, TimeoutError) as e:  # a hint check never keeps a worker from starting
-        log.warning("could not check the position hints in Redis (%s)", e or "no answer")
+        log.warning("could not check the position hints in Redis (%s)", str(e) or "no answer")
     return discarded
 
 
