@@ -20,6 +20,7 @@ import pwd
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -50,7 +51,7 @@ STREAMS: dict[str, tuple[str, list[tuple[str, str]]]] = {
 
 def plan(seed: int) -> LoadPlan:
     return LoadPlan(
-        users=6, rooms=4, rooms_per_user=2, actions=300, concurrency=6, sync_timeout_ms=500, seed=seed
+        users=8, rooms=6, rooms_per_user=3, actions=400, concurrency=8, sync_timeout_ms=500, seed=seed
     )
 
 
@@ -79,36 +80,53 @@ async def table_maxima(url: str) -> dict[str, int]:
         await conn.close()
 
 
-async def memberships(url: str) -> dict[tuple[str, str], str]:
-    """(user, room) -> the user's membership in the restored database (its last member event)."""
+@dataclass(frozen=True)
+class RestoredState:
+    """What the restored database holds of the load's state: the writes past the backup are gone."""
+
+    #: (user, room) -> the user's membership (its last member event).
+    membership: dict[tuple[str, str], str]
+    #: (user, device) -> the one-time key ids waiting (uploaded, not claimed).
+    one_time_keys: dict[tuple[str, str], list[str]]
+
+
+async def restored_state(url: str) -> RestoredState:
     conn = await asyncpg.connect(url)
     try:
-        rows = await conn.fetch(
+        members = await conn.fetch(
             "SELECT DISTINCT ON (room_id, state_key) state_key, room_id,"
             " json::jsonb->'content'->>'membership' AS membership FROM events"
             " WHERE type = 'm.room.member' AND stream_ordering > 0"
             " ORDER BY room_id, state_key, stream_ordering DESC"
         )
+        keys_left = await conn.fetch(
+            "SELECT user_id, device_id, key_id FROM e2e_one_time_keys ORDER BY 1, 2, 3"
+        )
     finally:
         await conn.close()
-    return {(r["state_key"], r["room_id"]): r["membership"] for r in rows}
+    waiting: dict[tuple[str, str], list[str]] = {}
+    for r in keys_left:
+        waiting.setdefault((r["user_id"], r["device_id"]), []).append(r["key_id"])
+    return RestoredState({(r["state_key"], r["room_id"]): r["membership"] for r in members}, waiting)
 
 
-def carry_over(before: LoadDriver, after: LoadDriver, membership: dict[tuple[str, str], str]) -> None:
+def carry_over(before: LoadDriver, after: LoadDriver, restored: RestoredState) -> None:
     """`after` drives the same clients, rooms and readers as `before` (each reader keeps its token;
-    what it recorded before the restore is dropped: the check covers the second phase), with the
-    memberships the restored database holds, since the writes past the backup are gone."""
+    what it recorded before the restore is dropped: the check covers the second phase), with what the
+    restored database holds: memberships and waiting one-time keys; no receipt is expected from
+    before, and none is set on an event a reader saw before (it may be one the restore lost)."""
     after.clients, after.readers, after.probes = before.clients, before.readers, before.probes
     after.rooms, after.knock_room, after.locks = before.rooms, before.knock_room, before.locks
     after._run_id, after._sent = before._run_id, before._sent  # unique names go on where they were
     for reader in after.readers + after.probes:
-        reader.records, reader.arrivals = [], {}
+        reader.records, reader.arrivals, reader.latest = [], {}, {}
         reader.typing_seen = reader.presence_seen = reader.failed_syncs = reader.internal_errors = 0
     after.joined = {str(c.user_id): set() for c in after.clients}
     for client in after.clients:
         user = str(client.user_id)
         for room in (*after.rooms, after.knock_room):
-            after._set(user, room, membership.get((user, room)))
+            after._set(user, room, restored.membership.get((user, room)))
+    after.keys_uploaded = {device: list(ids) for device, ids in restored.one_time_keys.items()}
 
 
 async def restored_hints(redis_url: str, prefix: str) -> dict[str, int]:
@@ -277,7 +295,7 @@ async def test_restore_from_a_dump_taken_under_load(
             assert set(await restored_hints(redis_url, channel_prefix)) == set(WRITERS)
 
             second = LoadDriver(session, cluster.urls, WRITERS, cluster.sync_workers, restored_url, plan(8))
-            carry_over(first, second, await memberships(restored_url))
+            carry_over(first, second, await restored_state(restored_url))
             ahead = [
                 user
                 for user, token in tokens_before.items()
