@@ -19,7 +19,7 @@ from analytics.job import AuditOptions, release, run_audit
 from analytics.locations import local_path
 from analytics.report import write_outputs
 from analytics.session import DEFAULT_JDBC_JAR, JDBC_JAR_ENV, resolve_jdbc_jar, spark_session
-from analytics.sources import ParquetSource, PostgresSource, Source, export, jdbc_url
+from analytics.sources import ParquetSource, PostgresSource, Source, check_export_days, export, jdbc_url
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h)?$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(exp)
     exp.add_argument("--out", required=True, help="output path or URI (file://, hdfs://, s3a://)")
     exp.add_argument("--since", type=_day, help="export only the UTC days from YYYY-MM-DD on (incremental)")
+    exp.add_argument(
+        "--after-restore",
+        action="store_true",
+        help="the database was restored from a backup taken on --since's day: first drop every exported"
+        " day from --since on (rows the restored database lost), then write those days again",
+    )
     return parser
 
 
@@ -163,12 +169,14 @@ def _run(args: argparse.Namespace) -> int:
         else:
             source = _postgres_source(args)
             jar = source.jdbc_jar
+            if args.command == "export":
+                check_export_days(args.since, args.after_restore)
         spark, owned = spark_session(args.master, jar, args.spark_conf)
         logging.getLogger("analytics.audit").info("step=session master=%s", spark.sparkContext.master)
         try:
             if args.command == "export":
                 assert isinstance(source, PostgresSource)
-                written = export(spark, source, args.out, args.since)
+                written = export(spark, source, args.out, args.since, args.after_restore)
                 print(json.dumps({"out": args.out, "rows": written}))
                 return EXIT_OK
             options = AuditOptions(

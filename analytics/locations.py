@@ -52,6 +52,23 @@ def copy_files(spark: SparkSession, files: list[Path], location: str) -> list[st
     return copied
 
 
+def remove_partitions(spark: SparkSession, location: str, column: str, from_value: str) -> list[str]:
+    """Delete the partition directories `column=value` directly under `location` whose value sorts at
+    or after `from_value` (days as `YYYY-MM-DD` sort as dates); the values removed, in order. Nothing
+    to do when `location` does not exist."""
+    path = _hadoop_path(spark, location)
+    fs = path.getFileSystem(_hadoop_conf(spark))
+    if not fs.exists(path):
+        return []
+    removed = []
+    for status in fs.listStatus(path):
+        key, sep, value = str(status.getPath().getName()).partition("=")
+        if status.isDirectory() and sep and key == column and value >= from_value:
+            fs.delete(status.getPath(), True)
+            removed.append(value)
+    return sorted(removed)
+
+
 def _hadoop_path(spark: SparkSession, location: str) -> Any:
     jvm = spark.sparkContext._jvm
     assert jvm is not None, "the Spark session has no JVM"

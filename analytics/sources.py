@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from analytics.errors import AuditError, SourceUnreachable
-from analytics.locations import exists, join
+from analytics.locations import exists, join, remove_partitions
 from analytics.schema import (
     APPLIED_SCHEMA,
     APPLIED_TABLE,
@@ -221,15 +221,30 @@ def _day(ms_column: str) -> Column:
     return F.date_format(F.timestamp_millis(F.col(ms_column)), "yyyy-MM-dd")
 
 
+def check_export_days(since_day: str | None, after_restore: bool) -> None:
+    """Raise AuditError unless the days to export make sense (called before any Spark work)."""
+    if after_restore and since_day is None:
+        raise AuditError("--after-restore needs --since: the UTC day of the backup the database came from")
+
+
 def export(
-    spark: SparkSession, source: PostgresSource, out: str, since_day: str | None = None
+    spark: SparkSession,
+    source: PostgresSource,
+    out: str,
+    since_day: str | None = None,
+    after_restore: bool = False,
 ) -> dict[str, int]:
     """Write the tables as Parquet under `out` (a path or URI); returns the rows written per table.
 
     `invalidations` and `events` are partitioned by UTC `day`: each day present in this export
     replaces that day's partition (a re-run of a day never duplicates it), and days not in it are
     kept (a new day appends). `since_day` exports only the days from it on (an incremental run).
+    `after_restore` (with `since_day`, the backup's day) first drops every exported day from
+    `since_day` on: after the database was restored from a backup, those partitions may hold rows
+    it no longer has, and a day it has no rows for would otherwise be kept. Days before the backup
+    hold only rows the backup has, so they stay as they are.
     `applied_ranges` is small and updated in place by workers: it is replaced whole."""
+    check_export_days(since_day, after_restore)
     written: dict[str, int] = {}
     dated = (("invalidations", load_invalidations(spark, source), "invalidation_ts"),
              ("events", load_events(spark, source), "received_ts"))  # fmt: skip
@@ -240,6 +255,9 @@ def export(
             frame = frame.where(F.col("day") >= F.lit(since_day))
         frame = frame.persist()
         written[name] = frame.count()
+        if after_restore and since_day is not None:
+            dropped = remove_partitions(spark, join(out, name), "day", since_day)
+            log.info("step=export table=%s after_restore dropped_days=%s", name, dropped)
         frame.write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy("day").parquet(
             join(out, name)
         )

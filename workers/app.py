@@ -73,6 +73,7 @@ from workers.http.read_forwarding import ReadRouting
 from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
 from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, redacts_of
+from workers.position_hints import discard_hints_ahead
 from workers.reachability import PostgresProbe
 from workers.startup_retry import connect_with_retry, ping_redis, where
 from workers.storage import create_pool
@@ -259,6 +260,9 @@ class Worker:
                     self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
                 )  # fmt: skip
             await self.replication.start()
+        with self._phase("check_position_hints"):
+            hints = await self.replication.transport.hint_client()
+            await discard_hints_ahead(hints, config.channel_prefix, self.generators)
         with self._phase("catch_up"):
             await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
         if self.applied is not None:
