@@ -34,10 +34,10 @@ async def make_worker(database_url: str, redis_url: str, channel_prefix: str) ->
         fields.setdefault("worker_secret", "test-worker-secret-0123456789")
         config = WorkerConfig(
             instance_name=name,
-            database_url=database_url,
+            database_url=fields.pop("database_url", database_url),
             redis_url=redis_url,
             channel_prefix=channel_prefix,
-            stream_writers={"events": writers},
+            stream_writers={"events": writers, **fields.pop("stream_writers", {})},
             http_port=fields.pop("http_port", ports[name]),
             position_announce_interval_s=0.2,
             **fields,
