@@ -60,11 +60,14 @@ log = logging.getLogger(__name__)
 
 IDLE_RELEASE_S = 0.25
 #: What an unreachable or restarting PostgreSQL raises: a lost link, a terminated backend, a refused
-#: or timed-out connection attempt.
+#: or timed-out connection attempt. InternalClientError too: a backend terminated while its
+#: connection sat idle leaves asyncpg's protocol waiting for a sync point ("another operation (2)
+#: is in progress") until it sees the socket close, and the pool may hand it out meanwhile.
 DATABASE_DOWN: tuple[type[Exception], ...] = (
     OSError,
     TimeoutError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.OperatorInterventionError,
     asyncpg.InsufficientResourcesError,

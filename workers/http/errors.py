@@ -77,7 +77,7 @@ def outage_error(error: BaseException) -> ApiError | None:
     None for anything else."""
     if isinstance(error, _REDIS_RETRYABLE):
         store = "Redis"
-    elif isinstance(error, (asyncpg.PostgresError, asyncpg.InterfaceError)):
+    elif isinstance(error, (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)):
         if not isinstance(error, _DATABASE_RETRYABLE):
             return None
         store = "PostgreSQL"
