@@ -15,7 +15,9 @@ A failed transaction leaves its IDs as harmless gaps. When the answer to COMMIT 
 learns the outcome before the IDs finish: the transaction reads its id (`txid_current()`, one
 small query: a write's rows may be overwritten later, so they cannot say whether this write
 committed), and `workers.storage.commit_outcome` ends the old backend and asks `txid_status`. A
-committed write goes on as in 3.; one that did not fails (503 for the client).
+committed write goes on as in 3.; one that did not fails (503 for the client). A committed write
+that 3. cannot apply (it reads the database, whose link may have just broken) still answers 200:
+readers are made to fetch its IDs from the database instead of its staged rows.
 
 Anywhere else, `UserStreamWrites.run` forwards the operation to the user's writer (a worker
 request to `/_fanout/internal/writes/{stream}/{op}`) and waits until this worker's token covers
@@ -27,6 +29,7 @@ may be retried.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +45,8 @@ from workers.handlers.visibility import wait_visible
 from workers.routing import writer_for_user
 from workers.storage import Conn
 from workers.storage.commit_outcome import CURRENT_XID_SQL, committed, outcome_unknown, xid_committed
+
+log = logging.getLogger(__name__)
 
 #: (stream, [(stream id, row)]): the worker's hook after commit, before the IDs finish; it returns
 #: the (rooms, users) to wake.
@@ -128,7 +133,14 @@ class StreamWriter:
                         failure = None
             if failure is None:
                 assert rows is not None
-                woken = await self._committed(self.stream, rows)
+                try:
+                    woken = await self._committed(self.stream, rows)
+                except Exception as e:  # committed, but not applied here (say, its database link broke)
+                    log.warning(
+                        "a committed %s write could not be applied here (%s: %s); readers read it from"
+                        " the database", self.stream, type(e).__name__, e,
+                    )  # fmt: skip
+                    woken = await self._unknown(max(ids), users)
         self._finished(self.stream, max(ids), woken)
         if failure is not None:
             raise failure
@@ -145,8 +157,9 @@ class StreamWriter:
             raise
 
     async def _unknown(self, stream_id: int, users: Sequence[str]) -> tuple[set[str], set[str]]:
-        """The write may have committed: readers fetch `stream_id` from the database, its users count
-        as changed here."""
+        """The write's rows may be in the database and are not staged here (its COMMIT's outcome is
+        unknown, or it committed but could not be applied here): readers fetch `stream_id` from the
+        database, its users count as changed here. Its IDs must not have finished yet."""
         with contextlib.suppress(Exception):
             return await self._uncertain(self.stream, stream_id, users)
         return set(), set()
