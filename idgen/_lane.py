@@ -5,6 +5,11 @@ back would pay it twice per allocation. A lane keeps up to `size` connections ta
 while they are in use and gives each back after `idle_s` without use (or at `close()`), so a busy
 writer reuses its connections and an idle one holds none. A connection that failed or was
 interrupted is given back to the pool at once (which resets or drops it).
+
+A kept connection can die while idle (its backend terminated, its link cut): asyncpg then hands
+it back to the pool itself and detaches it, and any later call on it raises "connection has been
+released back to the pool". The lane never hands out such a connection: it forgets it and takes
+another.
 """
 
 from __future__ import annotations
@@ -52,16 +57,24 @@ class Lane:
         """A kept connection if one is idle right now (no await: the common case), else None."""
         if self._closed:
             raise IdGenError("the ID generator is closed")
-        if self._idle:
-            return self._idle.pop()[0]
+        return self._pop_idle()
+
+    def _pop_idle(self) -> Connection | None:
+        """The most recently used idle connection that is still alive; dead ones are dropped."""
+        while self._idle:
+            conn = self._idle.pop()[0]
+            if alive(conn):
+                return conn
+            self.discard(conn)
         return None
 
     async def acquire(self) -> Connection:
         while True:
             if self._closed:
                 raise IdGenError("the ID generator is closed")
-            if self._idle:
-                return self._idle.pop()[0]
+            conn = self._pop_idle()
+            if conn is not None:
+                return conn
             if self._held < self._size:
                 self._held += 1
                 try:
@@ -78,7 +91,7 @@ class Lane:
                     self._waiters.remove(waiter)
 
     def release(self, conn: Connection) -> None:
-        if self._closed or conn.is_closed():
+        if self._closed or not alive(conn):
             self.discard(conn)
             return
         loop = asyncio.get_running_loop()
@@ -89,7 +102,8 @@ class Lane:
             self._timer = loop.call_later(self._idle_s, self._expire)
 
     def discard(self, conn: Connection) -> None:
-        """Give a connection that failed or was interrupted back to the pool (which resets or drops it)."""
+        """Give a connection that failed or was interrupted back to the pool (which resets or drops
+        it; a no-op for one asyncpg already took back)."""
         self._held -= 1
         task = asyncio.get_running_loop().create_task(self._pool.release(conn))
         self._background.add(task)
@@ -124,3 +138,12 @@ class Lane:
             self.discard(conn)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def alive(conn: Connection) -> bool:
+    """Whether `conn` can still run a query: not closed, and not taken back by the pool (asyncpg
+    detaches a pool connection whose link was lost; every call on it then raises InterfaceError)."""
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False

@@ -59,6 +59,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 IDLE_RELEASE_S = 0.25
+#: What an unreachable or restarting PostgreSQL raises: a lost link, a terminated backend, a refused
+#: or timed-out connection attempt. InternalClientError too: a backend terminated while its
+#: connection sat idle leaves asyncpg's protocol waiting for a sync point ("another operation (2)
+#: is in progress") until it sees the socket close, and the pool may hand it out meanwhile.
+DATABASE_DOWN: tuple[type[Exception], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.OperatorInterventionError,
+    asyncpg.InsufficientResourcesError,
+)
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
 
 
@@ -346,18 +359,27 @@ class MultiWriterIdGenerator:
             self.on_finished()
         if not self._track:
             return
-        if not failed:
-            await self._persist_own_position()
-            return
-        # The block is unwinding (error or cancellation): still try to persist, in a task a second
-        # cancellation cannot interrupt, but never let this replace the exception being raised.
-        task = asyncio.ensure_future(self._persist_own_position())
         try:
-            await asyncio.shield(task)
-        except Exception:
+            if not failed:
+                await self._persist_own_position()
+                return
+            # The block is unwinding (error or cancellation): still try to persist, in a task a
+            # second cancellation cannot interrupt, but never let this replace the exception raised.
+            await asyncio.shield(asyncio.ensure_future(self._persist_own_position()))
+        except DATABASE_DOWN as e:
+            # The IDs are finished and published: a stale row only holds readers' start-up
+            # positions back, and the next completion upserts again. The write itself stands.
             log.warning(
-                "position upsert failed after a failed write: stream=%s", self._stream_name, exc_info=True
-            )
+                "position upsert failed, the next write retries it: stream=%s error=%s: %s",
+                self._stream_name, type(e).__name__, e,
+            )  # fmt: skip
+        except Exception as e:
+            if not failed:
+                raise
+            log.warning(
+                "position upsert failed after a failed write: stream=%s error=%s: %s",
+                self._stream_name, type(e).__name__, e,
+            )  # fmt: skip
 
     async def _persist_own_position(self) -> None:
         """Return once `stream_positions` holds at least our own position as of the call."""

@@ -37,10 +37,10 @@ async def make_worker(database_url: str, redis_url: str, channel_prefix: str) ->
         fields.setdefault("rc_exempt_addresses", LOOPBACK)
         config = WorkerConfig(
             instance_name=name,
-            database_url=database_url,
+            database_url=fields.pop("database_url", database_url),
             redis_url=redis_url,
             channel_prefix=channel_prefix,
-            stream_writers={"events": writers},
+            stream_writers={"events": writers, **fields.pop("stream_writers", {})},
             http_port=fields.pop("http_port", ports[name]),
             position_announce_interval_s=0.2,
             **fields,

@@ -21,9 +21,13 @@ Order on the writer, for every batch:
 A send with a client transaction id (`persist(..., may_exist=True)`) first passes `RetryCheck`
 (`workers.handlers.retried_sends`): a retry of an answered send is answered with the stored event
 before it joins the queue, so it takes no stream ID and no follower sees a gap to catch up on.
-A failed transaction fails every request of the batch (their IDs become harmless gaps). Its commit
-may still have happened (a connection lost at COMMIT): `on_uncertain` runs inside the ID blocks,
-so the worker can make readers fetch those IDs from the database and forget what it cached.
+A failed transaction fails every request of the batch (their IDs become harmless gaps). When the
+connection was lost at COMMIT, the batch may have committed all the same: inside the ID blocks,
+the persister ends the old backend and looks for the batch's rows
+(`workers.storage.commit_outcome`), then goes on as committed (the callers get their events) or as
+failed (a 503 for them). Only when that is interrupted (shutdown) does the outcome stay unknown:
+`on_uncertain` runs inside the ID blocks, so the worker can make readers fetch those IDs from the
+database and forget what it cached.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from collections.abc import Awaitable, Callable, Sequence
 import asyncpg
 
 from idgen import MultiWriterIdGenerator
+from idgen.multi_writer import DATABASE_DOWN
 from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
 from workers.handlers.retried_sends import Pending, RetryCheck, answer_stored
 from workers.handlers.room_versions import RoomVersions
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
+from workers.storage.commit_outcome import committed, outcome_unknown, row_exists
 from workers.storage.events import events_by_ids, insert_batch, needs_transaction
 
 log = logging.getLogger(__name__)
@@ -115,6 +121,8 @@ class EventPersister:
         self.failed_batches = 0
         #: Batches PostgreSQL refused and that were persisted again in halves.
         self.isolations = 0
+        #: Batches whose COMMIT answer was lost and that turned out committed.
+        self.late_commits = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(
@@ -256,7 +264,11 @@ class EventPersister:
         if not batch:
             return
         self.failed_batches += 1
-        log.error("batch failed events=%d: %s", len(batch), error, exc_info=error)
+        if isinstance(error, DATABASE_DOWN):  # expected: the client gets a 503
+            kind = type(error).__name__
+            log.warning("batch failed events=%d, database unavailable: %s: %s", len(batch), kind, error)
+        else:
+            log.error("batch failed events=%d: %s", len(batch), error, exc_info=error)
         for _, future in batch:
             if not future.done():
                 future.set_exception(error)
@@ -290,18 +302,21 @@ class EventPersister:
             stored, rows = zip(
                 *[event.json_texts(versions.get(event.room_id)) for event in events], strict=True
             )
+            pid = 0
+            committing = False
             try:
                 async with self._pool.acquire() as conn:
+                    pid = conn.get_server_pid()
                     if needs_transaction(events, invalidations):
                         async with conn.transaction():
                             await insert_batch(conn, events, stored, invalidations, me)
+                            committing = True  # leaving the block sends COMMIT
                     else:
+                        committing = True  # one statement: it commits as it runs
                         await insert_batch(conn, events, stored, invalidations, me)
-            except BaseException:
-                # Inside the ID blocks: the commit may have happened (a connection lost at COMMIT).
-                if self._on_uncertain is not None:
-                    self._on_uncertain(events, cache_ids)
-                raise
+            except BaseException as e:
+                if not (committing and await self._committed_after_all(e, pid, events, cache_ids)):
+                    raise
             result = self._on_committed(events, rows, invalidations)
             if result is not None:
                 await result
@@ -314,6 +329,34 @@ class EventPersister:
         for (_, future), event in zip(batch, events, strict=True):
             if not future.done():
                 future.set_result(event)
+
+    async def _committed_after_all(
+        self, error: BaseException, pid: int, events: Sequence[Event], cache_ids: Sequence[int]
+    ) -> bool:
+        """The batch failed at its commit (inside the ID blocks): whether it committed after all.
+
+        When the answer to COMMIT was lost, learn the outcome from the database
+        (`commit_outcome.committed`) before the IDs finish. Cancelled meanwhile (or at COMMIT), the
+        outcome stays unknown: `on_uncertain` makes readers fetch the batch's IDs from the database
+        and the worker forget what the batch may have changed."""
+        if not isinstance(error, Exception):  # cancelled (shutdown): no time to find out
+            self._uncertain(events, cache_ids)
+            return False
+        if not outcome_unknown(error):
+            return False  # PostgreSQL answered: rolled back
+        try:
+            probe = row_exists("events", "stream_ordering", events[0].stream_ordering)
+            if await committed(self._pool, pid, probe, f"a batch of {len(events)} events"):
+                self.late_commits += 1
+                return True
+            return False
+        except BaseException:
+            self._uncertain(events, cache_ids)
+            raise
+
+    def _uncertain(self, events: Sequence[Event], cache_ids: Sequence[int]) -> None:
+        if self._on_uncertain is not None:
+            self._on_uncertain(events, cache_ids)
 
     async def _room_versions(self, batch: list[Pending]) -> dict[str, str]:
         """The version of each room of the batch (a new room's from its create event), for the rows."""

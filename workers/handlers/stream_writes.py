@@ -11,7 +11,13 @@ On the writer, `StreamWriter.write` runs one write:
 3. `committed(stream, rows)`: the worker applies them to its own caches and stages their RDATA;
 4. leave the ID block (the IDs finish, the position is upserted), then `finished(...)`: the
    worker publishes and wakes its own readers (once its position covers the write).
-A failed transaction leaves its IDs as harmless gaps.
+A failed transaction leaves its IDs as harmless gaps. When the answer to COMMIT is lost, the writer
+learns the outcome before the IDs finish: the transaction reads its id (`txid_current()`, one
+small query: a write's rows may be overwritten later, so they cannot say whether this write
+committed), and `workers.storage.commit_outcome` ends the old backend and asks `txid_status`. A
+committed write goes on as in 3.; one that did not fails (503 for the client). A committed write
+that 3. cannot apply (it reads the database, whose link may have just broken) still answers 200:
+readers are made to fetch its IDs from the database instead of its staged rows.
 
 Anywhere else, `UserStreamWrites.run` forwards the operation to the user's writer (a worker
 request to `/_fanout/internal/writes/{stream}/{op}`) and waits until this worker's token covers
@@ -23,6 +29,7 @@ may be retried.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,15 +44,18 @@ from workers.handlers.notifier import Notifier
 from workers.handlers.visibility import wait_visible
 from workers.routing import writer_for_room, writer_for_user
 from workers.storage import Conn
+from workers.storage.commit_outcome import CURRENT_XID_SQL, committed, outcome_unknown, xid_committed
+
+log = logging.getLogger(__name__)
 
 #: (stream, [(stream id, row)]): the worker's hook after commit, before the IDs finish; it returns
 #: the (rooms, users) to wake.
 Committed = Callable[[str, Sequence[tuple[int, Row]]], Awaitable[tuple[set[str], set[str]]]]
 #: (stream, highest id, (rooms, users)): the worker's hook once the IDs finished (publish, wake).
 Finished = Callable[[str, int, tuple[set[str], set[str]]], None]
-#: (stream, highest id, users): a write whose commit may have happened although it failed here (the
-#: connection broke at COMMIT), before its IDs finish: the worker treats those users as changed and
-#: has readers fetch the id's rows from the database, not knowing.
+#: (stream, highest id, users): a write whose outcome stays unknown (its COMMIT's answer was lost and
+#: the writer was stopped before it could find out), before its IDs finish: the worker treats those
+#: users as changed and has readers fetch the id's rows from the database, not knowing.
 Uncertain = Callable[[str, int, Sequence[str]], Awaitable[tuple[set[str], set[str]]]]
 #: Writes a write's rows on `conn` (inside its transaction) with the allocated `ids`.
 WriteBody = Callable[[Conn, list[int]], Awaitable[list[tuple[int, Row]]]]
@@ -98,26 +108,61 @@ class StreamWriter:
     async def write(self, count: int, body: WriteBody, users: Sequence[str]) -> StreamPosition:
         """Allocate `count` IDs, run `body` in one transaction, publish its rows; where it landed.
 
-        `users`: whose data the write may change. When the transaction fails, its commit may still
-        have happened (a connection lost at COMMIT): this worker treats them as changed, and readers
-        are made to fetch the write's ids from the database (a needless query at worst)."""
+        `users`: whose data the write may change. When the answer to COMMIT was lost, the outcome
+        is learned before returning (committed: as though nothing failed; not: the error is
+        raised). Stopped before it is known, this worker treats them as changed, and readers are
+        made to fetch the write's ids from the database (a needless query at worst)."""
         failure: BaseException | None = None
+        woken: tuple[set[str], set[str]] = (set(), set())
         async with self._generator.get_next_mult(count) as ids:
+            pid = xid = 0
+            rows: list[tuple[int, Row]] | None = None
             try:
-                async with self._pool.acquire() as conn, conn.transaction():
-                    rows = await body(conn, ids)
+                async with self._pool.acquire() as conn:
+                    pid = conn.get_server_pid()
+                    async with conn.transaction():
+                        xid = await conn.fetchval(CURRENT_XID_SQL)
+                        rows = await body(conn, ids)
             except BaseException as e:
                 failure = e
-                woken: tuple[set[str], set[str]] = (set(), set())
-                with contextlib.suppress(Exception):
-                    woken = await self._uncertain(self.stream, max(ids), users)
-            else:
-                woken = await self._committed(self.stream, rows)
+                # `rows` set: the body ran, so the failure came at COMMIT (or at the release after it).
+                if rows is not None and outcome_unknown(e):
+                    if not isinstance(e, Exception):  # cancelled (shutdown): no time to find out
+                        woken = await self._unknown(max(ids), users)
+                    elif await self._committed_after_all(pid, xid, max(ids), users):
+                        failure = None
+            if failure is None:
+                assert rows is not None
+                try:
+                    woken = await self._committed(self.stream, rows)
+                except Exception as e:  # committed, but not applied here (say, its database link broke)
+                    log.warning(
+                        "a committed %s write could not be applied here (%s: %s); readers read it from"
+                        " the database", self.stream, type(e).__name__, e,
+                    )  # fmt: skip
+                    woken = await self._unknown(max(ids), users)
         self._finished(self.stream, max(ids), woken)
         if failure is not None:
             raise failure
         self.writes += 1
         return StreamPosition(self.name, max(ids))
+
+    async def _committed_after_all(self, pid: int, xid: int, stream_id: int, users: Sequence[str]) -> bool:
+        """The answer to COMMIT was lost: whether the write committed, learned from the database
+        before the IDs finish (`commit_outcome.committed`). Interrupted, the outcome stays unknown."""
+        try:
+            return await committed(self._pool, pid, xid_committed(xid), f"a {self.stream} write")
+        except BaseException:
+            await self._unknown(stream_id, users)
+            raise
+
+    async def _unknown(self, stream_id: int, users: Sequence[str]) -> tuple[set[str], set[str]]:
+        """The write's rows may be in the database and are not staged here (its COMMIT's outcome is
+        unknown, or it committed but could not be applied here): readers fetch `stream_id` from the
+        database, its users count as changed here. Its IDs must not have finished yet."""
+        with contextlib.suppress(Exception):
+            return await self._uncertain(self.stream, stream_id, users)
+        return set(), set()
 
 
 class UserStreamWrites:

@@ -12,16 +12,29 @@ change the link while the worker runs, without touching either process:
 * `restore()`: back to a plain proxy (delay and throttle off; new connections accepted).
 
 State changes apply to data already in flight: a chunk waiting out a delay when `cut()` runs is
-dropped with its connection. The proxy never interprets the bytes.
+dropped with its connection. The proxy does not interpret the bytes, except in front of PostgreSQL
+when made with `postgres=True`: it then splits what clients send into protocol messages
+(`workers.harness.pg_messages`), and `on_message(match, action)` arms a one-shot rule for the
+next message that matches (a COMMIT, say), on whichever connection sends it:
+
+* `DROP_REPLY`: forward it, then drop the client's side of that connection: the server acts on it
+  (commits) but its answer never arrives; the server's side stays open (a backend still there).
+* `NEVER_ARRIVES`: drop it and the client's side: the server never gets it (the backend waits,
+  idle in its transaction).
+* `LATE`: drop the client's side now and forward the message `late_s` later: the server acts on it
+  after the client gave up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from workers.harness.pg_messages import FrontendMessages, Message
 from workers.services import free_port
 
 CHUNK = 64 * 1024
@@ -34,6 +47,10 @@ class _Link:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    #: The client's side was dropped by a rule: the server's side stays open, its output discarded.
+    orphaned: bool = False
+    #: The rules whose `after` bytes this connection sent.
+    primed: set[_Rule] = field(default_factory=set)
 
     def close(self) -> None:
         for writer in (self.client, self.server):
@@ -41,11 +58,33 @@ class _Link:
         for task in self.tasks:
             task.cancel()
 
+    def orphan(self) -> None:
+        self.orphaned = True
+        self.client.close()
+
+
+class OnMessage(enum.Enum):
+    """What an armed rule does with the message it matches (see the module docstring)."""
+
+    DROP_REPLY = "drop_reply"
+    NEVER_ARRIVES = "never_arrives"
+    LATE = "late"
+
+
+@dataclass(eq=False)
+class _Rule:
+    match: Callable[[Message], bool]
+    action: OnMessage
+    late_s: float
+    #: Fire only on a connection that sent these bytes before (in an earlier message).
+    after: bytes | None
+    fired: asyncio.Event = field(default_factory=asyncio.Event)
+
 
 class FaultProxy:
     """Forwards `127.0.0.1:port` to `target_host:target_port`; see the module docstring."""
 
-    def __init__(self, target_host: str, target_port: int, port: int = 0) -> None:
+    def __init__(self, target_host: str, target_port: int, port: int = 0, *, postgres: bool = False) -> None:
         self.target_host = target_host
         self.target_port = target_port
         self.port = port or free_port()
@@ -57,6 +96,9 @@ class FaultProxy:
         self._refusing = False
         self._delay_s = 0.0
         self._rate: float | None = None
+        self._postgres = postgres
+        self._rules: list[_Rule] = []
+        self._late: set[asyncio.Task[None]] = set()
 
     async def start(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -64,6 +106,8 @@ class FaultProxy:
 
     async def stop(self) -> None:
         self.cut()
+        for task in list(self._late):
+            task.cancel()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -94,6 +138,23 @@ class FaultProxy:
     def throttle(self, bytes_per_second: float | None) -> None:
         self._rate = bytes_per_second
 
+    def on_message(
+        self,
+        match: Callable[[Message], bool],
+        action: OnMessage,
+        *,
+        after: bytes | None = None,
+        late_s: float = 0.0,
+    ) -> asyncio.Event:
+        """Arm a one-shot rule for the next client message that matches, on a connection that sent
+        `after` earlier (any connection when None: say, the COMMIT of the transaction that wrote a
+        marker); the event is set once it fired. Only on a proxy made with `postgres=True`."""
+        if not self._postgres:
+            raise ValueError("message rules need a proxy made with postgres=True")
+        rule = _Rule(match, action, late_s, after)
+        self._rules.append(rule)
+        return rule.fired
+
     def restore(self) -> None:
         self._refusing = False
         self._delay_s = 0.0
@@ -118,12 +179,21 @@ class FaultProxy:
             return
         link = _Link(writer, up_writer)
         self._links.add(link)
+        messages = FrontendMessages() if self._postgres else None
         link.tasks = [
-            asyncio.create_task(self._pump(reader, up_writer, link)),
-            asyncio.create_task(self._pump(up_reader, writer, link)),
+            asyncio.create_task(self._pump(reader, up_writer, link, messages)),
+            asyncio.create_task(self._pump(up_reader, writer, link, None, to_client=True)),
         ]
 
-    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, link: _Link) -> None:
+    async def _pump(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        link: _Link,
+        messages: FrontendMessages | None,
+        *,
+        to_client: bool = False,
+    ) -> None:
         try:
             while True:
                 data = await source.read(CHUNK)
@@ -134,14 +204,50 @@ class FaultProxy:
                 await self._open.wait()
                 if self._rate:
                     await asyncio.sleep(len(data) / self._rate)
-                sink.write(data)
+                if to_client and link.orphaned:
+                    continue  # the server's answers to a client that is gone
+                if messages is None:
+                    sink.write(data)
+                elif not self._forward_messages(messages.feed(data), sink, link):
+                    return  # a rule dropped the client's side
                 await sink.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
-            self._links.discard(link)
-            with contextlib.suppress(Exception):
-                link.close()
+            if not link.orphaned or to_client:
+                self._links.discard(link)
+                with contextlib.suppress(Exception):
+                    link.close()
+
+    def _forward_messages(self, messages: list[Message], sink: asyncio.StreamWriter, link: _Link) -> bool:
+        """Write `messages` to the server; False once a rule fired (the client's side is dropped)."""
+        for message in messages:
+            rule = next(
+                (r for r in self._rules if (r.after is None or r in link.primed) and r.match(message)), None
+            )
+            if rule is None:
+                link.primed.update(r for r in self._rules if r.after is not None and r.after in message.raw)
+                sink.write(message.raw)
+                continue
+            self._rules.remove(rule)
+            if rule.action is OnMessage.DROP_REPLY:
+                sink.write(message.raw)
+            elif rule.action is OnMessage.LATE:
+                task = asyncio.create_task(self._send_late(sink, message.raw, rule.late_s))
+                self._late.add(task)
+                task.add_done_callback(self._late.discard)
+            link.orphan()
+            rule.fired.set()
+            return False
+        return True
+
+    @staticmethod
+    async def _send_late(sink: asyncio.StreamWriter, raw: bytes, late_s: float) -> None:
+        await asyncio.sleep(late_s)
+        if not sink.is_closing():
+            sink.write(raw)
+            with contextlib.suppress(OSError):
+                await sink.drain()
 
     def __repr__(self) -> str:
         state = "cut" if self._refusing else "silent" if not self._open.is_set() else "open"

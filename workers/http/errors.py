@@ -3,19 +3,45 @@
 `ApiError` is raised by routes; `api_error_for` maps the errors the handlers raise (room rules, a
 full or stopping persister, an unreachable owner) to one, so the client API and the worker-request
 routes answer the same failure the same way.
+
+A failure of PostgreSQL or Redis under a request (a lost link, a terminated backend, a refused
+connection, a failover, a serialization conflict) is not a bug: it answers 503 `M_UNKNOWN` with
+Retry-After, and logs one line without a traceback (at most one per kind of failure every 10 s,
+counting the rest). Only what nothing maps is a 500 with its traceback.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
+import redis.exceptions
 from aiohttp import web
 
+from idgen.multi_writer import DATABASE_DOWN
+from pubsub.ratelog import RateLimitedLog
 from workers.errors import WorkerError
 from workers.handlers import rooms
 from workers.handlers.forwarding import WORKER_AUTH_ERRCODE, ForwardRefused, OwnerUnavailable
 from workers.handlers.persist import PersisterOverloaded, PersisterStopped
+
+log = logging.getLogger(__name__)
+_outages = RateLimitedLog(log)
+
+#: PostgreSQL failures a retry can get past: the server unreachable or restarting, and a
+#: transaction it rolled back for a conflict (serialization, deadlock).
+_DATABASE_RETRYABLE: tuple[type[Exception], ...] = (*DATABASE_DOWN, asyncpg.TransactionRollbackError)
+#: Redis failures a retry can get past: the server unreachable, loading, read-only or failing over.
+_REDIS_RETRYABLE: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.MasterDownError,
+)
 
 
 class ApiError(WorkerError):
@@ -46,10 +72,31 @@ def unavailable(message: str, retry_after_s: int) -> ApiError:
     )
 
 
+def outage_error(error: BaseException) -> ApiError | None:
+    """503 for a PostgreSQL or Redis failure a retry can get past (logged: one line, rate-limited),
+    None for anything else."""
+    if isinstance(error, _REDIS_RETRYABLE):
+        store = "Redis"
+    elif isinstance(error, (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError)):
+        if not isinstance(error, _DATABASE_RETRYABLE):
+            return None
+        store = "PostgreSQL"
+    elif isinstance(error, (OSError, TimeoutError)):
+        store = "a server this request needs"  # a connection attempt that failed or timed out
+    else:
+        return None
+    kind = type(error).__name__
+    _outages.warning(f"{store}:{kind}", "request failed, %s unavailable: %s: %s", store, kind, error)
+    return unavailable(f"{store} is unavailable; retry shortly", 1)
+
+
 def api_error_for(error: Exception) -> ApiError | None:
     """The answer for an error a handler raised, or None when it is not an expected one (a bug: 500)."""
     if isinstance(error, ApiError):
         return error
+    outage = outage_error(error)
+    if outage is not None:
+        return outage
     if isinstance(error, rooms.UnsupportedRoomVersion):
         return ApiError(400, "M_UNSUPPORTED_ROOM_VERSION", str(error))
     if isinstance(error, rooms.IncompatibleRoomVersion):

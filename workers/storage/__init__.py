@@ -5,6 +5,7 @@ transaction. Storage imports nothing of `workers` but `model`; never `http`, `ha
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
@@ -24,9 +25,27 @@ async def _keep_session(conn: asyncpg.Connection[Any]) -> None:
     transaction left open and clears listeners before calling this."""
 
 
+class _WithoutTraceback(logging.Filter):
+    """asyncpg's pool logs each failed attempt to reconnect its minimum with a traceback: during a
+    database outage that is expected, not a bug. Keep it to one line naming the error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            record.msg = f"{record.getMessage()}: {type(error).__name__}: {error}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_POOL_LOG_FILTER = _WithoutTraceback()
+
+
 async def create_pool(url: str, max_size: int) -> NamedPool:
     """The worker's connection pool (its transactions named and timed once it has a timer).
     Built as `asyncpg.create_pool` builds it, with its defaults, only of the subclass."""
+    logging.getLogger("asyncpg.pool").addFilter(_POOL_LOG_FILTER)  # once: addFilter ignores repeats
     pool = NamedPool(
         url, min_size=2, max_size=max_size, reset=_keep_session, max_queries=50_000,
         max_inactive_connection_lifetime=300.0, loop=None, connection_class=asyncpg.Connection,

@@ -1,8 +1,10 @@
-"""The fault proxy between a client and real servers: cut, silence, delay, throttle, restore."""
+"""The fault proxy between a client and real servers: cut, silence, delay, throttle, restore, and
+the PostgreSQL message rules."""
 
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 
 import asyncpg
@@ -11,7 +13,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from workers.harness.faultproxy import FaultProxy, target_of, through
+from workers.harness.faultproxy import FaultProxy, OnMessage, target_of, through
+from workers.harness.pg_messages import FrontendMessages, is_commit, is_copy_done
 
 
 async def test_redis_through_the_proxy_cut_then_restored(redis_url: str) -> None:
@@ -92,3 +95,77 @@ async def test_postgres_connection_cut_mid_session_and_a_new_one_after_restore(d
             await again.close()
         finally:
             conn.terminate()
+
+
+async def _table(database_url: str) -> asyncpg.Connection:
+    admin = await asyncpg.connect(database_url)
+    await admin.execute("CREATE TABLE IF NOT EXISTS proxy_marks (mark TEXT NOT NULL)")
+    return admin
+
+
+async def _marked_transaction(proxy: FaultProxy, database_url: str, mark: str) -> BaseException | None:
+    """One transaction through the proxy inserting `mark`; the error it ended with, if any."""
+    conn = await asyncpg.connect(through(database_url, proxy))
+    try:
+        async with conn.transaction():
+            await conn.execute("INSERT INTO proxy_marks VALUES ($1)", mark)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        return e
+    finally:
+        conn.terminate()
+    return None
+
+
+async def test_postgres_rules_drop_the_answer_to_a_commit_or_the_commit_itself(database_url: str) -> None:
+    admin = await _table(database_url)
+    try:
+        async with FaultProxy(*target_of(database_url), postgres=True) as proxy:
+            # Only the connection that sent the marker: a COMMIT elsewhere goes through.
+            fired = proxy.on_message(is_commit, OnMessage.DROP_REPLY, after=b"mark-1")
+            assert await _marked_transaction(proxy, database_url, "mark-0") is None
+            assert not fired.is_set()
+            error = await _marked_transaction(proxy, database_url, "mark-1")
+            assert fired.is_set() and error is not None
+            # The server got the COMMIT (its backend stays, the proxy holds its side open).
+            await asyncio.sleep(0.1)
+            assert await admin.fetchval("SELECT count(*) FROM proxy_marks WHERE mark = 'mark-1'") == 1
+            assert proxy.open_connections == 1
+
+            fired = proxy.on_message(is_commit, OnMessage.NEVER_ARRIVES, after=b"mark-2")
+            error = await _marked_transaction(proxy, database_url, "mark-2")
+            assert fired.is_set() and error is not None
+            await asyncio.sleep(0.1)
+            assert await admin.fetchval("SELECT count(*) FROM proxy_marks WHERE mark = 'mark-2'") == 0
+            # The backend waits in its transaction, the row invisible, until someone ends it.
+            idle = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                " AND query LIKE 'INSERT INTO proxy_marks%'"
+            )
+            assert idle == 1
+
+            fired = proxy.on_message(is_commit, OnMessage.LATE, after=b"mark-3", late_s=0.2)
+            error = await _marked_transaction(proxy, database_url, "mark-3")
+            assert fired.is_set() and error is not None
+            assert await admin.fetchval("SELECT count(*) FROM proxy_marks WHERE mark = 'mark-3'") == 0
+            await asyncio.sleep(0.4)
+            assert await admin.fetchval("SELECT count(*) FROM proxy_marks WHERE mark = 'mark-3'") == 1
+    finally:
+        await admin.close()
+
+
+def test_frontend_messages_are_split_whatever_the_chunks() -> None:
+    startup = struct.pack("!ii", 8, 80877103) + struct.pack("!ii", 9, 196608) + b"\x00"
+    query = b"Q" + struct.pack("!i", 4 + 8) + b"COMMIT;\x00"
+    stream = startup + query + b"c" + struct.pack("!i", 4)
+    for size in (1, 3, 7, len(stream)):
+        parser = FrontendMessages()
+        messages = [m for i in range(0, len(stream), size) for m in parser.feed(stream[i : i + size])]
+        assert [m.kind for m in messages] == [b"", b"", b"Q", b"c"]
+        assert b"".join(m.raw for m in messages) == stream
+        assert [is_commit(m) for m in messages] == [False, False, True, False]
+        assert is_copy_done(messages[-1])
+    # TLS after an SSLRequest: the rest passes untouched.
+    parser = FrontendMessages()
+    parser.feed(struct.pack("!ii", 8, 80877103))
+    hello = b"\x16\x03\x01\x02\x00" + b"\x01" * 20
+    assert [m.raw for m in parser.feed(hello)] == [hello]
