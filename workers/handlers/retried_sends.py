@@ -24,6 +24,8 @@ from workers.model import Event, NewEvent
 from workers.storage.events import events_by_ids
 
 log = logging.getLogger(__name__)
+#: The longest a lookup may take before its sends are queued unchecked.
+LOOKUP_TIMEOUT_S = 2.0
 
 #: A queued event and the future its caller awaits.
 Pending = tuple[NewEvent, "asyncio.Future[Event]"]
@@ -82,11 +84,17 @@ class RetryCheck:
                 await self._arrived
             batch, self.waiting = self.waiting, []
             try:
-                async with self._pool.acquire() as conn:
+                # Bounded: a lookup stuck on a broken link must not hold every later send.
+                async with asyncio.timeout(LOOKUP_TIMEOUT_S), self._pool.acquire() as conn:
                     stored = await events_by_ids(conn, [new.event_id for new, _ in batch])
-            except (TimeoutError, asyncpg.PostgresError, OSError) as e:
+            except Exception as e:  # any failure: the queue's unique id still decides
                 self.failed_lookups += 1
-                log.warning("retry lookup failed sends=%d: %s; queueing them unchecked", len(batch), e)
+                log.warning(
+                    "retry lookup failed sends=%d: %s: %s; queueing them unchecked",
+                    len(batch),
+                    type(e).__name__,
+                    e,
+                )
                 stored = {}
             rest = answer_stored(batch, stored) if stored else batch
             if len(rest) < len(batch):
