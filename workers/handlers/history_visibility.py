@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import Protocol
+
+from workers.model import MEMBER_EVENT, VISIBILITY_EVENT
 
 WORLD_READABLE = "world_readable"
 SHARED = "shared"
@@ -94,6 +97,35 @@ def may_see(
     if rule == SHARED:
         return joined_after(membership, ordering)
     return rule == INVITED and at == "invite"
+
+
+class Placed(Protocol):
+    """What the rules need of an event (an Event or an index entry of one)."""
+
+    @property
+    def stream_ordering(self) -> int: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def state_key(self) -> str | None: ...
+
+
+def may_see_event(
+    event: Placed, user_id: str, membership: Changes, visibility: Changes, joined_by: int | None = None
+) -> bool:
+    """`may_see` for `event`. Backfilled history (a negative ordering: the room's past, older than
+    every live event) is shown to current members, and to anyone in a `world_readable` room."""
+    if event.stream_ordering < 0:
+        joined_now = bool(membership) and membership[-1][1] == "join"
+        return joined_now or current(visibility) == WORLD_READABLE
+    return may_see(
+        event.stream_ordering,
+        event.type == MEMBER_EVENT and event.state_key == user_id,
+        membership,
+        visibility,
+        is_change=event.type == VISIBILITY_EVENT,
+        joined_by=joined_by,
+    )
 
 
 def current(visibility: Changes) -> str:

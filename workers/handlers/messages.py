@@ -22,10 +22,10 @@ import asyncpg
 
 from idgen import SyncToken
 from workers.handlers.caches import SyncCaches
-from workers.handlers.history_visibility import WORLD_READABLE, Changes, current, may_see
+from workers.handlers.history_visibility import WORLD_READABLE, current, may_see_event
 from workers.handlers.room_versions import RoomVersions, render
 from workers.handlers.sync_rooms import pagination_token
-from workers.model import MEMBER_EVENT, VISIBILITY_EVENT, Event
+from workers.model import Event
 from workers.routing import writer_for_room
 from workers.storage import events as store
 
@@ -75,7 +75,7 @@ class Messages:
         user_rooms = await self._caches.rooms_for_user.get(user_id)
         visibility = await self._caches.room_visibility.get(room_id)
         history = user_rooms.history.get(room_id, ())
-        return event if _visible(event, user_id, history, visibility) else None
+        return event if may_see_event(event, user_id, history, visibility) else None
 
     async def page(
         self,
@@ -111,7 +111,7 @@ class Messages:
                     rows = await store.room_events(conn, room_id, after=cursor, upto=bound, limit=limit)
                 if rows:
                     cursor = rows[-1].stream_ordering - 1 if backwards else rows[-1].stream_ordering
-                chunk += [e for e in rows if _visible(e, user_id, history, visibility)]
+                chunk += [e for e in rows if may_see_event(e, user_id, history, visibility)]
                 if len(rows) < limit:
                     exhausted = True
                     break
@@ -130,15 +130,3 @@ class Messages:
         if not exhausted:
             body["end"] = pagination_token(cursor)
         return body
-
-
-def _visible(event: Event, user_id: str, history: Changes, visibility: Changes) -> bool:
-    if event.stream_ordering < 0:
-        return (bool(history) and history[-1][1] == "join") or current(visibility) == WORLD_READABLE
-    return may_see(
-        event.stream_ordering,
-        event.type == MEMBER_EVENT and event.state_key == user_id,
-        history,
-        visibility,
-        is_change=event.type == VISIBILITY_EVENT,
-    )

@@ -30,14 +30,14 @@ import asyncpg
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches import SyncCaches
-from workers.handlers.history_visibility import JOINED, all_permissive, current, may_see
+from workers.handlers.history_visibility import JOINED, all_permissive, current, may_see_event
 from workers.handlers.notifier import Notifier
 from workers.handlers.recent_events import EventBodies, Placed, RecentEvents
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.sync_filter import SyncFilter
 from workers.handlers.sync_rooms import PENDING, RoomSections, empty_response
 from workers.handlers.sync_stored import STORED_STREAMS, StoredSections, StoredUpdates
-from workers.model import MEMBER_EVENT, VISIBILITY_EVENT, Event, UserRooms
+from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import Conn, forgotten_rooms
 from workers.storage import events as store
 from workers.storage import rooms as room_store
@@ -298,7 +298,7 @@ class SyncHandler:
             user_id = sections.user_id
             found = [
                 e for e in found
-                if sections.shown(e) and (open_history or _seen_in_history(e, user_id, history, visibility))
+                if sections.shown(e) and (open_history or may_see_event(e, user_id, history, visibility))
             ][:wanted]  # fmt: skip
         return found[::-1]
 
@@ -451,7 +451,8 @@ class SyncHandler:
             if not sync_filter.includes(event.room_id):
                 continue
             joined_by = windows.get(event.instance_name, default)[1]
-            if not _visible(event, user_id, user_rooms.history, visibility, joined_by):
+            history, rules = user_rooms.history.get(event.room_id, ()), visibility[event.room_id]
+            if not may_see_event(event, user_id, history, rules, joined_by):
                 continue
             if shows.everything or shows.allows(event.type, event.sender):
                 count = per_room[event.room_id] = per_room.get(event.room_id, 0) + 1
@@ -466,41 +467,6 @@ class SyncHandler:
             return cast("list[Event]", visible), now
         bodies = await self.bodies.get([e.event_id for e in visible])
         return [bodies[e.event_id] for e in visible if e.event_id in bodies], now
-
-
-def _visible(
-    event: Placed,
-    user_id: str,
-    history: dict[str, tuple[tuple[int, str], ...]],
-    visibility: dict[str, tuple[tuple[int, str], ...]],
-    joined_by: int,
-) -> bool:
-    """Whether the user sees `event` in a window that ends at `joined_by` for its writer: a
-    `shared` room's earlier events count only when the user joins inside the window."""
-    return may_see(
-        event.stream_ordering,
-        event.type == MEMBER_EVENT and event.state_key == user_id,
-        history.get(event.room_id, ()),
-        visibility.get(event.room_id, ()),
-        is_change=event.type == VISIBILITY_EVENT,
-        joined_by=joined_by,
-    )
-
-
-def _seen_in_history(
-    event: Event, user_id: str, history: tuple[tuple[int, str], ...], visibility: tuple[tuple[int, str], ...]
-) -> bool:
-    """Whether the user may see `event` now (any later join counts: not bound to a window);
-    backfilled history (negative orderings) is the room's past, shown to members like `shared`."""
-    if event.stream_ordering < 0:
-        return True
-    return may_see(
-        event.stream_ordering,
-        event.type == MEMBER_EVENT and event.state_key == user_id,
-        history,
-        visibility,
-        is_change=event.type == VISIBILITY_EVENT,
-    )
 
 
 def _ordered(token: SyncToken) -> SyncToken:
