@@ -29,24 +29,17 @@ from typing import Any
 
 import aiohttp
 
-from workers.harness.cluster_client import (
-    ClusterClient,
-    RequestRefused,
-    pending_events,
-    receipts_seen,
-    room_sections,
-    timeline_events,
-)
+from workers.harness.cluster_client import ClusterClient, RequestRefused
 from workers.harness.history import (
     StoredChange,
     StoredEvent,
-    SyncRecord,
     check_history,
     check_one_time_keys,
     check_receipts,
     check_stored_streams,
     stream_token,
 )
+from workers.harness.sync_reader import SyncReader
 from workers.model import CURRENT_STATE_CACHE
 from workers.storage import Conn, connect
 
@@ -150,78 +143,6 @@ class LoadReport:
         }
 
 
-class _Reader:
-    """One user's sync loop: long-polls until told to stop and caught up with `target`."""
-
-    def __init__(
-        self, client: ClusterClient, workers: Sequence[str], switch_every: int, pause_s: float = 0.0
-    ) -> None:
-        self.client = client
-        self.workers = list(workers)
-        self.switch_every = switch_every
-        #: A pause before each sync (a slow client): its windows hold several changes.
-        self.pause_s = pause_s
-        self.records: list[SyncRecord] = []
-        self.arrivals: dict[str, float] = {}
-        self.typing_seen = self.presence_seen = 0
-        self.failed_syncs = 0
-        self.internal_errors = 0
-        self.token: str | None = None
-        #: room -> the last event this reader saw there (what its user's receipts point at).
-        self.latest: dict[str, str] = {}
-
-    async def initial(self) -> None:
-        self.token = (await self.client.sync(self.workers[0]))["next_batch"]
-
-    async def run(self, stop: asyncio.Event, caught_up: Callable[[str], bool], timeout_ms: int) -> None:
-        assert self.token is not None
-        count = 0
-        # Ends with a sync begun after the load stopped (its key counts are final) that is caught up.
-        finished = False
-        while not (finished and caught_up(self.token)):
-            worker = self.workers[(count // self.switch_every) % len(self.workers)]
-            count += 1
-            stopping = stop.is_set()
-            if self.pause_s and not stopping:
-                await asyncio.sleep(self.pause_s)
-            try:
-                result = await self.client.sync(worker, self.token, timeout_ms if not stopping else 200)
-            except (RequestRefused, aiohttp.ClientError, TimeoutError) as e:
-                if isinstance(e, RequestRefused) and e.status < 500:
-                    raise
-                # A worker or its database is down (a fault scenario): ask again, same token.
-                self.failed_syncs += 1
-                self.internal_errors += isinstance(e, RequestRefused) and e.status == 500
-                await asyncio.sleep(0.2)
-                continue
-            now = time.time()
-            events = timeline_events(result) + pending_events(result)
-            ids = tuple(e["event_id"] for e in events)
-            for event in events:
-                self.arrivals.setdefault(event["event_id"], now)
-            for event in timeline_events(result):
-                self.latest[event["room_id"]] = event["event_id"]
-            self.records.append(
-                SyncRecord(
-                    worker, self.token, result["next_batch"], ids,
-                    tuple(e["type"] for e in result["account_data"]["events"]),
-                    tuple(str(e["content"].get("msg")) for e in result["to_device"]["events"]),
-                    tuple(result["device_lists"]["changed"]), tuple(room_sections(result)),
-                    tuple(receipts_seen(result)),
-                    result.get("device_one_time_keys_count", {}).get("signed_curve25519"),
-                )
-            )  # fmt: skip
-            self.typing_seen += sum(
-                1
-                for room in result["rooms"]["join"].values()
-                for e in room["ephemeral"]["events"]
-                if e["type"] == "m.typing"
-            )
-            self.presence_seen += len(result["presence"]["events"])
-            self.token = result["next_batch"]
-            finished = stopping
-
-
 async def invalidation_counts(conn: Conn) -> tuple[int, int]:
     """(caches-stream messages of current-state changes, the invalidations they stand for, one per
     key and cache): a row covers each of its rooms' two caches plus each member's room list."""
@@ -253,8 +174,8 @@ class LoadDriver:
         self.plan = plan
         self.rng = random.Random(plan.seed)
         self.clients: list[ClusterClient] = []
-        self.readers: list[_Reader] = []
-        self.probes: list[_Reader] = []
+        self.readers: list[SyncReader] = []
+        self.probes: list[SyncReader] = []
         self.rooms: list[str] = []
         #: A room whose join rule is knock: churn knocks on it (nobody joins it without an invite).
         self.knock_room = ""
@@ -292,13 +213,13 @@ class LoadDriver:
             )
             self.clients.append(client)
             workers = self.sync_workers[i % 2 :] + self.sync_workers[: i % 2]
-            self.readers.append(_Reader(client, workers, 3, SLOW_READER_PAUSE_S if i % 4 == 3 else 0.0))
+            self.readers.append(SyncReader(client, workers, 3, SLOW_READER_PAUSE_S if i % 4 == 3 else 0.0))
             self.joined[str(client.user_id)] = set()
             self.locks[str(client.user_id)] = asyncio.Lock()
         for worker in self.sync_workers:
             probe = self._client()
             await probe.register(f"@probe-{worker}-{self._run_id}")
-            self.probes.append(_Reader(probe, [worker], 1_000_000))
+            self.probes.append(SyncReader(probe, [worker], 1_000_000))
         for reader in self.readers + self.probes:
             await reader.initial()
         owner = self.clients[0]

@@ -1,0 +1,96 @@
+"""One user's /sync loop under load: it long-polls (switching between sync workers, tokens carry
+over), records each answer as the history check reads it (`workers.harness.history.SyncRecord`:
+timelines, its own invites and knocks, the sections each room was listed in, receipts, the
+device's key count) and keeps what the load needs of it (the last event seen per room, arrival
+times). It ends with a sync begun after the load stopped that is caught up with every writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import aiohttp
+
+from workers.harness.cluster_client import (
+    ClusterClient,
+    RequestRefused,
+    pending_events,
+    receipts_seen,
+    room_sections,
+    timeline_events,
+)
+from workers.harness.history import SyncRecord
+
+
+class SyncReader:
+    """One user's sync loop: long-polls until told to stop and caught up with `target`."""
+
+    def __init__(
+        self, client: ClusterClient, workers: Sequence[str], switch_every: int, pause_s: float = 0.0
+    ) -> None:
+        self.client = client
+        self.workers = list(workers)
+        self.switch_every = switch_every
+        #: A pause before each sync (a slow client): its windows hold several changes.
+        self.pause_s = pause_s
+        self.records: list[SyncRecord] = []
+        self.arrivals: dict[str, float] = {}
+        self.typing_seen = self.presence_seen = 0
+        self.failed_syncs = 0
+        self.internal_errors = 0
+        self.token: str | None = None
+        #: room -> the last event this reader saw there (what its user's receipts point at).
+        self.latest: dict[str, str] = {}
+
+    async def initial(self) -> None:
+        self.token = (await self.client.sync(self.workers[0]))["next_batch"]
+
+    async def run(self, stop: asyncio.Event, caught_up: Callable[[str], bool], timeout_ms: int) -> None:
+        assert self.token is not None
+        count = 0
+        # Ends with a sync begun after the load stopped (its key counts are final) that is caught up.
+        finished = False
+        while not (finished and caught_up(self.token)):
+            worker = self.workers[(count // self.switch_every) % len(self.workers)]
+            count += 1
+            stopping = stop.is_set()
+            if self.pause_s and not stopping:
+                await asyncio.sleep(self.pause_s)
+            try:
+                result = await self.client.sync(worker, self.token, timeout_ms if not stopping else 200)
+            except (RequestRefused, aiohttp.ClientError, TimeoutError) as e:
+                if isinstance(e, RequestRefused) and e.status < 500:
+                    raise
+                # A worker or its database is down (a fault scenario): ask again, same token.
+                self.failed_syncs += 1
+                self.internal_errors += isinstance(e, RequestRefused) and e.status == 500
+                await asyncio.sleep(0.2)
+                continue
+            now = time.time()
+            events = timeline_events(result) + pending_events(result)
+            ids = tuple(e["event_id"] for e in events)
+            for event in events:
+                self.arrivals.setdefault(event["event_id"], now)
+            for event in timeline_events(result):
+                self.latest[event["room_id"]] = event["event_id"]
+            self.records.append(
+                SyncRecord(
+                    worker, self.token, result["next_batch"], ids,
+                    tuple(e["type"] for e in result["account_data"]["events"]),
+                    tuple(str(e["content"].get("msg")) for e in result["to_device"]["events"]),
+                    tuple(result["device_lists"]["changed"]), tuple(room_sections(result)),
+                    tuple(receipts_seen(result)),
+                    result.get("device_one_time_keys_count", {}).get("signed_curve25519"),
+                )
+            )  # fmt: skip
+            self.typing_seen += sum(
+                1
+                for room in result["rooms"]["join"].values()
+                for e in room["ephemeral"]["events"]
+                if e["type"] == "m.typing"
+            )
+            self.presence_seen += len(result["presence"]["events"])
+            self.token = result["next_batch"]
+            finished = stopping
