@@ -5,16 +5,18 @@ Exactly once, in token order: a response carries the events E of the user's room
 writer's position in `now` only passes finished IDs, so nothing at or below it can still appear;
 successive windows (since, now] do not overlap, so nothing comes twice. Tokens are global facts
 (a position of a writer), so a client may switch between sync workers: a worker that is behind
-the client's token waits (bounded) until it has caught up.
+the client's token waits, at most the request's timeout, until it has caught up.
 
-Visibility: an event is visible when the user's membership just after it is `join`, or when it
-is the user's own membership event (so they see their own leave). Every event of a room is written
-by one persister (workers.routing), so when `now` covers an event it covers every earlier
+Visibility (`workers.handlers.history_visibility`): the user's own membership events, the events
+sent while it was joined, and, within one window, the earlier events its room's history
+visibility lets it see when it joins later in that window. Every event of a room is written by
+one persister (workers.routing), so when `now` covers an event it covers every earlier
 membership change of that room too.
 
-The answer is the Matrix `/sync` body (`workers.handlers.sync_rooms` sorts the events into its
-`rooms.join`, `rooms.invite` and `rooms.leave`). An initial sync (no `since`) answers at once with
-every joined room's recent timeline and state, and the invites.
+The answer is the Matrix `/sync` body (`workers.handlers.sync_rooms` places each room under
+`rooms.join`, `invite`, `knock` or `leave` by the user's own membership events in the window). An
+initial sync (no `since`) answers at once with every joined room's recent timeline and state, the
+invites and knocks, and the left rooms Synapse lists.
 """
 
 from __future__ import annotations
@@ -233,10 +235,10 @@ class SyncHandler:
             self.observers.visible(max(0.0, now_ms - event.received_ts) / 1000)
 
     async def _initial(self, user_id: str, device_id: str | None, sync_filter: SyncFilter) -> dict[str, Any]:
-        """Every joined room with its recent timeline (from the user's latest join on) and state,
-        every pending invite and knock, and the rooms the user left: as Synapse does, the ones it
-        was kicked or banned from always, the ones it left itself with the filter's
-        `include_leave`; all as of the current token."""
+        """Every joined room with its recent timeline (as far back as its history visibility lets
+        the user see) and state, every pending invite and knock, and the rooms the user left: as
+        Synapse does, the ones it was kicked or banned from always, the ones it left itself with
+        the filter's `include_leave`; all as of the current token."""
         now = self.current_token()
         user_rooms = await self._caches.rooms_for_user.get(user_id)
         events = now.get("events")
