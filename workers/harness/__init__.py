@@ -1,7 +1,8 @@
 """The harness around the worker: what runs a cluster, drives it and checks it, never what serves.
 
 `cluster.py` launches real worker processes, `cluster_client.py` talks to them as a user would,
-`loadgen.py` drives load, `sync_reader.py` is one user's recording /sync loop, `history.py` checks what clients saw (exactly once, in order, tokens
-monotone), `demo.py` is `fanout demo`, and `bench/` holds the benchmarks. A production worker
+`loadgen.py` drives load, `sync_reader.py` is one user's recording /sync loop, `history.py`
+checks what clients saw (exactly once, in order, tokens monotone), `demo.py` is `fanout demo`,
+and `bench/` holds the benchmarks. A production worker
 imports none of this (a test checks it); the harness may import anything.
 """
