@@ -162,20 +162,24 @@ class Worker:
                 lambda: create_pool(config.database_url, config.db_pool_size),
                 config.startup_retry_s, _POSTGRES_DOWN,
             )  # fmt: skip
-            self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
+            self.db_timer = self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
         with self._phase("connect_redis"):
             await connect_with_retry(
                 "Redis", config.redis_url, lambda: ping_redis(config.redis_url),
                 config.startup_retry_s, _REDIS_DOWN,
             )  # fmt: skip
         with self._phase("migrate"):
-            async with self.pool.acquire() as conn:
+            async with self.pool.acquire(name="workers.storage.migrate.apply_migrations") as conn:
                 await apply_migrations(conn)
         with self._phase("hold_instance_name"):
+            taking = time.perf_counter()
             self.lease = await InstanceLease.acquire(
                 config.database_url, config.channel_prefix, self.name, config.instance_lease_s,
                 self._lost_instance_name, retake_s=config.startup_retry_s,
             )  # fmt: skip
+            taken = time.perf_counter() - taking
+            self.db_timer.observe_held("workers.instance_lease.InstanceLease.acquire", taken)
+            self.lease.timed = self.db_timer.observe_held
         await check_server(self.pool, config.db_pool_size, where(config.database_url))
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)
@@ -248,6 +252,7 @@ class Worker:
             )
             for generator in self.generators.values():  # publish as soon as a write's IDs finish
                 generator.on_finished = self.replication.notify
+                generator.timed = self.db_timer.observe_held
             self.replication.add_position_listener(self._position_moved)
             self.replication.add_foreign_writer_listener(self._foreign_writer)
             self.stored.bind(
