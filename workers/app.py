@@ -49,7 +49,7 @@ from workers.connection_budget import check_server
 from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
-from workers.handlers.caches import CacheRows, LruCache, SyncCaches
+from workers.handlers.caches import CacheRows, SyncCaches
 from workers.handlers.federation_sender import FederationSenderStandIn
 from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
@@ -61,11 +61,12 @@ from workers.handlers.room_versions import RoomVersions
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler, SyncObservers
+from workers.handlers.sync_filter import PATTERN_CACHE
 from workers.http.accounts import AccountSettings
 from workers.http.auth import TOKEN_CACHE, token_loader
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.federation_client import FederationClient
-from workers.http.health import CacheCollector, ReadinessCollector, health_routes
+from workers.http.health import CacheCollector, CacheStats, ReadinessCollector, health_routes
 from workers.http.in_flight import InFlight
 from workers.http.limits import runner_limits
 from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
@@ -128,6 +129,8 @@ class Worker:
         self.lease_lost = asyncio.Event()
         self.metrics = WorkerMetrics(self.registry, lambda: self.notifier.waiting)
         self.registry.register(ReadinessCollector(self.readiness))
+        #: The caches of the HTTP routes and the ephemeral streams, once `_serve` has built them.
+        self._served_caches: list[CacheStats] = []
         self.registry.register(CacheCollector(self._all_caches))
 
     # -- start-up ------------------------------------------------------------------------------
@@ -223,6 +226,7 @@ class Worker:
             observers=SyncObservers(
                 self.metrics.sync_wake.observe, self.metrics.persist_to_visible.observe,
                 self.metrics.tokens_clamped.inc, self.metrics.behind_timeouts.inc,
+                self.metrics.sync_answered,
             ),
         )  # fmt: skip
         self.room_views = RoomViews(self.pool, config.cache_max_entries)
@@ -358,6 +362,9 @@ class Worker:
         app.middlewares.insert(0, request_timing(self.registry))
         app.middlewares.insert(0, self.in_flight.middleware)
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
+        filters = api.sync_routes.filters
+        self._served_caches += [filters.uploaded, filters.inline]
+        self._served_caches.append(self.ephemeral.presence.view.changes)
         self.room_writes.forwarder = self.ephemeral.requests
         if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
             api.deps.reads.requests = self.ephemeral.requests
@@ -537,11 +544,15 @@ class Worker:
 
     # -- health and shutdown -------------------------------------------------------------------
 
-    def _all_caches(self) -> list[LruCache[Any, Any]]:
-        """For the scrape: every cache, once start-up has built them."""
-        if not hasattr(self, "caches"):
+    def _all_caches(self) -> list[CacheStats]:
+        """For the scrape: every in-process cache, as far as start-up has built them."""
+        if not hasattr(self, "room_views"):  # built after the others below
             return []
-        return [*self.caches.all(), self.room_views.rooms, self.room_views.memberships]
+        return [
+            *self.caches.all(), self.room_views.rooms, self.room_views.memberships,
+            self.room_versions.cache, self.instance_map, self.sync.bodies, self.sync.recent,
+            self.sync.token_cache, PATTERN_CACHE, *self.stored.changes.values(), *self._served_caches,
+        ]  # fmt: skip
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         replication = self.replication.health()

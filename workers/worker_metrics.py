@@ -8,8 +8,12 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from pubsub.histograms import LockFreeHistogram
+
 #: Seconds, for the latencies below: 1 ms to 10 s.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+#: The kinds of /sync answer (`workers.handlers.sync.SyncObservers.answered`).
+SYNC_KINDS = ("initial", "incremental", "woken", "timeout", "behind")
 
 
 class WorkerMetrics:
@@ -48,5 +52,16 @@ class WorkerMetrics:
             "since tokens this worker did not catch up with in time (answered empty, token unchanged)",
             registry=registry,
         )
+        by_kind = LockFreeHistogram(
+            "fanout_sync_seconds",
+            "/sync answer time by kind: initial, incremental (no wait), woken (answered after a"
+            " wake-up), timeout (waited the whole timeout), behind (did not catch up with since)",
+            ["kind"], registry, buckets=(*LATENCY_BUCKETS, 30, 60),
+        )  # fmt: skip
+        self._sync_by_kind = {kind: by_kind.labels(kind) for kind in SYNC_KINDS}
         # Read at scrape time, never by /health.
         Gauge("fanout_sync_waiting", "Long-polls waiting", registry=registry).set_function(waiting)
+
+    def sync_answered(self, kind: str, seconds: float) -> None:
+        """One /sync answer of `kind` (one of `SYNC_KINDS`) that took `seconds`."""
+        self._sync_by_kind[kind].observe(seconds)

@@ -31,7 +31,7 @@ import asyncpg
 
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from pubsub.ratelog import RateLimitedLog
-from workers.handlers.caches import SyncCaches
+from workers.handlers.caches import CacheCounts, SyncCaches
 from workers.handlers.history_visibility import JOINED, all_permissive, current, may_see_event
 from workers.handlers.notifier import Notifier
 from workers.handlers.recent_events import EventBodies, Placed, RecentEvents
@@ -86,17 +86,31 @@ def _nothing() -> None:
     pass
 
 
+def _ignore_kind(_kind: str, _seconds: float) -> None:
+    pass
+
+
+def _kind(news: bool, woken_at: float | None, timeout_s: float) -> str:
+    """An incremental answer's kind (see `SyncObservers`)."""
+    if news:
+        return "incremental" if woken_at is None else "woken"
+    return "timeout" if timeout_s > 0 else "incremental"
+
+
 @dataclass(frozen=True)
 class SyncObservers:
     """Where the sync handler reports what operators watch: latencies in seconds (from the notify
     that woke a long-poll to its answer; from an event's persist to the woken answer carrying it),
     a `since` clamped because it lies beyond every sequence (a restored database or a forgery),
-    and a `since` this worker did not catch up with in time."""
+    a `since` this worker did not catch up with in time, and each answer's time by its kind
+    (`initial`; `incremental`: answered without waiting; `woken`: answered after a wake-up;
+    `timeout`: waited the whole timeout; `behind`: not caught up with `since` in time)."""
 
     wake: Callable[[float], None] = _ignore
     visible: Callable[[float], None] = _ignore
     clamped: Callable[[], None] = _nothing
     behind: Callable[[], None] = _nothing
+    answered: Callable[[str, float], None] = _ignore_kind
 
 
 class SyncHandler:
@@ -137,6 +151,7 @@ class SyncHandler:
         self.closing = False
         #: token text -> token, the latest handed out or parsed (oldest dropped first).
         self._tokens: dict[str, SyncToken] = {}
+        self.token_cache = CacheCounts("sync_tokens", self._tokens.__len__)
 
     def current_token(self) -> SyncToken:
         tokens = {
@@ -160,7 +175,9 @@ class SyncHandler:
         comes back with the `next_batch` of its last answer (a token's text means one token
         forever: instance ids never change meaning)."""
         token = self._tokens.get(text)
+        self.token_cache.hits += token is not None
         if token is None:
+            self.token_cache.misses += 1
             token = await self._instance_map.decode_sync_token(text, SYNC_STREAMS)
             self._remember(text, token)
         return token
@@ -184,16 +201,17 @@ class SyncHandler:
         to `timeout_s` for something), or, without `since`, the initial sync. InvalidTokenError for
         a malformed token."""
         self.syncs += 1
+        started = time.monotonic()
         sync_filter = sync_filter or SyncFilter()
         if since_text is None:
-            return await self._initial(user_id, device_id, sync_filter)
+            return self._answered("initial", started, await self._initial(user_id, device_id, sync_filter))
         since = await self.decode(since_text)
         since = await self._bounded(since)
         if not await self._wait_until_covered(since, min(timeout_s, self._catch_up_wait_s)):
             # We are behind the client and did not catch up in time: nothing new, same token.
             self.behind_timeouts += 1
             self.observers.behind()
-            return empty_response(since_text)
+            return self._answered("behind", started, empty_response(since_text))
         deadline = time.monotonic() + timeout_s
         woken_at: float | None = None
         while True:
@@ -223,10 +241,15 @@ class SyncHandler:
                     body = await self._response(sections, now)
                     if woken_at is not None and events:
                         self._observe(woken_at, events)
-                    return body
+                    news = bool(events or typing or presence or stored or full_state or self.closing)
+                    return self._answered(_kind(news, woken_at, timeout_s), started, body)
                 if self._notifier.generation == moved and await waiter.wait(remaining):
                     # Registered before anything newer than `now` could notify: no lost wake-up.
                     woken_at = waiter.woken_at
+
+    def _answered(self, kind: str, started: float, body: dict[str, Any]) -> dict[str, Any]:
+        self.observers.answered(kind, time.monotonic() - started)
+        return body
 
     def _observe(self, woken_at: float, events: list[Event]) -> None:
         self.observers.wake(time.monotonic() - woken_at)
