@@ -25,7 +25,9 @@ from typing import Any
 
 import asyncpg
 from asyncpg.pool import PoolAcquireContext
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
+
+from pubsub.histograms import HistogramChild, LockFreeHistogram
 
 log = logging.getLogger(__name__)
 _SKIPPED = ("asyncpg", __name__)
@@ -37,26 +39,23 @@ class TransactionTimer:
 
     def __init__(self, registry: CollectorRegistry, slow_s: float) -> None:
         self.slow_s = slow_s
-        self._duration = Histogram(
+        self._duration = LockFreeHistogram(
             "fanout_db_transaction_seconds",
             "Time a named database transaction (an acquire block) held its connection",
-            ["name"],
-            registry=registry,
-            buckets=BUCKETS,
-        )
-        self._wait = Histogram(
+            ["name"], registry, BUCKETS,
+        )  # fmt: skip
+        self._wait = LockFreeHistogram(
             "fanout_db_pool_wait_seconds",
             "Time a database transaction waited for a free pool connection",
-            registry=registry,
-            buckets=BUCKETS,
-        )
+            [], registry, BUCKETS,
+        ).labels()  # fmt: skip
         self._slow = Counter(
             "fanout_db_slow_transactions",
             "Named database transactions held longer than db_slow_transaction_s (each also logged)",
             ["name"],
             registry=registry,
         )
-        self._by_name: dict[str, Any] = {}
+        self._by_name: dict[str, HistogramChild] = {}
 
     def observe(self, name: str, waited_s: float, held_s: float) -> None:
         self._wait.observe(waited_s)
