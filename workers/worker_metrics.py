@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pubsub.histograms import LockFreeHistogram
 
@@ -28,20 +28,21 @@ class WorkerMetrics:
             registry=registry,
         )
         self.persisted = Counter("fanout_events_persisted_total", "Events persisted here", registry=registry)
-        self.commit_to_applied = Histogram(
+        # Observed per replicated caches row and per event of each woken /sync: lock-free.
+        self.commit_to_applied = LockFreeHistogram(
             "fanout_repl_commit_to_applied_seconds",
             "From a writer's batch commit (its caches row's timestamp) to this worker applying it",
-            registry=registry, buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
-        self.persist_to_visible = Histogram(
+            [], registry, LATENCY_BUCKETS,
+        ).labels()  # fmt: skip
+        self.persist_to_visible = LockFreeHistogram(
             "fanout_persist_to_visible_seconds",
             "From an event's persist to the woken /sync answer that carries it",
-            registry=registry, buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
-        self.sync_wake = Histogram(
+            [], registry, LATENCY_BUCKETS,
+        ).labels()  # fmt: skip
+        self.sync_wake = LockFreeHistogram(
             "fanout_sync_wake_seconds", "From the notify that wakes a /sync long-poll to its answer",
-            registry=registry, buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
+            [], registry, LATENCY_BUCKETS,
+        ).labels()  # fmt: skip
         self.tokens_clamped = Counter(
             "fanout_sync_tokens_clamped_total",
             "since tokens beyond every sequence (a restored database, a forgery), answered from what exists",
