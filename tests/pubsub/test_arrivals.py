@@ -9,6 +9,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from pubsub.arrivals import Arrivals
 from pubsub.handler import ReplicationHandler
 from pubsub.histograms import HistogramChild
@@ -94,3 +98,34 @@ def _rd(token: int, prev: int) -> bytes:
 async def _settle() -> None:
     for _ in range(50):
         await asyncio.sleep(0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 6), st.booleans()), max_size=30))
+def test_every_applied_entry_is_observed_once_with_its_own_reads_time(
+    steps: list[tuple[int, int, bool]],
+) -> None:
+    """Against a model that remembers each entry's read time: reads of `n` entries, then runs of
+    `k` entries taken and applied together (or taken and dropped unapplied, as duplicates are)."""
+    arrivals, child = Arrivals(), HistogramChild(tuple(float(b) for b in range(1, 200)))
+    read_at: list[float] = []  # entry ordinal - 1 -> its read's time
+    expected: list[float] = []
+    clock = 0.0
+    for n, k, applied in steps:
+        clock += 1.0
+        read_at += [clock] * n
+        arrivals.mark(len(read_at), clock)
+        k = min(k, len(read_at) - arrivals.taken)
+        if k == 0:
+            continue
+        clock += 0.5
+        first = arrivals.taken + 1
+        arrivals.taken += k
+        if applied:
+            arrivals.observe(first, arrivals.taken, clock, child)
+            expected += [clock - read_at[i - 1] for i in range(first, arrivals.taken + 1)]
+        arrivals.prune()
+    model = HistogramChild(child.bounds)
+    for wait in expected:
+        model.observe(wait)
+    assert child.counts == model.counts and child.sum == pytest.approx(model.sum)
