@@ -44,6 +44,7 @@ BENCHES: dict[str, str] = {
     "ratelimit": "workers.harness.bench.ratelimit",
     "crowd": "workers.harness.bench.crowd",
     "live": "workers.harness.bench.live",
+    "demo": "workers.harness.bench.demo",
     "all": "workers.harness.bench.all",
 }
 
