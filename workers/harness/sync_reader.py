@@ -2,7 +2,8 @@
 over), records each answer as the history check reads it (`workers.harness.history.SyncRecord`:
 timelines, its own invites and knocks, the sections each room was listed in, receipts, the
 device's key count) and keeps what the load needs of it (the last event seen per room, arrival
-times). It ends with a sync begun after the load stopped that is caught up with every writer.
+times). A reader may start over when its token is refused, counting it (the upgrade check's
+clients). It ends with a sync begun after the load stopped that is caught up with every writer.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ class SyncReader:
     """One user's sync loop: long-polls until told to stop and caught up with `target`."""
 
     def __init__(
-        self, client: ClusterClient, workers: Sequence[str], switch_every: int, pause_s: float = 0.0
+        self,
+        client: ClusterClient,
+        workers: Sequence[str],
+        switch_every: int,
+        pause_s: float = 0.0,
+        start_over: bool = False,
     ) -> None:
         self.client = client
         self.workers = list(workers)
@@ -39,6 +45,10 @@ class SyncReader:
         self.arrivals: dict[str, float] = {}
         self.typing_seen = self.presence_seen = 0
         self.failed_syncs = 0
+        #: A /sync answered 4xx (its token or session refused): with `start_over` the reader starts
+        #: over with an initial sync, as a client would, and notes the refusal here; without, raises.
+        self.start_over = start_over
+        self.start_overs: list[str] = []
         self.internal_errors = 0
         self.token: str | None = None
         #: room -> the last event this reader saw there (what its user's receipts point at).
@@ -62,7 +72,11 @@ class SyncReader:
                 result = await self.client.sync(worker, self.token, timeout_ms if not stopping else 200)
             except (RequestRefused, aiohttp.ClientError, TimeoutError) as e:
                 if isinstance(e, RequestRefused) and e.status < 500:
-                    raise
+                    if not self.start_over:
+                        raise
+                    self.start_overs.append(f"{worker} answered {e.status} {e.errcode or ''}".rstrip())
+                    await self.initial()
+                    continue
                 # A worker or its database is down (a fault scenario): ask again, same token.
                 self.failed_syncs += 1
                 self.internal_errors += isinstance(e, RequestRefused) and e.status == 500
