@@ -5,9 +5,10 @@ free HTTP port, started with PR_SET_PDEATHSIG so none outlives the launcher. `st
 every worker's /health says ready. Roles: persisters write the events stream, sync workers serve
 reads, background workers run their tasks; every worker serves the whole client API (a client may
 talk to any of them). A worker's `command` may be another install's `fanout` (the upgrade check
-runs the previous release's beside this tree's). `write_only_persisters=True` makes the persisters `serve_reads: false`, as a
-deployment that keeps clients' reads off its writers would. `redis_cluster` (node URLs) puts the
-workers on a Redis Cluster with sharded pub/sub, each stream on its own channel.
+runs the previous release's beside this tree's). `write_only_persisters=True` makes the persisters
+`serve_reads: false`, as a deployment that keeps clients' reads off its writers would.
+`redis_cluster` (node URLs) puts the workers on a Redis Cluster with sharded pub/sub, each stream
+on its own channel.
 """
 
 from __future__ import annotations

@@ -62,7 +62,9 @@ def read_previous(root: Path) -> tuple[str, str]:
     try:
         recorded = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise BuildError(f"no {PREVIOUS_FILE} under {root}: the upgrade check runs from a source checkout")
+        raise BuildError(
+            f"no {PREVIOUS_FILE} under {root}: the upgrade check runs from a source checkout"
+        ) from None
     version, commit = str(recorded.get("version", "")), str(recorded.get("commit", ""))
     if not version or not commit:
         raise BuildError(f"{path} names no previous release: this tree is the first release")
@@ -75,6 +77,7 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 def lock_changes(previous: str, current: str) -> str:
     """How HEAD's requirements.lock differs from the previous release's, in one line."""
+
     def pins(text: str) -> dict[str, str]:
         lines = (line.split("#")[0].strip() for line in text.splitlines())
         return dict(line.split("==", 1) for line in lines if "==" in line)
@@ -113,7 +116,9 @@ def _run(argv: list[str], what: str, cwd: Path | None = None) -> str:
     return result.stdout
 
 
-def build_previous_release(root: Path = SOURCE_ROOT, cache: Path | None = None, say: Say = print) -> PreviousRelease:
+def build_previous_release(
+    root: Path = SOURCE_ROOT, cache: Path | None = None, say: Say = print
+) -> PreviousRelease:
     """Build (or reuse) the previous release of `root`'s tree; progress goes to `say`."""
     started = time.monotonic()
     version, commit = read_previous(root)
@@ -130,7 +135,11 @@ def build_previous_release(root: Path = SOURCE_ROOT, cache: Path | None = None, 
         stamp = {"commit": commit, "lock_sha256": hashlib.sha256(lock.encode()).hexdigest(),
                  "python": sys.version, "base": sys.base_prefix}  # fmt: skip
         stamp_path = venv / ".fanout-build.json"
-        if stamp_path.exists() and json.loads(stamp_path.read_text()) == stamp and (venv / "bin/fanout").exists():
+        if (
+            stamp_path.exists()
+            and json.loads(stamp_path.read_text()) == stamp
+            and (venv / "bin/fanout").exists()
+        ):
             say(f"previous release {version} ({commit[:12]}): reusing {venv}")
             return _checked(PreviousRelease(version, commit, venv, True, time.monotonic() - started))
         say(f"previous release {version} ({commit[:12]}): building in {home}")
@@ -142,7 +151,8 @@ def build_previous_release(root: Path = SOURCE_ROOT, cache: Path | None = None, 
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
             tar.extractall(src, filter="data")
         current = (root / LOCK_FILE).read_text() if (root / LOCK_FILE).exists() else ""
-        say(f"  its {LOCK_FILE}: {lock_changes(lock, current) if lock else 'none (dependencies from its pyproject)'}")
+        compared = lock_changes(lock, current) if lock else "none (dependencies from its pyproject)"
+        say(f"  its {LOCK_FILE}: {compared}")
         say("  creating the virtualenv")
         _run([sys.executable, "-m", "venv", str(venv)], "python -m venv")
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
@@ -164,7 +174,9 @@ def build_previous_release(root: Path = SOURCE_ROOT, cache: Path | None = None, 
 
 def _checked(release: PreviousRelease) -> PreviousRelease:
     """The release's own `fanout --version` must name its version (the venv runs that code)."""
-    printed = _run([str(release.fanout), "--version"], f"{release.fanout} --version", cwd=release.venv).strip()
+    printed = _run(
+        [str(release.fanout), "--version"], f"{release.fanout} --version", cwd=release.venv
+    ).strip()
     if printed != f"fanout {release.version}":
         raise BuildError(f"{release.fanout} prints {printed!r}, not 'fanout {release.version}'")
     return release
