@@ -20,7 +20,12 @@ import pytest
 from tests.conftest import Servers
 from workers.harness.loadgen import LoadPlan
 from workers.harness.upgrade import ORDER, CheckPlan, upgrade_check
-from workers.harness.upgrade_build import BuildError, build_previous_release, lock_changes
+from workers.harness.upgrade_build import (
+    BuildError,
+    build_previous_release,
+    lock_changes,
+    release_env,
+)
 
 
 @pytest.fixture
@@ -35,6 +40,13 @@ async def test_a_rolling_upgrade_from_the_previous_release_under_load(
     empty_database: str, servers: Servers, channel_prefix: str, tmp_path: Path
 ) -> None:
     release = await asyncio.to_thread(build_previous_release)
+    # Its workers run its own code: the venv's `workers`, not this tree's (no PYTHONPATH, own cwd).
+    where = await asyncio.to_thread(
+        subprocess.run,
+        [str(release.venv / "bin" / "python"), "-c", "import workers; print(workers.__file__)"],
+        capture_output=True, text=True, env=release_env(), cwd=tmp_path, check=True,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(release.venv), where.stdout
     version = release.version
     load = LoadPlan(users=6, rooms=4, rooms_per_user=2, concurrency=4, sync_timeout_ms=500)
     plan = CheckPlan(phase_s=2.0, announce_interval_s=0.2, load=load)
