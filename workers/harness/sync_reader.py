@@ -62,25 +62,29 @@ class SyncReader:
         count = 0
         # Ends with a sync begun after the load stopped (its key counts are final) that is caught up.
         finished = False
-        while not (finished and caught_up(self.token)):
+        while not (finished and self.token is not None and caught_up(self.token)):
             worker = self.workers[(count // self.switch_every) % len(self.workers)]
             count += 1
             stopping = stop.is_set()
             if self.pause_s and not stopping:
                 await asyncio.sleep(self.pause_s)
+            since = self.token
             try:
-                result = await self.client.sync(worker, self.token, timeout_ms if not stopping else 200)
+                result = await self.client.sync(worker, since, timeout_ms if not stopping else 200)
             except (RequestRefused, aiohttp.ClientError, TimeoutError) as e:
                 if isinstance(e, RequestRefused) and e.status < 500:
-                    if not self.start_over:
+                    if not self.start_over or since is None:
                         raise
                     self.start_overs.append(f"{worker} answered {e.status} {e.errcode or ''}".rstrip())
-                    await self.initial()
+                    self.token = None  # the next sync is an initial one, retried like any other
                     continue
                 # A worker or its database is down (a fault scenario): ask again, same token.
                 self.failed_syncs += 1
                 self.internal_errors += isinstance(e, RequestRefused) and e.status == 500
                 await asyncio.sleep(0.2)
+                continue
+            if since is None:  # the start-over's initial sync: outside the checked history
+                self.token = result["next_batch"]
                 continue
             now = time.time()
             events = timeline_events(result) + pending_events(result)
@@ -91,7 +95,7 @@ class SyncReader:
                 self.latest[event["room_id"]] = event["event_id"]
             self.records.append(
                 SyncRecord(
-                    worker, self.token, result["next_batch"], ids,
+                    worker, since, result["next_batch"], ids,
                     tuple(e["type"] for e in result["account_data"]["events"]),
                     tuple(str(e["content"].get("msg")) for e in result["to_device"]["events"]),
                     tuple(result["device_lists"]["changed"]), tuple(room_sections(result)),

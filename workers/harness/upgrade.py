@@ -89,8 +89,9 @@ class UpgradeReport:
     problems: list[str] = field(default_factory=list)
     events_checked: int = 0
     clients: int = 0
-    #: What each refused /sync said (the reader started over after each).
+    #: What each refused /sync said (the reader started over after each), and how many readers.
     start_overs: list[str] = field(default_factory=list)
+    clients_started_over: int = 0
     #: Answers by status, every request of the run (setup, writes, syncs).
     statuses: collections.Counter[int] = field(default_factory=collections.Counter)
     exits: dict[str, int | None] = field(default_factory=dict)
@@ -127,8 +128,8 @@ class UpgradeReport:
             "",
             f"history check: {self.events_checked:,} events checked; {kinds['lost']} lost,"
             f" {kinds['duplicated']} duplicated, {kinds['reordered']} reordered, {kinds['other']} other",
-            f"clients that started over (initial sync after a refused token): {len(self.start_overs)}"
-            f" of {self.clients}",
+            f"clients that started over (initial sync after a refused token): {self.clients_started_over}"
+            f" of {self.clients} ({len(self.start_overs)} start-overs)",
             f"answers 5xx: {sum(self.answers_5xx.values())} ({by_status})",
             f"worker exits at the end: {', '.join(f'{n} {c}' for n, c in self.exits.items()) or 'none'}",
         ]
@@ -251,10 +252,12 @@ class UpgradeRun:
                 until.set()
                 if not load.done():
                     load.cancel()
+                readers = driver.readers + driver.probes
+                report.start_overs = [f"{r.client.user_id} at {s}" for r in readers for s in r.start_overs]
+                report.clients_started_over = sum(1 for r in readers if r.start_overs)
             report.phases.append(meter.close(Phase("drain and check", self._mix(), note="readers caught up")))
         report.problems += result.problems
         report.events_checked = result.events_checked
-        report.start_overs = [s for r in driver.readers + driver.probes for s in r.start_overs]
 
     async def _phase(self, meter: _Meter, load: asyncio.Task[LoadReport], phase: Phase) -> None:
         """Hold the load for the phase's time (ending early if the load failed)."""
