@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench chaos scale venv jdbc redis-server docker-compose wrk audit-zip clean lock
+.PHONY: demo test upgrade-check previous-release lint bench chaos scale venv jdbc redis-server docker-compose wrk audit-zip clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,8 +64,19 @@ docker-compose:
 demo: $(STAMP) jdbc
 	$(BIN)/fanout demo
 
-test: $(STAMP) jdbc redis-server docker-compose
+test: $(STAMP) jdbc redis-server docker-compose previous-release
 	$(BIN)/pytest -q -n 2 --dist loadgroup
+
+# The previous release (release/previous.toml's commit) in its own venv under .cache/upgrade-check,
+# built once (about a minute: its pinned dependencies from PyPI or pip's cache), reused after.
+previous-release: $(STAMP)
+	$(BIN)/python -m workers.harness.upgrade --build-only
+
+# That release as a cluster under load, upgraded worker by worker to this tree; then the history
+# check, the clients that started over and the phases' table (docs/operations.md, "Upgrading").
+UPGRADE_PHASE_S ?= 10
+upgrade-check: $(STAMP)
+	$(BIN)/python -m workers.harness.upgrade --phase-seconds $(UPGRADE_PHASE_S)
 
 # The fault scenarios with larger loads and longer outages than CI (tests/cluster/test_scenarios.py),
 # then their table: scenario, events acknowledged and checked, lost, duplicated, reordered, recovery.

@@ -49,11 +49,11 @@ class Servers:
         base, _, _ = self.admin_url.rpartition("/")
         return f"{base}/{name}"
 
-    async def create_database(self, name: str) -> str:
-        """A copy of the migrated template; returns its URL."""
+    async def create_database(self, name: str, *, migrated: bool = True) -> str:
+        """A copy of the migrated template (`migrated=False`: an empty database); returns its URL."""
         admin = await asyncpg.connect(self.admin_url)
         try:
-            await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+            await admin.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {TEMPLATE_DB}" if migrated else ""))
         finally:
             await admin.close()
         return self.database_url(name)

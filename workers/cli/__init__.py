@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "create, list or delete registration tokens (registration: token)",
     ),
     "demo": ("workers.harness.demo", "the main job: a local cluster under load, verified"),
+    "upgrade-check": (
+        "workers.harness.upgrade",
+        "the previous release under load, upgraded worker by worker to this tree, checked",
+    ),
     "inspect": ("workers.cli.redis_inspect", "print replication traffic or every stream's vector clock"),
     "audit": ("analytics.cli", "the invalidation audit (PySpark)"),
 }
