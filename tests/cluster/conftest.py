@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import RedisTarget, Servers
+from tests.conftest import RedisTarget
 from workers.harness.cluster import LocalCluster
-from workers.harness.pgbouncer_server import PgBouncer, start_pgbouncer
 
 MakeCluster = Callable[..., Awaitable[LocalCluster]]
 
@@ -42,13 +41,3 @@ async def make_cluster(
     for cluster in clusters:
         codes = await cluster.stop()
         assert all(code == 0 for code in codes.values()), (codes, {n: cluster.log_tail(n) for n in codes})
-
-
-@pytest.fixture
-def pgbouncer(servers: Servers) -> Iterator[PgBouncer]:
-    """A real PgBouncer (Debian's, `make pgbouncer`) in transaction mode in front of the session's
-    PostgreSQL, on a free loopback port, with 4 server connections per database; stopped at
-    teardown. `pgbouncer.through(database_url)` is a test database's URL through it."""
-    bouncer = start_pgbouncer(servers.admin_url, pool_size=4)
-    yield bouncer
-    bouncer.stop()
