@@ -51,7 +51,7 @@ async def test_replication_and_history_through_pgbouncer_in_transaction_mode(
     assert report.account_data_sent > 0  # a stored stream's writes (stream_writes) too
     assert pool["pool_mode"] == "transaction"
     servers = sum(int(pool[k]) for k in ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"))
-    # Six workers with pools of 2 to 4 each: far more clients than PgBouncer's 4 server connections.
+    # Five workers with pools of 2 to 4 each: far more clients than PgBouncer's 4 server connections.
     assert servers <= pgbouncer.pool_size < 12 <= clients, (servers, clients)
     leases = len(cluster.workers)
     assert backends <= pgbouncer.pool_size + leases, backends
