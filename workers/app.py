@@ -76,7 +76,7 @@ from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, 
 from workers.position_hints import discard_hints_ahead
 from workers.reachability import PostgresProbe
 from workers.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
-from workers.storage import create_pool, session_connection
+from workers.storage import connect, create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.storage.named_pool import TransactionTimer
@@ -177,9 +177,13 @@ class Worker:
                 "Redis", config.redis_url, lambda: ping_redis(config.redis_url),
                 config.startup_retry_s, _REDIS_DOWN,
             )  # fmt: skip
-        with self._phase("migrate"):  # its advisory lock needs one session: never through a pooler
-            async with session_connection(self.pool, config.database_direct_url) as conn:
-                await apply_migrations(conn)
+        with self._phase("migrate"):
+            if config.database_direct_url is None:
+                async with self.pool.acquire() as conn:
+                    await apply_migrations(conn)
+            else:  # its advisory lock needs one session: never through a transaction pooler
+                async with connect(config.database_direct_url) as direct:
+                    await apply_migrations(direct)
         with self._phase("hold_instance_name"):
             self.lease = await InstanceLease.acquire(
                 config.session_database_url, config.channel_prefix, self.name, config.instance_lease_s,

@@ -56,6 +56,7 @@ async def create_pool(url: str, max_size: int, *, transaction_pooler: bool = Fal
         max_inactive_connection_lifetime=300.0, loop=None, connection_class=asyncpg.Connection,
         record_class=asyncpg.Record, statement_cache_size=0 if transaction_pooler else 100,
     )  # fmt: skip
+    pool.transaction_pooler = transaction_pooler
     await pool
     return pool
 
@@ -68,16 +69,3 @@ async def connect(url: str) -> AsyncIterator[asyncpg.Connection[Any]]:
         yield conn
     finally:
         await conn.close()
-
-
-@contextlib.asynccontextmanager
-async def session_connection(pool: asyncpg.Pool[Any], direct_url: str | None) -> AsyncIterator[Conn]:
-    """A connection whose session lasts the block (advisory locks, session settings): one of the
-    pool's when the pool reaches PostgreSQL itself (`direct_url` None), else a short-lived one to
-    `direct_url`, since a transaction pooler would spread the block over several server sessions."""
-    if direct_url is None:
-        async with pool.acquire() as conn:
-            yield conn
-    else:
-        async with connect(direct_url) as direct:
-            yield direct
