@@ -50,7 +50,7 @@ async def test_replication_and_history_through_pgbouncer_in_transaction_mode(
     assert report.events_sent > 150 and report.syncs > 50 and report.events_checked > 0
     assert report.account_data_sent > 0  # a stored stream's writes (stream_writes) too
     assert pool["pool_mode"] == "transaction"
-    servers = sum(int(pool[k]) for k in ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"))
+    servers = sum(int(pool[k] or 0) for k in ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"))
     # Five workers with pools of 2 to 4 each: far more clients than PgBouncer's 4 server connections.
     assert servers <= pgbouncer.pool_size < 12 <= clients, (servers, clients)
     leases = len(cluster.workers)

@@ -13,16 +13,16 @@ PgBouncer refuses to run as root; as root it runs as `nobody`, from a directory 
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import pwd
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -61,22 +61,60 @@ class PgBouncer:
         """`database_url` (a database of the server behind) reached through this PgBouncer."""
         return self.url(urlsplit(database_url).path.lstrip("/"))
 
-    def show(self, what: str) -> list[dict[str, str]]:
+    def show(self, what: str) -> list[dict[str, str | None]]:
         """`SHOW what` on the admin console (POOLS, CLIENTS, SERVERS, CONFIG...), one dict per row.
-        The console speaks only the simple query protocol, which asyncpg does not offer: psql asks."""
-        psql = shutil.which("psql")
-        if psql is None:
-            raise ServiceError("no `psql` on PATH (Debian's postgresql-client) to ask PgBouncer's console")
-        result = subprocess.run(
-            [psql, "--csv", "-h", "127.0.0.1", "-p", str(self.port), "-U", ADMIN_USER, "-d", "pgbouncer",
-             "-c", f"SHOW {what}"],
-            capture_output=True, text=True, timeout=30, check=True,
-        )  # fmt: skip
-        return list(csv.DictReader(io.StringIO(result.stdout)))
+        The console speaks only the simple query protocol, which asyncpg does not offer."""
+        return simple_query(self.port, ADMIN_USER, "pgbouncer", f"SHOW {what}")
 
     def stop(self) -> None:
         self.server.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def simple_query(port: int, user: str, database: str, sql: str) -> list[dict[str, str | None]]:
+    """`sql` over PostgreSQL's simple query protocol on 127.0.0.1:`port`, for a server that lets
+    `user` in without a password (PgBouncer's console here); the rows as text."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        params = f"user\0{user}\0database\0{database}\0\0".encode()
+        sock.sendall(struct.pack("!ii", 8 + len(params), 196608) + params)
+        reader = sock.makefile("rb")
+
+        def message() -> tuple[bytes, bytes]:
+            kind, length = struct.unpack("!ci", reader.read(5))
+            return kind, reader.read(length - 4)
+
+        def until_ready() -> Iterator[tuple[bytes, bytes]]:
+            while (got := message())[0] != b"Z":
+                if got[0] == b"E":
+                    fields = dict((f[:1], f[1:].decode()) for f in got[1].split(b"\0") if f)
+                    raise ServiceError(f"{sql!r} on port {port}: {fields.get(b'M', got[1])}")
+                if got[0] == b"R" and struct.unpack_from("!i", got[1])[0] != 0:
+                    raise ServiceError(f"port {port} asks {user} for a password")
+                yield got
+
+        list(until_ready())
+        query = sql.encode() + b"\0"
+        sock.sendall(b"Q" + struct.pack("!i", 4 + len(query)) + query)
+        names: list[str] = []
+        rows: list[dict[str, str | None]] = []
+        for kind, body in until_ready():
+            if kind == b"T":
+                (count,), at = struct.unpack_from("!h", body), 2
+                for _ in range(count):
+                    end = body.index(b"\0", at)
+                    names.append(body[at:end].decode())
+                    at = end + 1 + 18  # table oid, column, type oid, size, modifier, format
+            elif kind == b"D":
+                (count,), at = struct.unpack_from("!h", body), 2
+                values: list[str | None] = []
+                for _ in range(count):
+                    (size,) = struct.unpack_from("!i", body, at)
+                    at += 4
+                    values.append(None if size < 0 else body[at : at + size].decode())
+                    at += max(size, 0)
+                rows.append(dict(zip(names, values, strict=True)))
+        sock.sendall(b"X" + struct.pack("!i", 4))
+        return rows
 
 
 def _ini(postgres_url: str, port: int, pool_size: int) -> str:
