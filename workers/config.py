@@ -215,7 +215,8 @@ class WorkerConfig(BaseSettings):
         ge=1,
         le=200,
         description="Connections in the worker's Postgres pool; the worker opens at most this plus one"
-        " (its instance-name lease): budget them against max_connections (operations.md, Capacity)",
+        " (its instance-name lease): budget them against max_connections, or with database_pooler"
+        " against PgBouncer's max_client_conn (operations.md, Capacity)",
     )
     persist_batches_in_flight: int = Field(
         2,
