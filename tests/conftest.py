@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
 from redis.asyncio.cluster import RedisCluster
 
+from workers.harness.pgbouncer_server import PgBouncer, start_pgbouncer
 from workers.redis_cluster_server import RedisClusterServers, start_redis_cluster
 from workers.services import EmbeddedServices, Source
 from workers.storage.migrate import migrate_url
@@ -121,6 +122,16 @@ async def db_pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         yield pool
     finally:
         await pool.close()
+
+
+@pytest.fixture
+def pgbouncer(servers: Servers) -> Iterator[PgBouncer]:
+    """A real PgBouncer (Debian's, `make pgbouncer`) in transaction mode in front of the session's
+    PostgreSQL, on a free loopback port, with 4 server connections per database; stopped at
+    teardown. `pgbouncer.through(database_url)` is a test database's URL through it."""
+    bouncer = start_pgbouncer(servers.admin_url, pool_size=4)
+    yield bouncer
+    bouncer.stop()
 
 
 @pytest.fixture

@@ -75,8 +75,8 @@ from workers.instance_lease import InstanceLease
 from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, redacts_of
 from workers.position_hints import discard_hints_ahead
 from workers.reachability import PostgresProbe
-from workers.startup_retry import connect_with_retry, ping_redis, where
-from workers.storage import create_pool
+from workers.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
+from workers.storage import connect, create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.storage.named_pool import TransactionTimer
@@ -159,24 +159,38 @@ class Worker:
         with self._phase("connect_database"):
             self.pool = await connect_with_retry(
                 "PostgreSQL", config.database_url,
-                lambda: create_pool(config.database_url, config.db_pool_size),
+                lambda: create_pool(
+                    config.database_url, config.db_pool_size,
+                    transaction_pooler=config.database_pooler == "transaction",
+                ),
                 config.startup_retry_s, _POSTGRES_DOWN,
             )  # fmt: skip
             self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
+            if config.database_direct_url is not None:
+                await connect_with_retry(
+                    "PostgreSQL (database_direct_url)", config.database_direct_url,
+                    lambda: ping_direct_postgres(config.session_database_url),
+                    config.startup_retry_s, _POSTGRES_DOWN,
+                )  # fmt: skip
         with self._phase("connect_redis"):
             await connect_with_retry(
                 "Redis", config.redis_url, lambda: ping_redis(config.redis_url),
                 config.startup_retry_s, _REDIS_DOWN,
             )  # fmt: skip
         with self._phase("migrate"):
-            async with self.pool.acquire() as conn:
-                await apply_migrations(conn)
+            if config.database_direct_url is None:
+                async with self.pool.acquire() as conn:
+                    await apply_migrations(conn)
+            else:  # its advisory lock needs one session: never through a transaction pooler
+                async with connect(config.database_direct_url) as direct:
+                    await apply_migrations(direct)
         with self._phase("hold_instance_name"):
             self.lease = await InstanceLease.acquire(
-                config.database_url, config.channel_prefix, self.name, config.instance_lease_s,
+                config.session_database_url, config.channel_prefix, self.name, config.instance_lease_s,
                 self._lost_instance_name, retake_s=config.startup_retry_s,
             )  # fmt: skip
-        await check_server(self.pool, config.db_pool_size, where(config.database_url))
+        if config.database_pooler == "none":  # behind PgBouncer the pool counts against its pool
+            await check_server(self.pool, config.db_pool_size, where(config.database_url))
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)
             await self.instance_map.get_id(self.name)
