@@ -56,6 +56,7 @@ from workers.handlers.messages import Messages
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.recent_events import RecentEvents, ref_of, ref_of_row
+from workers.handlers.room_purge import RoomEnd
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.room_writes import RoomWrites
@@ -310,6 +311,17 @@ class Worker:
             self.name, self.writers(EVENTS), self.pool, self.persister, self.backfill_persister,
             self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
         )  # fmt: skip
+        # A room's end (purge, last local member gone) drops what every worker keeps of it.
+        self.caches.room_ended += [self.room_views.forget_room, self.sync.bodies.forget_room]
+        if self.persister is not None and self.name in self.writers(CACHES):
+            self.room_writes.end = RoomEnd(
+                self.pool, config.server_name, self.persister,
+                CacheRows(
+                    self.name, self.generators[CACHES], lambda rows: self._committed([], [], rows),
+                    self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
+                ),
+                self.room_writes.gate,
+            )  # fmt: skip
         reads = config.serve_reads
         self.rate_limits = RateLimiter(
             limiter_client(config), config.channel_prefix, RateLimitSettings.from_config(config), self.pool,
