@@ -56,11 +56,12 @@ async def any_local_member(conn: Conn, room_id: str, server_name: str) -> bool:
 
 
 async def room_known(conn: Conn, room_id: str) -> bool:
-    """Whether the room has events or a `rooms` row here (a purge of an unknown id only blocks it)."""
+    """Whether the room lives here: a `rooms` row or current state (a purged room has neither,
+    only its former members' leaves; a purge of an unknown id only blocks it)."""
     return bool(
         await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM rooms WHERE room_id = $1)"
-            " OR EXISTS (SELECT 1 FROM events WHERE room_id = $1)",
+            " OR EXISTS (SELECT 1 FROM current_state_events WHERE room_id = $1)",
             room_id,
         )
     )
