@@ -56,6 +56,7 @@ from workers.handlers.messages import Messages
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.recent_events import RecentEvents, ref_of, ref_of_row
+from workers.handlers.room_deletions import RoomDeletions
 from workers.handlers.room_purge import RoomEnd
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_versions import RoomVersions
@@ -322,6 +323,8 @@ class Worker:
                 ),
                 self.room_writes.gate,
             )  # fmt: skip
+            self.room_writes.deletions = RoomDeletions(self.pool, self.name, self.room_writes.end)
+            await self.room_writes.deletions.interrupted()
         reads = config.serve_reads
         self.rate_limits = RateLimiter(
             limiter_client(config), config.channel_prefix, RateLimitSettings.from_config(config), self.pool,
@@ -625,6 +628,8 @@ class Worker:
             self.sync.closing = True
         self.notifier.notify_all()
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if getattr(self, "room_writes", None) is not None and self.room_writes.deletions is not None:
+            steps.append(("finish_room_deletions", self.room_writes.deletions.stop))
         for persister in (self.persister, self.backfill_persister):
             if persister is not None:
                 steps.append(("drain_writes", persister.stop))

@@ -1,10 +1,11 @@
-"""The Delete Room API on worker processes: a purge taken by one worker and done by the room's
-writer; the room is gone from every worker, also after each restarted; its former members keep
-syncing and see it under `leave` once; a blocked room id cannot be joined, an unblocked one is an
-unknown room."""
+"""The Delete Room API (versions 1 and 2) on worker processes: a purge taken by one worker and done
+by the room's writer; the room is gone from every worker, also after each restarted; its former
+members keep syncing and see it under `leave` once; a blocked room id cannot be joined, an
+unblocked one is an unknown room; version 2's task status is answered by any worker."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import quote
 
@@ -19,6 +20,7 @@ from workers.harness.cluster_client import ClusterClient, RequestRefused
 from workers.model import ROOM_PURGED_CACHE
 
 ROOMS = "/_synapse/admin/v1/rooms"
+ROOMS_V2 = "/_synapse/admin/v2/rooms"
 
 
 def _sections(answer: dict[str, Any], room_id: str) -> list[str]:
@@ -134,3 +136,45 @@ async def test_an_unblocked_purge_leaves_an_unknown_room_id(make_cluster: MakeCl
         with pytest.raises(RequestRefused) as joining:
             await alice.membership(room, "join", via="sync1")
         assert (joining.value.status, joining.value.errcode) == (403, "M_FORBIDDEN")
+
+
+async def test_version_2_runs_the_deletion_as_a_task_any_worker_reports(make_cluster: MakeCluster) -> None:
+    cluster = await make_cluster(background_workers=0, extra_config={"registration_shared_secret": SECRET})
+    async with aiohttp.ClientSession() as http:
+        alice = ClusterClient(http, cluster.urls)
+        await alice.register("alice", via="sync1")
+        root = await admin_token(http, cluster.url("sync1"), "root")
+        room = await alice.create_room("public", via="sync1", room_alias_name="task")
+        url = f"{cluster.url('sync1')}{ROOMS_V2}/{room}"
+        async with http.delete(url, headers={"Authorization": f"Bearer {root}"}) as resp:
+            assert (resp.status, (await resp.json())["errcode"]) == (400, "M_NOT_JSON")  # {} at least
+        status, started, _ = await call(http, "DELETE", url, {}, root)
+        assert status == 200 and isinstance(started["delete_id"], str), started
+        delete_id = started["delete_id"]
+        expected = {
+            "kicked_users": ["@alice:localhost"], "failed_to_kick_users": [],
+            "local_aliases": ["#task:localhost"], "new_room_id": None,
+        }  # fmt: skip
+        for worker in cluster.urls:  # any worker answers for the task
+            task: dict[str, Any] = {}
+            for _ in range(100):
+                status, task, _ = await call(
+                    http, "GET", f"{cluster.url(worker)}{ROOMS_V2}/delete_status/{delete_id}", None, root
+                )
+                if task.get("status") == "complete":
+                    break
+                await asyncio.sleep(0.1)
+            assert task == {"status": "complete", "shutdown_room": expected}, (worker, task)
+            status, listed, _ = await call(
+                http, "GET", f"{cluster.url(worker)}{ROOMS_V2}/{room}/delete_status", None, root
+            )
+            assert listed == {"results": [{"delete_id": delete_id, **task}]}, worker
+        status, refused, _ = await call(http, "DELETE", url, {}, root)  # gone: version 2 cannot block it
+        assert (status, refused["errcode"]) == (404, "M_NOT_FOUND")
+        status, refused, _ = await call(
+            http, "GET", f"{cluster.url('sync2')}{ROOMS_V2}/delete_status/nope", None, root
+        )
+        assert status == 404
+        with pytest.raises(RequestRefused) as joining:
+            await alice.membership(room, "join", via="sync2")
+        assert joining.value.status == 404

@@ -37,6 +37,7 @@ from workers.model import (
     NewEvent,
 )
 from workers.storage import purge as store
+from workers.storage import room_deletions as deletions
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class PurgeOptions:
     block: bool
     purge: bool
     requested_by: str
+    #: The version 2 task this purge runs for (its status is kept in `room_deletions`).
+    delete_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"block": self.block, "purge": self.purge, "requested_by": self.requested_by}
@@ -168,6 +171,11 @@ class RoomEnd:
             ]
             if leaves:
                 await self._persister.persist_many(leaves)
+            if options.delete_id is not None:
+                async with self._pool.acquire() as conn:
+                    await deletions.update(
+                        conn, options.delete_id, "purging", result=PurgeResult(members, [], []).to_json()
+                    )
             async with self._pool.acquire() as conn:
                 former = await store.all_members(conn, room_id)
             step = MEMBERS_PER_INVALIDATION
@@ -184,12 +192,15 @@ class RoomEnd:
                         aliases, deleted = purged.local_aliases, purged.events_deleted
                     for row, chunk in zip(rows, chunks, strict=True):
                         await row.write(conn, ROOM_PURGED_CACHE, [room_id, *chunk])
+                    result = PurgeResult(members, [], aliases)
+                    if options.delete_id is not None:
+                        await deletions.update(conn, options.delete_id, "complete", result=result.to_json())
         self.purges += 1
         log.info(
             "room deleted room=%s block=%s purge=%s left=%d events_deleted=%d aliases=%d by=%s",
             room_id, block, purge, len(members), deleted, len(aliases), requested_by,
         )  # fmt: skip
-        return PurgeResult(members, [], aliases)
+        return result
 
     async def after_leave(self, room_id: str) -> bool:
         """A member left or was removed: when no local user is joined, invited or knocking any

@@ -33,6 +33,7 @@ from workers.handlers import rooms
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
+from workers.handlers.room_deletions import RoomDeletions
 from workers.handlers.room_purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
 from workers.handlers.room_versions import REDACTION_EVENT
 from workers.handlers.visibility import wait_visible
@@ -176,6 +177,8 @@ class RoomWrites:
         self._in_flight: dict[str, asyncio.Future[Written]] = {}
         #: The purge and last-member clean-up of the rooms written here (None: not set up).
         self.end: RoomEnd | None = None
+        #: The Delete Room API's version 2 tasks of the rooms written here (None: not set up).
+        self.deletions: RoomDeletions | None = None
         #: Writes admitted per room; a purge holds its room here (`RoomEnd` shares it).
         self.gate = RoomGate()
         self.forwarded = 0
@@ -258,6 +261,23 @@ class RoomWrites:
         if self.end is None:
             raise OwnerUnavailable(self.name, "this worker does not write events or the caches stream")
         return await self.end.purge(room_id, options)
+
+    async def start_deletion(self, room_id: str, options: PurgeOptions) -> str:
+        """Start a room's deletion as a task on its owner (`workers.handlers.room_deletions`); its
+        delete id."""
+        owner = self.owner(room_id)
+        if owner == self.name:
+            return await self.start_deletion_here(room_id, options)
+        answer = await self._forward(owner, "room_delete", room_id, "delete", options.to_json(), retry=False)
+        delete_id = answer.get("delete_id")
+        if not isinstance(delete_id, str):
+            raise OwnerUnavailable(owner, "answered a deletion without delete_id")
+        return delete_id
+
+    async def start_deletion_here(self, room_id: str, options: PurgeOptions) -> str:
+        if self.deletions is None:
+            raise OwnerUnavailable(self.name, "this worker does not write events or the caches stream")
+        return await self.deletions.start(room_id, options)
 
     async def _forward(
         self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool

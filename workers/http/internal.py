@@ -25,6 +25,8 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
   place (`workers.http.federation`)
 * `POST /rooms/{room_id}/purge`              body `{"block", "purge", "requested_by"}` -> the
   Delete Room API's answer (`workers.handlers.room_purge`)
+* `POST /rooms/{room_id}/delete`             the same body -> `{"delete_id"}`: the deletion runs as
+  a task on the room's writer (`workers.handlers.room_deletions`)
 * `POST /writes/{stream}/{op}`                body: the operation's arguments, with `user_id` (a
   receipt: `room_id`) -> the operation's answer (`{"position": {"instance_name", "stream_id"},
   ...}`): a write of the account_data, device_lists or to_device stream on the user's writer, of
@@ -183,8 +185,14 @@ class InternalApi:
             result = await writes.purge_here(request.match_info["room_id"], options)
             return web.json_response(result.to_json())
 
+        async def delete(request: web.Request) -> web.Response:
+            options = PurgeOptions.from_json(await _json_object(request))
+            delete_id = await writes.start_deletion_here(request.match_info["room_id"], options)
+            return web.json_response({"delete_id": delete_id})
+
         return [
             web.post(f"{PREFIX}/rooms/{{room_id}}/purge", self._wrap("room_purge", purge)),
+            web.post(f"{PREFIX}/rooms/{{room_id}}/delete", self._wrap("room_delete", delete)),
             web.post(
                 f"{PREFIX}/rooms/{{room_id}}/remote_invite", self._wrap("room_remote_invite", remote_invite)
             ),
