@@ -13,6 +13,7 @@ import aiohttp
 import asyncpg
 import pytest
 
+from tests.analytics.reference import keys_of
 from tests.cluster.conftest import MakeCluster
 from tests.cluster.test_exposure import SECRET, admin_token, call
 from workers.harness.cluster import LocalCluster
@@ -92,8 +93,8 @@ async def test_a_purged_room_is_gone_from_every_worker_and_its_members_keep_sync
             kept = await conn.fetch(
                 "SELECT state_key FROM events WHERE room_id = $1 ORDER BY state_key", room
             )
-            invalidations = await conn.fetchval(
-                "SELECT count(*) FROM cache_invalidation_stream_by_instance WHERE cache_func = $1"
+            invalidations = await conn.fetch(
+                "SELECT keys FROM cache_invalidation_stream_by_instance WHERE cache_func = $1"
                 " AND keys[1] = $2",
                 ROOM_PURGED_CACHE,
                 room,
@@ -101,7 +102,11 @@ async def test_a_purged_room_is_gone_from_every_worker_and_its_members_keep_sync
         finally:
             await conn.close()
         assert [r["state_key"] for r in kept] == ["@alice:localhost", "@bob:localhost"]  # the leaves
-        assert invalidations == 1
+        # One caches row: the room and its former members, each a key the audit counts.
+        assert [list(r["keys"]) for r in invalidations] == [[room, "@alice:localhost", "@bob:localhost"]]
+        assert keys_of(ROOM_PURGED_CACHE, list(invalidations[0]["keys"])) == [
+            room, "@alice:localhost", "@bob:localhost",
+        ]  # fmt: skip
 
         for worker in cluster.urls:
             await cluster.restart(worker)
