@@ -117,7 +117,9 @@ async def test_a_purged_room_is_gone_from_every_worker_and_its_members_keep_sync
             assert _sections(page, room) == []
 
 
-async def test_an_unblocked_purge_leaves_an_unknown_room_id(make_cluster: MakeCluster) -> None:
+async def test_an_unblocked_purge_leaves_an_unknown_room_id_and_a_blocked_one_stays_shut(
+    make_cluster: MakeCluster,
+) -> None:
     cluster = await make_cluster(
         sync_workers=1, background_workers=0, extra_config={"registration_shared_secret": SECRET}
     )
@@ -125,6 +127,14 @@ async def test_an_unblocked_purge_leaves_an_unknown_room_id(make_cluster: MakeCl
         alice = ClusterClient(http, cluster.urls)
         await alice.register("alice", via="sync1")
         root = await admin_token(http, cluster.url("sync1"), "root")
+        peer = ClusterClient(http, cluster.urls, token=cluster.worker_secret)
+
+        async def remote_invite(room_id: str) -> None:
+            invite = {"room_version": "10", "event": {"type": "m.room.member", "sender": "@z:far.test",
+                      "state_key": "@alice:localhost", "content": {"membership": "invite"}}}  # fmt: skip
+            url = f"{cluster.url('sync1')}/_matrix/federation/v2/invite/{quote(room_id)}/$i{room_id[1:6]}"
+            await peer._call("PUT", url, invite)
+
         room = await alice.create_room("public", via="sync1")
         url = f"{cluster.url('sync1')}{ROOMS}/{room}"
         status, answer, _ = await call(http, "DELETE", url, {"block": "yes"}, root)
@@ -136,11 +146,26 @@ async def test_an_unblocked_purge_leaves_an_unknown_room_id(make_cluster: MakeCl
         assert (joining.value.status, joining.value.errcode) == (404, "M_NOT_FOUND")
         status, answer, _ = await call(http, "DELETE", url, {}, root)  # nothing left to purge
         assert (status, answer["errcode"]) == (400, "M_BAD_JSON")
-        status, answer, _ = await call(http, "DELETE", url, {"block": True}, root)  # but it can be blocked
+        await remote_invite(room)  # the id is free: another server's room may take it
+        await alice.membership(room, "join", via="sync1")
+
+        shut = await alice.create_room("public", via="sync1")
+        status, answer, _ = await call(
+            http, "DELETE", f"{cluster.url('sync1')}{ROOMS}/{shut}", {"block": True}, root
+        )
+        assert status == 200 and answer["kicked_users"] == ["@alice:localhost"]
+        never = "!never:localhost"  # version 1 blocks an id this server never knew
+        status, answer, _ = await call(
+            http, "DELETE", f"{cluster.url('sync1')}{ROOMS}/{never}", {"block": True}, root
+        )
         assert status == 200 and answer["kicked_users"] == []
-        with pytest.raises(RequestRefused) as joining:
-            await alice.membership(room, "join", via="sync1")
-        assert (joining.value.status, joining.value.errcode) == (403, "M_FORBIDDEN")
+        for blocked in (shut, never):
+            with pytest.raises(RequestRefused) as joining:
+                await alice.membership(blocked, "join", via="sync1")
+            assert (joining.value.status, joining.value.errcode) == (403, "M_FORBIDDEN")
+            with pytest.raises(RequestRefused) as inviting:
+                await remote_invite(blocked)
+            assert inviting.value.status == 403
 
 
 async def test_version_2_runs_the_deletion_as_a_task_any_worker_reports(make_cluster: MakeCluster) -> None:
