@@ -56,9 +56,7 @@ class RoomAdmin:
         return web.json_response(result.to_json())
 
     async def start_deletion(self, request: web.Request) -> web.Response:
-        if not request.body_exists:
-            raise ApiError(400, "M_NOT_JSON", "The body must be a JSON object, at least {}")
-        room_id, options = await self._request(request)
+        room_id, options = await self._request(request, body_required=True)
         delete_id = await self._writes.start_deletion(room_id, options)
         return web.json_response({"delete_id": delete_id})
 
@@ -80,10 +78,12 @@ class RoomAdmin:
             raise ApiError(404, "M_NOT_FOUND", f"delete id '{delete_id}' not found")
         return web.json_response(found.to_json(with_id=False))
 
-    async def _request(self, request: web.Request) -> tuple[str, PurgeOptions]:
+    async def _request(self, request: web.Request, body_required: bool = False) -> tuple[str, PurgeOptions]:
         """The room and the options of a delete request (admin only; 400 for a bad body)."""
         who = await require_admin(self._pool, request)
         room_id = checked(identifiers.check_room_id, request.match_info["room_id"])
+        if body_required and not request.body_exists:
+            raise ApiError(400, "M_NOT_JSON", "The body must be a JSON object, at least {}")
         body = await json_body(request)
         if body.get("new_room_user_id") is not None:
             raise ApiError(
