@@ -313,7 +313,9 @@ class Worker:
             self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
         )  # fmt: skip
         # A room's end (purge, last local member gone) drops what every worker keeps of it.
-        self.caches.room_ended += [self.room_views.forget_room, self.sync.bodies.forget_room]
+        self.caches.room_ended += [
+            self.room_views.forget_room, self.sync.bodies.forget_room, self.room_versions.cache.invalidate,
+        ]  # fmt: skip
         if self.persister is not None and self.name in self.writers(CACHES):
             self.room_writes.end = RoomEnd(
                 self.pool, config.server_name, self.persister,

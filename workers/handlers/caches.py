@@ -160,7 +160,7 @@ class SyncCaches:
         if access_token is not None:
             self.access_tokens = LruCache(ACCESS_TOKEN_CACHE, access_token_entries, access_token)
         #: Called with a room id when the room ended (purged, or its last local member left), for
-        #: what the worker keeps of a room outside these caches (room rules, event bodies).
+        #: what the worker keeps of a room outside these caches (room rules, event bodies, version).
         self.room_ended: list[Callable[[str], None]] = []
 
     def all(self) -> list[LruCache[str, object]]:
