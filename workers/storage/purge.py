@@ -34,7 +34,7 @@ async def present_members(conn: Conn, room_id: str, server_name: str) -> list[st
     """The local users joined, invited or knocking in the room, in user id order."""
     records = await conn.fetch(
         "SELECT user_id FROM local_current_membership WHERE room_id = $1 AND membership = ANY($2::text[])"
-        " AND user_id LIKE '%:' || $3 ORDER BY user_id",
+        " AND right(user_id, length($3) + 1) = ':' || $3 ORDER BY user_id",
         room_id,
         list(PRESENT),
         server_name,
@@ -47,7 +47,7 @@ async def any_local_member(conn: Conn, room_id: str, server_name: str) -> bool:
     return bool(
         await conn.fetchval(
             "SELECT EXISTS (SELECT 1 FROM local_current_membership WHERE room_id = $1"
-            " AND membership = ANY($2::text[]) AND user_id LIKE '%:' || $3)",
+            " AND membership = ANY($2::text[]) AND right(user_id, length($3) + 1) = ':' || $3)",
             room_id,
             list(PRESENT),
             server_name,
