@@ -13,6 +13,7 @@ from tests.workers.conftest import MakeWorker, client_for
 from workers.handlers.room_purge import PurgeOptions
 from workers.harness.cluster_client import RequestRefused
 from workers.model import ROOM_EMPTIED_CACHE
+from workers.storage import room_deletions
 from workers.storage.purge import all_members
 
 
@@ -94,3 +95,22 @@ async def test_a_purge_racing_sends_leaves_no_half_room(
     # Only alice's leave is left of the room: no send that was admitted landed after the purge.
     assert [(r["type"], r["state_key"]) for r in left] == [("m.room.member", "@alice:localhost")]
     assert state == 0
+
+
+async def test_a_deletion_its_writer_left_unfinished_fails_when_the_writer_starts(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        mine = await room_deletions.start(conn, "!gone:localhost", "p1")  # as p1 records it, then dies
+        others = await room_deletions.start(conn, "!other:localhost", "p2")
+    finally:
+        await conn.close()
+    await make_worker("p1", ["p1", "p2"])
+    conn = await asyncpg.connect(database_url)
+    try:
+        failed, running = await room_deletions.by_id(conn, mine), await room_deletions.by_id(conn, others)
+    finally:
+        await conn.close()
+    assert failed is not None and failed.status == "failed" and "interrupted" in str(failed.error)
+    assert running is not None and running.status == "shutting_down"  # p2's own, p2 is not back
