@@ -56,6 +56,8 @@ from workers.handlers.messages import Messages
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.recent_events import RecentEvents, ref_of, ref_of_row
+from workers.handlers.room_deletions import RoomDeletions
+from workers.handlers.room_purge import RoomEnd
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.room_writes import RoomWrites
@@ -324,6 +326,21 @@ class Worker:
             self.name, self.writers(EVENTS), self.pool, self.persister, self.backfill_persister,
             self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
         )  # fmt: skip
+        # A room's end (purge, last local member gone) drops what every worker keeps of it.
+        self.caches.room_ended += [
+            self.room_views.forget_room, self.sync.bodies.forget_room, self.room_versions.cache.invalidate,
+        ]  # fmt: skip
+        if self.persister is not None and self.name in self.writers(CACHES):
+            self.room_writes.end = RoomEnd(
+                self.pool, config.server_name, self.persister,
+                CacheRows(
+                    self.name, self.generators[CACHES], lambda rows: self._committed([], [], rows),
+                    self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
+                ),
+                self.room_writes.gate,
+            )  # fmt: skip
+            self.room_writes.deletions = RoomDeletions(self.pool, self.name, self.room_writes.end)
+            await self.room_writes.deletions.interrupted()
         reads = config.serve_reads
         self.rate_limits = RateLimiter(
             limiter_client(config), config.channel_prefix, RateLimitSettings.from_config(config), self.pool,
@@ -627,6 +644,8 @@ class Worker:
             self.sync.closing = True
         self.notifier.notify_all()
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if getattr(self, "room_writes", None) is not None and self.room_writes.deletions is not None:
+            steps.append(("finish_room_deletions", self.room_writes.deletions.stop))
         for persister in (self.persister, self.backfill_persister):
             if persister is not None:
                 steps.append(("drain_writes", persister.stop))
