@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test lint bench chaos scale venv jdbc redis-server docker-compose wrk audit-zip clean lock
+.PHONY: demo test upgrade-check previous-release lint bench chaos scale venv jdbc redis-server pgbouncer docker-compose wrk audit-zip clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,19 @@ redis-server:
 	    echo "missing redis-server: run 'sudo apt-get install redis-server' or set REDIS_SERVER_BIN"; exit 1; \
 	  fi; }
 
+# The PgBouncer test runs a real pooler in transaction mode: Debian's pgbouncer, installed without
+# starting its service (policy-rc.d), only when missing and only as root; PGBOUNCER_BIN names another.
+pgbouncer:
+	@command -v pgbouncer >/dev/null || [ -n "$$PGBOUNCER_BIN" ] || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing pgbouncer (for the PgBouncer test)"; \
+	    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null); \
+	    status=$$?; rm -f /usr/sbin/policy-rc.d; exit $$status; \
+	  else \
+	    echo "missing pgbouncer: run 'sudo apt-get install pgbouncer' or set PGBOUNCER_BIN"; exit 1; \
+	  fi; }
+
 # The compose test validates compose/docker-compose.yml with the real Compose tooling: Debian's
 # docker-compose package, installed only when missing and only as root.
 docker-compose:
@@ -64,8 +77,19 @@ docker-compose:
 demo: $(STAMP) jdbc
 	$(BIN)/fanout demo
 
-test: $(STAMP) jdbc redis-server docker-compose
+test: $(STAMP) jdbc redis-server pgbouncer docker-compose previous-release
 	$(BIN)/pytest -q -n 2 --dist loadgroup
+
+# The previous release (release/previous.toml's commit) in its own venv under .cache/upgrade-check,
+# built once (about a minute: its pinned dependencies from PyPI or pip's cache), reused after.
+previous-release: $(STAMP)
+	$(BIN)/python -m workers.harness.upgrade --build-only
+
+# That release as a cluster under load, upgraded worker by worker to this tree; then the history
+# check, the clients that started over and the phases' table (docs/operations.md, "Upgrading").
+UPGRADE_PHASE_S ?= 10
+upgrade-check: $(STAMP)
+	$(BIN)/python -m workers.harness.upgrade --phase-seconds $(UPGRADE_PHASE_S)
 
 # The fault scenarios with larger loads and longer outages than CI (tests/cluster/test_scenarios.py),
 # then their table: scenario, events acknowledged and checked, lost, duplicated, reordered, recovery.

@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
 from redis.asyncio.cluster import RedisCluster
 
+from workers.harness.pgbouncer_server import PgBouncer, start_pgbouncer
 from workers.redis_cluster_server import RedisClusterServers, start_redis_cluster
 from workers.services import EmbeddedServices, Source
 from workers.storage.migrate import migrate_url
@@ -49,11 +50,11 @@ class Servers:
         base, _, _ = self.admin_url.rpartition("/")
         return f"{base}/{name}"
 
-    async def create_database(self, name: str) -> str:
-        """A copy of the migrated template; returns its URL."""
+    async def create_database(self, name: str, *, migrated: bool = True) -> str:
+        """A copy of the migrated template (`migrated=False`: an empty database); returns its URL."""
         admin = await asyncpg.connect(self.admin_url)
         try:
-            await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+            await admin.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {TEMPLATE_DB}" if migrated else ""))
         finally:
             await admin.close()
         return self.database_url(name)
@@ -121,6 +122,16 @@ async def db_pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
         yield pool
     finally:
         await pool.close()
+
+
+@pytest.fixture
+def pgbouncer(servers: Servers) -> Iterator[PgBouncer]:
+    """A real PgBouncer (Debian's, `make pgbouncer`) in transaction mode in front of the session's
+    PostgreSQL, on a free loopback port, with 4 server connections per database; stopped at
+    teardown. `pgbouncer.through(database_url)` is a test database's URL through it."""
+    bouncer = start_pgbouncer(servers.admin_url, pool_size=4)
+    yield bouncer
+    bouncer.stop()
 
 
 @pytest.fixture

@@ -56,6 +56,8 @@ from workers.handlers.messages import Messages
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.recent_events import RecentEvents, ref_of, ref_of_row
+from workers.handlers.room_deletions import RoomDeletions
+from workers.handlers.room_purge import RoomEnd
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_versions import RoomVersions
 from workers.handlers.room_writes import RoomWrites
@@ -76,8 +78,8 @@ from workers.instance_lease import InstanceLease
 from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, redacts_of
 from workers.position_hints import discard_hints_ahead
 from workers.reachability import PostgresProbe
-from workers.startup_retry import connect_with_retry, ping_redis, where
-from workers.storage import create_pool
+from workers.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
+from workers.storage import connect, create_pool
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.storage.named_pool import TransactionTimer
@@ -94,6 +96,8 @@ SHUTDOWN_STEP_S = 10.0
 #: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
 SHUTDOWN_GRACE_S = 2.0
 #: What "not reachable yet" looks like at start-up (retried for `startup_retry_s`).
+#: The migrations' transaction name (they run in `Worker.start`, a name that would say nothing).
+_MIGRATIONS = "workers.storage.migrate.apply_migrations"
 _POSTGRES_DOWN = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 _REDIS_DOWN = (OSError, TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
@@ -162,28 +166,48 @@ class Worker:
         with self._phase("connect_database"):
             self.pool = await connect_with_retry(
                 "PostgreSQL", config.database_url,
-                lambda: create_pool(config.database_url, config.db_pool_size),
+                lambda: create_pool(
+                    config.database_url, config.db_pool_size,
+                    transaction_pooler=config.database_pooler == "transaction",
+                ),
                 config.startup_retry_s, _POSTGRES_DOWN,
             )  # fmt: skip
             self.db_timer = self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
+            if config.database_direct_url is not None:
+                pinging = time.perf_counter()
+                await connect_with_retry(
+                    "PostgreSQL (database_direct_url)", config.database_direct_url,
+                    lambda: ping_direct_postgres(config.session_database_url),
+                    config.startup_retry_s, _POSTGRES_DOWN,
+                )  # fmt: skip
+                self.db_timer.observe_held(
+                    "workers.startup_retry.ping_direct_postgres", time.perf_counter() - pinging
+                )
         with self._phase("connect_redis"):
             await connect_with_retry(
                 "Redis", config.redis_url, lambda: ping_redis(config.redis_url),
                 config.startup_retry_s, _REDIS_DOWN,
             )  # fmt: skip
         with self._phase("migrate"):
-            async with self.pool.acquire(name="workers.storage.migrate.apply_migrations") as conn:
-                await apply_migrations(conn)
+            if config.database_direct_url is None:
+                async with self.pool.acquire(name=_MIGRATIONS) as conn:
+                    await apply_migrations(conn)
+            else:  # its advisory lock needs one session: never through a transaction pooler
+                migrating = time.perf_counter()
+                async with connect(config.database_direct_url) as direct:
+                    await apply_migrations(direct)
+                self.db_timer.observe_held(_MIGRATIONS, time.perf_counter() - migrating)
         with self._phase("hold_instance_name"):
             taking = time.perf_counter()
             self.lease = await InstanceLease.acquire(
-                config.database_url, config.channel_prefix, self.name, config.instance_lease_s,
+                config.session_database_url, config.channel_prefix, self.name, config.instance_lease_s,
                 self._lost_instance_name, retake_s=config.startup_retry_s,
             )  # fmt: skip
             taken = time.perf_counter() - taking
             self.db_timer.observe_held("workers.instance_lease.InstanceLease.acquire", taken)
             self.lease.timed = self.db_timer.observe_held
-        await check_server(self.pool, config.db_pool_size, where(config.database_url))
+        if config.database_pooler == "none":  # behind PgBouncer the pool counts against its pool
+            await check_server(self.pool, config.db_pool_size, where(config.database_url))
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)
             await self.instance_map.get_id(self.name)
@@ -319,6 +343,21 @@ class Worker:
             self.name, self.writers(EVENTS), self.pool, self.persister, self.backfill_persister,
             self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
         )  # fmt: skip
+        # A room's end (purge, last local member gone) drops what every worker keeps of it.
+        self.caches.room_ended += [
+            self.room_views.forget_room, self.sync.bodies.forget_room, self.room_versions.cache.invalidate,
+        ]  # fmt: skip
+        if self.persister is not None and self.name in self.writers(CACHES):
+            self.room_writes.end = RoomEnd(
+                self.pool, config.server_name, self.persister,
+                CacheRows(
+                    self.name, self.generators[CACHES], lambda rows: self._committed([], [], rows),
+                    self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
+                ),
+                self.room_writes.gate,
+            )  # fmt: skip
+            self.room_writes.deletions = RoomDeletions(self.pool, self.name, self.room_writes.end)
+            await self.room_writes.deletions.interrupted()
         reads = config.serve_reads
         self.rate_limits = RateLimiter(
             limiter_client(config), config.channel_prefix, RateLimitSettings.from_config(config), self.pool,
@@ -629,6 +668,8 @@ class Worker:
             self.sync.closing = True
         self.notifier.notify_all()
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if getattr(self, "room_writes", None) is not None and self.room_writes.deletions is not None:
+            steps.append(("finish_room_deletions", self.room_writes.deletions.stop))
         for persister in (self.persister, self.backfill_persister):
             if persister is not None:
                 steps.append(("drain_writes", persister.stop))

@@ -86,6 +86,18 @@ class WorkerConfig(BaseSettings):
         " by $HOSTNAME (else the host's name), so replicas of one container config get distinct names"
     )
     database_url: str = Field(description="postgresql://user[:password]@host:port/database")
+    database_pooler: Literal["none", "transaction"] = Field(
+        "none",
+        description="What database_url reaches: PostgreSQL itself (none), or PgBouncer with"
+        " pool_mode = transaction (asyncpg's prepared-statement cache off; what needs a session uses"
+        " database_direct_url). See operations.md, Capacity",
+    )
+    database_direct_url: str | None = Field(
+        None,
+        description="With database_pooler: transaction, PostgreSQL itself (not the pooler), for what"
+        " needs one session: the schema migration lock and the instance-name lease. Required then,"
+        " refused otherwise",
+    )
     redis_url: str = Field(
         description="redis://, rediss:// (TLS) or unix://; user:password@ for ACLs. With"
         " redis_cluster it defaults to that list's first node (which the start-up check PINGs)"
@@ -204,7 +216,8 @@ class WorkerConfig(BaseSettings):
         ge=1,
         le=200,
         description="Connections in the worker's Postgres pool; the worker opens at most this plus one"
-        " (its instance-name lease): budget them against max_connections (operations.md, Capacity)",
+        " (its instance-name lease): budget them against max_connections, or with database_pooler"
+        " against PgBouncer's max_client_conn (operations.md, Capacity)",
     )
     persist_batches_in_flight: int = Field(
         2,
@@ -328,10 +341,36 @@ class WorkerConfig(BaseSettings):
                 raise ValueError(f"{item!r} is not an address or a network (CIDR)") from None
         return value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "database_direct_url")
     @classmethod
-    def _postgres_url(cls, value: str) -> str:
-        return checked_url(value, ("postgresql", "postgres"))
+    def _postgres_url(cls, value: str | None) -> str | None:
+        return None if value is None else checked_url(value, ("postgresql", "postgres"))
+
+    @model_validator(mode="after")
+    def _pooler_urls(self) -> WorkerConfig:
+        direct = self.database_direct_url
+        if self.database_pooler == "transaction" and direct is None:
+            raise ValueError(
+                "database_pooler: transaction needs database_direct_url (PostgreSQL itself, not"
+                " PgBouncer) for the schema migration lock and the instance-name lease"
+            )
+        if self.database_pooler == "none" and direct is not None:
+            raise ValueError(
+                "database_direct_url is used only with database_pooler: transaction; remove it, or"
+                " set database_pooler when database_url is a PgBouncer in transaction mode"
+            )
+        if direct is not None and direct == self.database_url:
+            raise ValueError(
+                "database_direct_url equals database_url: with database_pooler: transaction,"
+                " database_url is PgBouncer and database_direct_url PostgreSQL itself"
+            )
+        return self
+
+    @property
+    def session_database_url(self) -> str:
+        """Where a connection that keeps session state (advisory locks, session settings) goes:
+        PostgreSQL itself, never through a transaction pooler."""
+        return self.database_direct_url or self.database_url
 
     @field_validator("default_room_version")
     @classmethod

@@ -9,10 +9,20 @@ The audit (Spark) opens one connection per JDBC partition while it reads. The he
 `superuser_reserved_connections` (3 by default, not usable by an ordinary role) and the operator's
 own sessions (psql, pg_dump, `fanout migrate`): `DEFAULT_HEADROOM` is 5.
 
-`fanout check-config DIR` prints the sum for a directory of worker configurations (`Budget`);
-at start-up each worker compares what its pool may still open with what the server has free
-(`check_server`) and logs one warning line when it would not fit: PostgreSQL would refuse the
-connection later, under load, as "sorry, too many clients already".
+Behind PgBouncer in transaction mode (`database_pooler: transaction`) a worker's pool connects to
+PgBouncer, not to PostgreSQL: those pools count against PgBouncer's `max_client_conn`, and
+PostgreSQL sees only PgBouncer's server pool (`default_pool_size` + `reserve_pool_size` per
+database and user) and each worker's lease connection on `database_direct_url`:
+
+    sum over direct workers (db_pool_size + 1) + pooled workers x 1 + PgBouncer's server pool
+      + audit JDBC partitions + headroom <= max_connections
+    sum over pooled workers db_pool_size <= PgBouncer's max_client_conn
+
+`fanout check-config DIR` prints the sums for a directory of worker configurations (`Budget`);
+at start-up each worker whose pool reaches PostgreSQL itself compares what its pool may still
+open with what the server has free (`check_server`) and logs one warning line when it would not
+fit: PostgreSQL would refuse the connection later, under load, as "sorry, too many clients
+already". A pooled worker does not: PgBouncer queues its clients for a server connection instead.
 """
 
 from __future__ import annotations
@@ -29,46 +39,83 @@ log = logging.getLogger(__name__)
 #: The instance-name lease's own session, beside the pool.
 LEASE_CONNECTIONS = 1
 DEFAULT_HEADROOM = 5
+#: PgBouncer's defaults: `default_pool_size` (server connections per database and user) and
+#: `max_client_conn`.
+PGBOUNCER_DEFAULT_POOL = 20
+PGBOUNCER_DEFAULT_MAX_CLIENTS = 100
 
 
 @dataclass(frozen=True)
 class WorkerShare:
-    """One configuration's share: `replicas` processes run it."""
+    """One configuration's share: `replicas` processes run it; `pooled` when its pool goes through
+    PgBouncer (then only its lease reaches PostgreSQL)."""
 
     name: str
     pool_size: int
     replicas: int = 1
+    pooled: bool = False
 
     @property
     def connections(self) -> int:
-        return (self.pool_size + LEASE_CONNECTIONS) * self.replicas
+        """Connections to PostgreSQL itself."""
+        direct = LEASE_CONNECTIONS if self.pooled else self.pool_size + LEASE_CONNECTIONS
+        return direct * self.replicas
+
+    @property
+    def pooler_clients(self) -> int:
+        """Connections to PgBouncer."""
+        return self.pool_size * self.replicas if self.pooled else 0
 
 
 @dataclass
 class Budget:
-    """The cluster's sum; `fits(max_connections)` checks it against a server's limit."""
+    """The cluster's sums; `fits(max_connections)` checks PostgreSQL's, `pooler_fits(max_client_conn)`
+    PgBouncer's. `pooler_pool` is PgBouncer's server pool (`default_pool_size` + `reserve_pool_size`),
+    counted once some worker is pooled."""
 
     workers: list[WorkerShare] = field(default_factory=list)
     audit_partitions: int = 0
     headroom: int = DEFAULT_HEADROOM
+    pooler_pool: int = PGBOUNCER_DEFAULT_POOL
+
+    @property
+    def pooled(self) -> bool:
+        return any(w.pooled for w in self.workers)
 
     @property
     def total(self) -> int:
-        return sum(w.connections for w in self.workers) + self.audit_partitions + self.headroom
+        server_pool = self.pooler_pool if self.pooled else 0
+        return sum(w.connections for w in self.workers) + server_pool + self.audit_partitions + self.headroom
+
+    @property
+    def pooler_clients(self) -> int:
+        return sum(w.pooler_clients for w in self.workers)
 
     def fits(self, max_connections: int) -> bool:
         return self.total <= max_connections
 
+    def pooler_fits(self, max_client_conn: int) -> bool:
+        return self.pooler_clients <= max_client_conn
+
     def lines(self) -> list[str]:
-        """The budget as a person reads it: one line per configuration, then the sum."""
+        """The budget as a person reads it: one line per configuration, then the sums."""
         out = [
-            f"{w.name}: {w.replicas} x (db_pool_size {w.pool_size} + lease {LEASE_CONNECTIONS})"
+            f"{w.name}: {w.replicas} x lease {LEASE_CONNECTIONS} = {w.connections}"
+            f" (its pools, {w.replicas} x db_pool_size {w.pool_size} = {w.pooler_clients}, go to PgBouncer)"
+            if w.pooled
+            else f"{w.name}: {w.replicas} x (db_pool_size {w.pool_size} + lease {LEASE_CONNECTIONS})"
             f" = {w.connections}"
             for w in self.workers
         ]
+        if self.pooled:
+            out.append(f"PgBouncer server pool (default_pool_size + reserve_pool_size): {self.pooler_pool}")
         out.append(f"audit JDBC partitions: {self.audit_partitions}")
         out.append(f"headroom (reserved and operator sessions): {self.headroom}")
         out.append(f"total: {self.total} (needs max_connections >= {self.total})")
+        if self.pooled:
+            out.append(
+                f"PgBouncer clients: {self.pooler_clients} (needs max_client_conn >= {self.pooler_clients})"
+            )
         return out
 
 

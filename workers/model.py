@@ -29,6 +29,12 @@ CURRENT_STATE_CACHE = "cs_cache_fake"
 #: Rows of the caches stream whose keys are the hex SHA-256 of access tokens that ended (Synapse's
 #: cache of the same purpose has this name); keys None: every cached token.
 ACCESS_TOKEN_CACHE = "get_user_by_access_token"
+#: Rows of the caches stream whose keys are a room id that no local user is in any more (its last
+#: local member left), or that was purged, followed by the users whose room lists it changed:
+#: every worker drops what it keeps of the room (`SyncCaches.on_invalidations`). Named like
+#: `cs_cache_fake` because they are batched the same way: the audit counts each key of a row.
+ROOM_EMPTIED_CACHE = "emptied_room_cache_fake"
+ROOM_PURGED_CACHE = "purged_room_cache_fake"
 MEMBERS_PER_INVALIDATION = 50
 #: The most keys one such row carries (the caches stream's row type bounds it the same way).
 KEYS_PER_INVALIDATION = MEMBERS_PER_INVALIDATION + 1

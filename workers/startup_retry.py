@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+import asyncpg
 import redis.asyncio
 
 from workers.startup_errors import Refused, Unreachable, refusal
@@ -82,3 +83,20 @@ async def ping_redis(url: str) -> None:
         await client.ping()
     finally:
         await client.aclose()
+
+
+async def ping_direct_postgres(url: str) -> None:
+    """One query on a short-lived connection to `url`, which must reach PostgreSQL itself: raises
+    `Refused` when a pooler answers instead. A pooler hands its clients a backend key of its own,
+    so the pid PostgreSQL reports for the session differs from the one the connection was given."""
+    conn = await asyncpg.connect(url, timeout=5)
+    try:
+        backend_pid = await conn.fetchval("SELECT pg_backend_pid()")
+        if backend_pid != conn.get_server_pid():
+            raise Refused(
+                f"database_direct_url ({where(url)}) reaches a connection pooler, not PostgreSQL"
+                " itself: point it at the server, as the migration lock and the instance-name lease"
+                " need one session"
+            )
+    finally:
+        await conn.close()

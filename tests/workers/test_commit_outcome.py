@@ -22,6 +22,7 @@ from tests.workers.conftest import MakeWorker, client_for
 from workers.harness.cluster_client import ClusterClient, RequestRefused, timeline_events
 from workers.harness.faultproxy import FaultProxy, OnMessage, target_of, through
 from workers.harness.pg_messages import Message, is_commit, is_copy_done
+from workers.harness.pgbouncer_server import PgBouncer
 
 WRITER = "p1"
 
@@ -183,3 +184,39 @@ async def test_a_stored_stream_write_learns_its_commit_outcome(
     # The writer goes on: the next write lands and the reader serves it.
     await put("after")
     assert await stored("after")
+
+
+@pytest.fixture
+async def pooled_cluster(
+    pgbouncer: PgBouncer, make_worker: MakeWorker, database_url: str, http: aiohttp.ClientSession
+) -> AsyncIterator[tuple[ClusterClient, str, FaultProxy]]:
+    """As `cluster`, with the persister's pool through the proxy and then a PgBouncer in transaction
+    mode: the backend a COMMIT went to is PgBouncer's choice, not the connection's own."""
+    async with FaultProxy(*target_of(pgbouncer.through(database_url)), postgres=True) as proxy:
+        streams = {"account_data": [WRITER]}
+        persister = await make_worker(
+            WRITER, [WRITER], database_url=through(pgbouncer.through(database_url), proxy),
+            database_pooler="transaction", database_direct_url=database_url, stream_writers=streams,
+        )  # fmt: skip
+        reader = await make_worker("s1", [WRITER], stream_writers=streams)
+        client = client_for(http, [persister, reader], [WRITER])
+        await client.register("alice", via="s1")
+        yield client, await client.create_room(via=WRITER), proxy
+
+
+@pytest.mark.parametrize("late_s", [0.0, 0.2])
+async def test_behind_pgbouncer_a_late_commit_is_answered_as_it_ended(
+    pooled_cluster: tuple[ClusterClient, str, FaultProxy], database_url: str, late_s: float
+) -> None:
+    """Behind a transaction pooler the writer must end the backend that ran the transaction (found
+    inside it), not the one the pooler's connection names: else a COMMIT arriving late lands after
+    the writer decided it had not, and readers miss a stored event that its sender was told failed."""
+    client, room_id, proxy = pooled_cluster
+    for write in (topic(client, room_id), message(client, room_id)):
+        marker, status = await write_with_fault(proxy, is_commit, OnMessage.LATE, write, late_s=late_s)
+        await asyncio.sleep(late_s + 0.3)
+        stored = await stored_events(database_url, marker)
+        assert (status, stored) in ((200, 1), (503, 0))
+        assert await seen_by_reader(client, room_id, marker) == stored
+    marker, status = await write_with_fault(proxy, is_commit, OnMessage.DROP_REPLY, message(client, room_id))
+    assert status == 200 and await stored_events(database_url, marker) == 1

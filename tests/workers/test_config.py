@@ -51,6 +51,24 @@ def test_good_file_and_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         (GOOD + "serve_reads: false\nread_workers: [sync1]\n", "(top level)", "no URL in instance_map"),
         (GOOD.replace("instance_name: persister1", "instance_name: 'two words'"), "instance_name", "letters"),
         ("\n".join(GOOD.splitlines()[2:]), "instance_name", "Field required"),
+        (GOOD + "database_pooler: session\n", "database_pooler", "'none' or 'transaction'"),
+        (GOOD + "database_pooler: transaction\n", "(top level)", "needs database_direct_url"),
+        (
+            GOOD + "database_direct_url: postgresql://postgres@db:5432/fanout\n",
+            "(top level)",
+            "used only with",
+        ),
+        (
+            GOOD
+            + "database_pooler: transaction\ndatabase_direct_url: postgresql://postgres@127.0.0.1:5432/fanout\n",
+            "(top level)",
+            "database_direct_url equals database_url",
+        ),
+        (
+            GOOD + "database_pooler: transaction\ndatabase_direct_url: http://db\n",
+            "database_direct_url",
+            "postgresql",
+        ),
     ],
 )
 def test_bad_field_is_named(tmp_path: Path, text: str, field: str, problem: str) -> None:
@@ -114,3 +132,15 @@ def test_cli_exits_2_with_field_named_and_no_traceback(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "'max_line_bytes'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_transaction_pooler_sends_sessions_to_the_direct_url(tmp_path: Path) -> None:
+    direct = "postgresql://postgres@db:5432/fanout"
+    pooled = load_config(
+        _write(tmp_path, GOOD + f"database_pooler: transaction\ndatabase_direct_url: {direct}\n")
+    )
+    assert pooled.session_database_url == direct
+    assert (
+        load_config(_write(tmp_path, GOOD)).session_database_url
+        == "postgresql://postgres@127.0.0.1:5432/fanout"
+    )

@@ -151,6 +151,22 @@ CASES: dict[str, tuple[Case, str, int]] = {
         2,
     ),
     "no writer for events": (_set(stream_writers={}), "names no writer of the 'events' stream", 2),
+    "pooler without a direct URL": (
+        _set(database_pooler="transaction"),
+        "database_pooler: transaction needs database_direct_url",
+        2,
+    ),
+    "direct URL without a pooler": (
+        lambda c, _p: (_yaml({**c, "database_direct_url": c["database_url"]}), {}),
+        "database_direct_url is used only with database_pooler: transaction",
+        2,
+    ),
+    # database_url and database_direct_url swapped: the "direct" one is a real PgBouncer.
+    "direct URL through a pooler": (
+        lambda c, p: (_yaml(c), {}),
+        "database_direct_url (127.0.0.1:{port}) reaches a connection pooler, not PostgreSQL itself",
+        2,
+    ),
     "postgres unreachable": (
         lambda c, p: (_yaml({**c, "database_url": f"postgresql://u@127.0.0.1:{p}/db"}), {}),
         "PostgreSQL at 127.0.0.1:{port} unreachable after 1s",
@@ -200,6 +216,10 @@ async def test_startup_failure_is_one_line_and_a_code(
     if case == "not a Redis server":
         port = request.getfixturevalue("http_server_port")
     config = _config(database_url, redis_url, channel_prefix)
+    if case == "direct URL through a pooler":
+        bouncer = request.getfixturevalue("pgbouncer")
+        port = bouncer.port
+        config |= {"database_pooler": "transaction", "database_direct_url": bouncer.through(database_url)}
     text, env = make(config, port)
     path = tmp_path / "worker.yaml"
     if text is not None:

@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "create, list or delete registration tokens (registration: token)",
     ),
     "demo": ("workers.harness.demo", "the main job: a local cluster under load, verified"),
+    "upgrade-check": (
+        "workers.harness.upgrade",
+        "the previous release under load, upgraded worker by worker to this tree, checked",
+    ),
     "inspect": ("workers.cli.redis_inspect", "print replication traffic or every stream's vector clock"),
     "audit": ("analytics.cli", "the invalidation audit (PySpark)"),
 }
@@ -44,6 +48,7 @@ BENCHES: dict[str, str] = {
     "ratelimit": "workers.harness.bench.ratelimit",
     "crowd": "workers.harness.bench.crowd",
     "live": "workers.harness.bench.live",
+    "demo": "workers.harness.bench.demo",
     "all": "workers.harness.bench.all",
 }
 

@@ -21,7 +21,7 @@ from workers.storage import registration_tokens as tokens
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fanout registration-token", description=__doc__)
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--config", help="a worker's configuration file (its database_url is used)")
+    where.add_argument("--config", help="a worker's config (its database_direct_url, else database_url)")
     where.add_argument("--database-url")
     commands = p.add_subparsers(dest="command", required=True)
     create = commands.add_parser("create", help="make a token")
@@ -59,7 +59,7 @@ async def _run(database_url: str, args: argparse.Namespace) -> list[dict[str, An
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
-        database_url = args.database_url or load_config(args.config).database_url
+        database_url = args.database_url or load_config(args.config).session_database_url
         for token in event_loop.run(_run(database_url, args)):
             print(json.dumps(token))
     except (ConfigError, ValueError, tokens.TokenExistsError) as e:

@@ -19,6 +19,8 @@ from workers.model import (
     ACCESS_TOKEN_CACHE,
     CURRENT_STATE_CACHE,
     MEMBER_EVENT,
+    ROOM_EMPTIED_CACHE,
+    ROOM_PURGED_CACHE,
     VISIBILITY_EVENT,
     CacheInvalidation,
     UserRooms,
@@ -91,6 +93,13 @@ class LruCache(Generic[K, V]):
     def invalidate_many(self, keys: Iterable[K]) -> None:
         for key in keys:
             self.invalidate(key)
+
+    def invalidate_matching(self, matches: Callable[[K], bool]) -> None:
+        """Drop every entry whose key `matches` (a scan: for rare events such as a room's end)."""
+        self._generation += 1
+        self.invalidations += 1
+        for key in [k for k in self._entries if matches(k)]:
+            del self._entries[key]
 
     def invalidate_all(self) -> None:
         self._generation += 1
@@ -189,6 +198,9 @@ class SyncCaches:
         self.access_tokens: LruCache[str, Requester] | None = None
         if access_token is not None:
             self.access_tokens = LruCache(ACCESS_TOKEN_CACHE, access_token_entries, access_token)
+        #: Called with a room id when the room ended (purged, or its last local member left), for
+        #: what the worker keeps of a room outside these caches (room rules, event bodies, version).
+        self.room_ended: list[Callable[[str], None]] = []
 
     def all(self) -> list[LruCache[str, object]]:
         caches = [
@@ -238,6 +250,14 @@ class SyncCaches:
                         self.room_visibility.invalidate(key)
                     else:
                         self.rooms_for_user.invalidate(key)
+            elif row.cache_func in (ROOM_EMPTIED_CACHE, ROOM_PURGED_CACHE) and row.keys:
+                room_id, *users = row.keys
+                self.current_state.invalidate(room_id)
+                self.joined_members.invalidate(room_id)
+                self.room_visibility.invalidate(room_id)
+                self.rooms_for_user.invalidate_many(users)
+                for ended in self.room_ended:
+                    ended(room_id)
             elif (cache := by_name.get(row.cache_func)) is not None:
                 if row.keys is None:
                     cache.invalidate_all()

@@ -48,8 +48,9 @@ from workers.errors import PersisterError
 from workers.handlers.retried_sends import Pending, RetryCheck, answer_stored
 from workers.handlers.room_versions import RoomVersions
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
-from workers.storage.commit_outcome import committed, outcome_unknown, row_exists
+from workers.storage.commit_outcome import BACKEND_PID_SQL, committed, outcome_unknown, row_exists
 from workers.storage.events import events_by_ids, insert_batch, needs_transaction
+from workers.storage.named_pool import NamedPool
 
 log = logging.getLogger(__name__)
 #: Events per batch at most: past this, bigger batches stopped paying off in `fanout bench cluster`.
@@ -93,6 +94,8 @@ class EventPersister:
         max_in_flight: int = 2,
     ) -> None:
         self._pool = pool
+        #: Behind a transaction pooler every batch is a transaction that reads its backend's pid.
+        self._pooled = isinstance(pool, NamedPool) and pool.transaction_pooler
         self._instance = instance_name
         self._events_gen = events_gen
         self._caches_gen = caches_gen
@@ -307,8 +310,10 @@ class EventPersister:
             try:
                 async with self._pool.acquire() as conn:
                     pid = conn.get_server_pid()
-                    if needs_transaction(events, invalidations):
+                    if self._pooled or needs_transaction(events, invalidations):
                         async with conn.transaction():
+                            if self._pooled:  # the backend is the pooler's pick: ask it
+                                pid = await conn.fetchval(BACKEND_PID_SQL)
                             await insert_batch(conn, events, stored, invalidations, me)
                             committing = True  # leaving the block sends COMMIT
                     else:

@@ -239,6 +239,10 @@ class EventBodies:
             self._cache.pop(event_id, None)
             self._loading.pop(event_id, None)
 
+    def forget_room(self, room_id: str) -> None:
+        """The room was purged: its events are gone from the database, so from here too."""
+        self.forget([event_id for event_id, event in self._cache.items() if event.room_id == room_id])
+
     async def get(self, event_ids: Sequence[str]) -> dict[str, Event]:
         """The persisted events among `event_ids`, by id (an id that is not stored is left out)."""
         found: dict[str, Event] = {}

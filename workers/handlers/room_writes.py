@@ -33,12 +33,15 @@ from workers.handlers import rooms
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
+from workers.handlers.room_deletions import RoomDeletions
+from workers.handlers.room_purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
 from workers.handlers.room_versions import REDACTION_EVENT
 from workers.handlers.visibility import wait_visible
 from workers.model import CREATE_EVENT, MEMBER_EVENT, SUPPORTED_ROOM_VERSIONS, Event, NewEvent
 from workers.routing import writer_for_room
 from workers.storage import events as store
 from workers.storage import rooms as room_store
+from workers.storage.purge import BLOCKED_ROOM
 
 MAX_BACKFILL = 500
 MAX_INVITE_STATE = 50
@@ -172,6 +175,12 @@ class RoomWrites:
         #: its first POSITION seen); while it does not, waiting to see an event is pointless.
         self.hears: Callable[[str], bool] = lambda _writer: True
         self._in_flight: dict[str, asyncio.Future[Written]] = {}
+        #: The purge and last-member clean-up of the rooms written here (None: not set up).
+        self.end: RoomEnd | None = None
+        #: The Delete Room API's version 2 tasks of the rooms written here (None: not set up).
+        self.deletions: RoomDeletions | None = None
+        #: Writes admitted per room; a purge holds its room here (`RoomEnd` shares it).
+        self.gate = RoomGate()
         self.forwarded = 0
         self.late_answers = 0
 
@@ -239,6 +248,37 @@ class RoomWrites:
             raise OwnerUnavailable(owner, "answered without stream_orderings")
         return [int(o) for o in orderings]
 
+    async def purge(self, room_id: str, options: PurgeOptions) -> PurgeResult:
+        """Delete a room on its owner (`workers.handlers.room_purge`): not retried, it ends users'
+        memberships."""
+        owner = self.owner(room_id)
+        if owner == self.name:
+            return await self.purge_here(room_id, options)
+        answer = await self._forward(owner, "room_purge", room_id, "purge", options.to_json(), retry=False)
+        return PurgeResult.from_json(owner, answer)
+
+    async def purge_here(self, room_id: str, options: PurgeOptions) -> PurgeResult:
+        if self.end is None:
+            raise OwnerUnavailable(self.name, "this worker does not write events or the caches stream")
+        return await self.end.purge(room_id, options)
+
+    async def start_deletion(self, room_id: str, options: PurgeOptions) -> str:
+        """Start a room's deletion as a task on its owner (`workers.handlers.room_deletions`); its
+        delete id."""
+        owner = self.owner(room_id)
+        if owner == self.name:
+            return await self.start_deletion_here(room_id, options)
+        answer = await self._forward(owner, "room_delete", room_id, "delete", options.to_json(), retry=False)
+        delete_id = answer.get("delete_id")
+        if not isinstance(delete_id, str):
+            raise OwnerUnavailable(owner, "answered a deletion without delete_id")
+        return delete_id
+
+    async def start_deletion_here(self, room_id: str, options: PurgeOptions) -> str:
+        if self.deletions is None:
+            raise OwnerUnavailable(self.name, "this worker does not write events or the caches stream")
+        return await self.deletions.start(room_id, options)
+
     async def _forward(
         self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool
     ) -> dict[str, Any]:
@@ -287,6 +327,13 @@ class RoomWrites:
         return written
 
     async def _check_and_persist(self, event: NewEvent, txn: bool) -> Written:
+        with self.gate.write(event.room_id):
+            written = await self._check_and_persist_admitted(event, txn)
+        if self.end is not None and event.type == MEMBER_EVENT and event.membership in ("leave", "ban"):
+            await self.end.after_leave(event.room_id)  # never raises: the leave is done
+        return written
+
+    async def _check_and_persist_admitted(self, event: NewEvent, txn: bool) -> Written:
         persister = self._persister_here()
         target = event.state_key if event.type == MEMBER_EVENT else None
         view = await self._views.view(event.room_id, event.sender, target)
@@ -319,6 +366,10 @@ class RoomWrites:
             return (await store.events_by_ids(conn, [event_id])).get(event_id)
 
     async def create_here(self, events: list[NewEvent]) -> Written:
+        with self.gate.write(events[0].room_id):
+            return await self._create_admitted(events)
+
+    async def _create_admitted(self, events: list[NewEvent]) -> Written:
         persister = self._persister_here()
         room_id = events[0].room_id
         if events[0].type != CREATE_EVENT or any(e.room_id != room_id for e in events):
@@ -332,6 +383,10 @@ class RoomWrites:
         return Written.of(persisted[-1])
 
     async def remote_invite_here(self, invite: RemoteInvite) -> Written:
+        with self.gate.write(invite.room_id):
+            return await self._remote_invite_admitted(invite)
+
+    async def _remote_invite_admitted(self, invite: RemoteInvite) -> Written:
         persister = self._persister_here()
         if invite.room_version not in SUPPORTED_ROOM_VERSIONS:
             raise rooms.IncompatibleRoomVersion(
@@ -343,6 +398,8 @@ class RoomWrites:
         if event.sender.partition(":")[2] == self.server_name:
             raise rooms.Forbidden("an invite from a local user is sent with /invite, not over federation")
         room = await self._views.rooms.get(invite.room_id)
+        if room.blocked:
+            raise rooms.Forbidden(BLOCKED_ROOM)
         if room.exists and room.remote_version is None:
             raise rooms.Forbidden(f"{invite.room_id} lives on this server")
         stored = await self._stored(event.event_id)
@@ -356,6 +413,10 @@ class RoomWrites:
         return Written.of(await persister.persist(event))
 
     async def backfill_here(self, room_id: str, sender: str, items: Any) -> list[int]:
+        with self.gate.write(room_id):
+            return await self._backfill_admitted(room_id, sender, items)
+
+    async def _backfill_admitted(self, room_id: str, sender: str, items: Any) -> list[int]:
         persister = self._persister_here(backfill=True)
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BACKFILL:
             raise rooms.BadEvent(f"events must be a list of 1 to {MAX_BACKFILL} objects")

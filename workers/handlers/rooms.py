@@ -34,7 +34,9 @@ from workers.model import (
 )
 from workers.redaction_rules import prune_content, rules_for
 from workers.storage import Conn
+from workers.storage import purge as purge_store
 from workers.storage import rooms as room_store
+from workers.storage.purge import BLOCKED_ROOM
 
 JOIN_RULES_EVENT = "m.room.join_rules"
 POWER_LEVELS_EVENT = "m.room.power_levels"
@@ -62,6 +64,8 @@ class RoomRules:
     join_rule: str
     power: PowerLevels
     remote_version: str | None = None
+    #: An admin blocked the room id (`blocked_rooms`): no one may join, be invited or knock.
+    blocked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,7 @@ class RoomView:
     target_membership: str | None
     power: PowerLevels = field(default_factory=PowerLevels)
     remote_version: str | None = None
+    blocked: bool = False
 
 
 async def load_room(conn: Conn, room_id: str) -> RoomRules:
@@ -85,6 +90,7 @@ async def load_room(conn: Conn, room_id: str) -> RoomRules:
         room_id,
     )
     exists, join_rule, creator, power = False, "invite", None, None
+    blocked = await purge_store.is_blocked(conn, room_id)
     for r in records:
         content = json.loads(r["json"]).get("content", {})
         if r["redacted_under"] is not None:  # a redacted rule counts as what its pruning leaves
@@ -100,10 +106,11 @@ async def load_room(conn: Conn, room_id: str) -> RoomRules:
         # stand-in for federation's join), under the version the invite named.
         remote = await room_store.remote_room(conn, room_id)
         if remote is not None:
-            return RoomRules(True, "invite", PowerLevels.from_state(None, None), remote)
+            return RoomRules(True, "invite", PowerLevels.from_state(None, None), remote, blocked)
     return RoomRules(
-        exists, join_rule, PowerLevels.from_state(power, creator if isinstance(creator, str) else None)
-    )
+        exists, join_rule, PowerLevels.from_state(power, creator if isinstance(creator, str) else None),
+        blocked=blocked,
+    )  # fmt: skip
 
 
 async def load_membership(conn: Conn, room_id: str, user_id: str) -> str | None:
@@ -142,7 +149,13 @@ class RoomViews:
             None if target is None else await self.memberships.get((room_id, target)),
             room.power,
             room.remote_version,
+            room.blocked,
         )
+
+    def forget_room(self, room_id: str) -> None:
+        """The room ended (purged, blocked or left by every local user): forget all of it."""
+        self.rooms.invalidate(room_id)
+        self.memberships.invalidate_matching(lambda key: key[0] == room_id)
 
     def on_events(self, events: Iterable[EventLike]) -> None:
         """Forget what committed `events` changed (call before their senders are answered)."""
@@ -168,6 +181,8 @@ class RoomViews:
 def check(event: NewEvent, view: RoomView) -> None:
     """Raise Forbidden/NotFound/BadEvent unless `event` may be sent into the room as `view` shows it:
     the membership rules, then the room's power levels (`workers.handlers.power_levels`)."""
+    if view.blocked and event.type == MEMBER_EVENT and event.membership not in ("leave", "ban"):
+        raise Forbidden(BLOCKED_ROOM)
     if not view.exists:
         raise NotFound(f"no room {event.room_id}")
     power = view.power

@@ -119,9 +119,10 @@ class StreamWriter:
             rows: list[tuple[int, Row]] | None = None
             try:
                 async with self._pool.acquire() as conn:
-                    pid = conn.get_server_pid()
                     async with conn.transaction():
-                        xid = await conn.fetchval(CURRENT_XID_SQL)
+                        session = await conn.fetchrow(CURRENT_XID_SQL)
+                        assert session is not None  # a SELECT without FROM has one row
+                        xid, pid = session["xid"], session["pid"]
                         rows = await body(conn, ids)
             except BaseException as e:
                 failure = e

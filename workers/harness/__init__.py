@@ -3,6 +3,7 @@
 `cluster.py` launches real worker processes, `cluster_client.py` talks to them as a user would,
 `loadgen.py` drives load, `sync_reader.py` is one user's recording /sync loop, `history.py`
 checks what clients saw (exactly once, in order, tokens monotone), `demo.py` is `fanout demo`,
-and `bench/` holds the benchmarks. A production worker
+`upgrade.py` is `fanout upgrade-check` (the previous release, built by `upgrade_build.py`,
+upgraded worker by worker under load) and `bench/` holds the benchmarks. A production worker
 imports none of this (a test checks it); the harness may import anything.
 """

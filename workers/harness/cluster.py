@@ -4,9 +4,11 @@ Each worker is `python -m workers.cli worker --config <file>` with its own YAML 
 free HTTP port, started with PR_SET_PDEATHSIG so none outlives the launcher. `start()` returns once
 every worker's /health says ready. Roles: persisters write the events stream, sync workers serve
 reads, background workers run their tasks; every worker serves the whole client API (a client may
-talk to any of them). `write_only_persisters=True` makes the persisters `serve_reads: false`, as a
-deployment that keeps clients' reads off its writers would. `redis_cluster` (node URLs) puts the
-workers on a Redis Cluster with sharded pub/sub, each stream on its own channel.
+talk to any of them). A worker's `command` may be another install's `fanout` (the upgrade check
+runs the previous release's beside this tree's). `write_only_persisters=True` makes the persisters
+`serve_reads: false`, as a deployment that keeps clients' reads off its writers would.
+`redis_cluster` (node URLs) puts the workers on a Redis Cluster with sharded pub/sub, each stream
+on its own channel.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class WorkerSpec:
     background_tasks: list[str] = field(default_factory=list)
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    #: The `fanout` command it runs; None: this interpreter's `python -m workers.cli` (the code under
+    #: test). Another install's `<venv>/bin/fanout` runs that install's code: its environment has
+    #: no PYTHONPATH and its working directory is the cluster's, so nothing of this tree leaks in.
+    command: list[str] | None = None
 
 
 #: The loopback networks: a local cluster's own clients.
@@ -152,14 +158,19 @@ class LocalCluster:
     def _spawn(self, spec: WorkerSpec) -> None:
         self._write_config(spec)
         log = open(self.log_path(spec.name), "ab")  # handed to the child
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if spec.command is not None:
+            env.pop("PYTHONPATH", None)
         spec.process = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "worker", "--config", str(self.config_path(spec.name))],
+            [*(spec.command or [sys.executable, "-m", "workers.cli"]), "worker",
+             "--config", str(self.config_path(spec.name))],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             preexec_fn=child_setup(None, None, signal.SIGTERM),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+            env=env,
+            cwd=self.workdir if spec.command is not None else None,
+        )  # fmt: skip
         log.close()
 
     async def start(self, names: list[str] | None = None, timeout_s: float = 60.0) -> None:

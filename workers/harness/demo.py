@@ -205,15 +205,25 @@ def main(argv: list[str]) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fanout-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     with given_or_embedded(args.database_url, args.redis_url) as (database_url, redis_url):
-        if not args.database_url:
-            database_url = database_url.rsplit("/", 1)[0] + "/fanout_demo"
-        summary = event_loop.run(run_demo(args, database_url, redis_url, workdir))
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary = demo_summary(args, database_url, redis_url, workdir)
         _print_summary(summary)
         print(f"  summary JSON                 {workdir / 'summary.json'}")
         if not args.no_audit:
             summary["audit_exit"] = _run_audit(database_url, workdir / "audit", len(summary["workers"]))
     return 0 if summary["verified"] and summary.get("audit_exit", 0) == 0 else 1
+
+
+def demo_summary(
+    args: argparse.Namespace, database_url: str, redis_url: str, workdir: Path
+) -> dict[str, Any]:
+    """Run the demo's cluster and load on the given servers (the embedded server's own database
+    `fanout_demo` unless `args.database_url` names one) and return its summary, also written to
+    `workdir/summary.json`. `fanout bench demo` runs the same load through this."""
+    if not args.database_url:
+        database_url = database_url.rsplit("/", 1)[0] + "/fanout_demo"
+    summary = event_loop.run(run_demo(args, database_url, redis_url, workdir))
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
 
 
 def _run_audit(database_url: str, out: Path, subscribers: int) -> int:

@@ -27,6 +27,9 @@ sections: for each sync's window and room, the user's own last membership event 
 decides: join -> `join`; leave or ban -> `leave`; invite or knock -> `invite` / `knock`, and also
 `leave` when the window holds a leave or ban. An invite or knock superseded in its window by
 another one with no leave, ban or join between is not delivered, so it is not expected.
+
+The events table is the truth, so the loads checked here must never purge a room (the Delete Room
+API deletes events that clients already got); neither the demo nor chaos does.
 """
 
 from __future__ import annotations

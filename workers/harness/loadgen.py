@@ -57,6 +57,8 @@ class LoadPlan:
     seed: int = 7
     #: The cluster has typing and presence writers: their notifications must reach the readers.
     expect_ephemeral: bool = False
+    #: Readers whose /sync is refused start over with an initial sync (counted) instead of failing.
+    start_over: bool = False
 
 
 @dataclass
@@ -213,13 +215,14 @@ class LoadDriver:
             )
             self.clients.append(client)
             workers = self.sync_workers[i % 2 :] + self.sync_workers[: i % 2]
-            self.readers.append(SyncReader(client, workers, 3, SLOW_READER_PAUSE_S if i % 4 == 3 else 0.0))
+            pause = SLOW_READER_PAUSE_S if i % 4 == 3 else 0.0
+            self.readers.append(SyncReader(client, workers, 3, pause, plan.start_over))
             self.joined[str(client.user_id)] = set()
             self.locks[str(client.user_id)] = asyncio.Lock()
         for worker in self.sync_workers:
             probe = self._client()
             await probe.register(f"@probe-{worker}-{self._run_id}")
-            self.probes.append(SyncReader(probe, [worker], 1_000_000))
+            self.probes.append(SyncReader(probe, [worker], 1_000_000, start_over=plan.start_over))
         for reader in self.readers + self.probes:
             await reader.initial()
         owner = self.clients[0]
@@ -410,7 +413,9 @@ class LoadDriver:
             sent[sent.index((unique, False, sender))] = (unique, True, sender)
             self.report.to_device_sent += 1
 
-    async def run(self, progress: Progress | None = None) -> LoadReport:
+    async def run(self, progress: Progress | None = None, until: asyncio.Event | None = None) -> LoadReport:
+        """Drive the plan's actions (or, given `until`, actions until it is set), then wait until
+        every reader is caught up with every writer, and check what they saw."""
         plan = self.plan
         stop = asyncio.Event()
         target: dict[str, dict[str, int]] = {}
@@ -424,15 +429,15 @@ class LoadDriver:
             for r in self.readers + self.probes
         ]
         queue: asyncio.Queue[tuple[str, ClusterClient]] = asyncio.Queue()
-        for _ in range(plan.actions):
+        for _ in range(plan.actions if until is None else 0):
             queue.put_nowait(self._next_action())
         started = time.monotonic()
         done = 0
 
         async def actor() -> None:
             nonlocal done
-            while not queue.empty():
-                kind, client = queue.get_nowait()
+            while not (queue.empty() if until is None else until.is_set()):
+                kind, client = queue.get_nowait() if until is None else self._next_action()
                 await self._act(kind, client)
                 done += 1
                 if progress is not None:

@@ -2,7 +2,8 @@
 over), records each answer as the history check reads it (`workers.harness.history.SyncRecord`:
 timelines, its own invites and knocks, the sections each room was listed in, receipts, the
 device's key count) and keeps what the load needs of it (the last event seen per room, arrival
-times). It ends with a sync begun after the load stopped that is caught up with every writer.
+times). A reader may start over when its token is refused, counting it (the upgrade check's
+clients). It ends with a sync begun after the load stopped that is caught up with every writer.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ class SyncReader:
     """One user's sync loop: long-polls until told to stop and caught up with `target`."""
 
     def __init__(
-        self, client: ClusterClient, workers: Sequence[str], switch_every: int, pause_s: float = 0.0
+        self,
+        client: ClusterClient,
+        workers: Sequence[str],
+        switch_every: int,
+        pause_s: float = 0.0,
+        start_over: bool = False,
     ) -> None:
         self.client = client
         self.workers = list(workers)
@@ -39,6 +45,10 @@ class SyncReader:
         self.arrivals: dict[str, float] = {}
         self.typing_seen = self.presence_seen = 0
         self.failed_syncs = 0
+        #: A /sync answered 4xx (its token or session refused): with `start_over` the reader starts
+        #: over with an initial sync, as a client would, and notes the refusal here; without, raises.
+        self.start_over = start_over
+        self.start_overs: list[str] = []
         self.internal_errors = 0
         self.token: str | None = None
         #: room -> the last event this reader saw there (what its user's receipts point at).
@@ -52,21 +62,29 @@ class SyncReader:
         count = 0
         # Ends with a sync begun after the load stopped (its key counts are final) that is caught up.
         finished = False
-        while not (finished and caught_up(self.token)):
+        while not (finished and self.token is not None and caught_up(self.token)):
             worker = self.workers[(count // self.switch_every) % len(self.workers)]
             count += 1
             stopping = stop.is_set()
             if self.pause_s and not stopping:
                 await asyncio.sleep(self.pause_s)
+            since = self.token
             try:
-                result = await self.client.sync(worker, self.token, timeout_ms if not stopping else 200)
+                result = await self.client.sync(worker, since, timeout_ms if not stopping else 200)
             except (RequestRefused, aiohttp.ClientError, TimeoutError) as e:
                 if isinstance(e, RequestRefused) and e.status < 500:
-                    raise
+                    if not self.start_over or since is None:
+                        raise
+                    self.start_overs.append(f"{worker} answered {e.status} {e.errcode or ''}".rstrip())
+                    self.token = None  # the next sync is an initial one, retried like any other
+                    continue
                 # A worker or its database is down (a fault scenario): ask again, same token.
                 self.failed_syncs += 1
                 self.internal_errors += isinstance(e, RequestRefused) and e.status == 500
                 await asyncio.sleep(0.2)
+                continue
+            if since is None:  # the start-over's initial sync: outside the checked history
+                self.token = result["next_batch"]
                 continue
             now = time.time()
             events = timeline_events(result) + pending_events(result)
@@ -77,7 +95,7 @@ class SyncReader:
                 self.latest[event["room_id"]] = event["event_id"]
             self.records.append(
                 SyncRecord(
-                    worker, self.token, result["next_batch"], ids,
+                    worker, since, result["next_batch"], ids,
                     tuple(e["type"] for e in result["account_data"]["events"]),
                     tuple(str(e["content"].get("msg")) for e in result["to_device"]["events"]),
                     tuple(result["device_lists"]["changed"]), tuple(room_sections(result)),

@@ -8,6 +8,8 @@
   stale, as a device-list update from its server would; the next /keys/query resyncs it.
 * Synapse's registration-token admin API, `/_synapse/admin/v1/registration_tokens...`
   (`workers.http.registration_tokens`), for server admins.
+* Synapse's Delete Room API, `DELETE /_synapse/admin/v1/rooms/{roomId}` (`workers.http.room_admin`),
+  for server admins.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError
 from workers.http.registration_tokens import RegistrationTokenAdmin
+from workers.http.room_admin import RoomAdmin
 from workers.storage import devices
 
 ADMIN = "/_fanout/admin/v1"
@@ -36,6 +39,7 @@ class AdminRoutes:
             web.post(f"{ADMIN}/rooms/{{room_id}}/backfill", self.backfill),
             web.post(f"{ADMIN}/device_lists/{{user_id}}/stale", self.mark_stale),
             *RegistrationTokenAdmin(self._pool).routes(),
+            *RoomAdmin(self._pool, self._writes).routes(),
         ]
 
     async def mark_stale(self, request: web.Request) -> web.Response:

@@ -28,7 +28,7 @@ from aiohttp import web
 from workers.handlers.caches import LruCache
 from workers.handlers.passwords import verify_password
 from workers.http.errors import ApiError, unavailable
-from workers.storage import users
+from workers.storage import user_admin, users
 from workers.storage.users import Requester
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,15 @@ async def requester(pool: asyncpg.Pool, request: web.Request) -> Requester:
     hook = request.pop(ON_REQUESTER, None)  # once per request, however often the handler asks
     if hook is not None:
         await hook(found)
+    return found
+
+
+async def require_admin(pool: asyncpg.Pool, request: web.Request) -> Requester:
+    """The token's owner if a server admin (Synapse's admin API rule); 403 M_FORBIDDEN otherwise."""
+    found = await requester(pool, request)
+    async with pool.acquire() as conn:
+        if not await user_admin.is_admin(conn, found.user_id):
+            raise ApiError(403, "M_FORBIDDEN", "You are not a server admin")
     return found
 
 

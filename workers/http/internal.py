@@ -23,6 +23,10 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
   `{"stream_orderings": [...]}`
 * `POST /rooms/{room_id}/remote_invite`      body: federation's invite body -> the invite event's
   place (`workers.http.federation`)
+* `POST /rooms/{room_id}/purge`              body `{"block", "purge", "requested_by"}` -> the
+  Delete Room API's answer (`workers.handlers.room_purge`)
+* `POST /rooms/{room_id}/delete`             the same body -> `{"delete_id"}`: the deletion runs as
+  a task on the room's writer (`workers.handlers.room_deletions`)
 * `POST /writes/{stream}/{op}`                body: the operation's arguments, with `user_id` (a
   receipt: `room_id`) -> the operation's answer (`{"position": {"instance_name", "stream_id"},
   ...}`): a write of the account_data, device_lists or to_device stream on the user's writer, of
@@ -48,6 +52,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.forwarding import WORKER_AUTH_ERRCODE
+from workers.handlers.room_purge import PurgeOptions
 from workers.handlers.room_writes import RemoteInvite, RoomWrites, event_from_json
 from workers.handlers.stream_writes import UserStreamWrites
 from workers.http.errors import api_error_for
@@ -175,7 +180,19 @@ class InternalApi:
             invite = RemoteInvite.from_json(request.match_info["room_id"], event_id, body)
             return web.json_response((await writes.remote_invite_here(invite)).to_json())
 
+        async def purge(request: web.Request) -> web.Response:
+            options = PurgeOptions.from_json(await _json_object(request))
+            result = await writes.purge_here(request.match_info["room_id"], options)
+            return web.json_response(result.to_json())
+
+        async def delete(request: web.Request) -> web.Response:
+            options = PurgeOptions.from_json(await _json_object(request))
+            delete_id = await writes.start_deletion_here(request.match_info["room_id"], options)
+            return web.json_response({"delete_id": delete_id})
+
         return [
+            web.post(f"{PREFIX}/rooms/{{room_id}}/purge", self._wrap("room_purge", purge)),
+            web.post(f"{PREFIX}/rooms/{{room_id}}/delete", self._wrap("room_delete", delete)),
             web.post(
                 f"{PREFIX}/rooms/{{room_id}}/remote_invite", self._wrap("room_remote_invite", remote_invite)
             ),

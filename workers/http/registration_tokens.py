@@ -16,11 +16,10 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from workers.http.auth import requester
+from workers.http.auth import require_admin
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError
 from workers.storage import registration_tokens as tokens
-from workers.storage import user_admin
 
 TOKENS = "/_synapse/admin/v1/registration_tokens"
 
@@ -39,10 +38,7 @@ class RegistrationTokenAdmin:
         ]
 
     async def _admin(self, request: web.Request) -> None:
-        who = await requester(self._pool, request)
-        async with self._pool.acquire() as conn:
-            if not await user_admin.is_admin(conn, who.user_id):
-                raise ApiError(403, "M_FORBIDDEN", "You are not a server admin")
+        await require_admin(self._pool, request)
 
     async def list(self, request: web.Request) -> web.Response:
         await self._admin(request)

@@ -42,15 +42,21 @@ class _WithoutTraceback(logging.Filter):
 _POOL_LOG_FILTER = _WithoutTraceback()
 
 
-async def create_pool(url: str, max_size: int) -> NamedPool:
+async def create_pool(url: str, max_size: int, *, transaction_pooler: bool = False) -> NamedPool:
     """The worker's connection pool (its transactions named and timed once it has a timer).
-    Built as `asyncpg.create_pool` builds it, with its defaults, only of the subclass."""
+    Built as `asyncpg.create_pool` builds it, with its defaults, only of the subclass.
+
+    `transaction_pooler`: `url` is a PgBouncer in transaction mode, which hands each transaction
+    (each statement outside one) whichever server connection is free. asyncpg's named prepared
+    statements would then be missing or duplicated on the next server, so its statement cache is
+    off (100, asyncpg's default, otherwise): asyncpg then uses only unnamed statements."""
     logging.getLogger("asyncpg.pool").addFilter(_POOL_LOG_FILTER)  # once: addFilter ignores repeats
     pool = NamedPool(
         url, min_size=2, max_size=max_size, reset=_keep_session, max_queries=50_000,
         max_inactive_connection_lifetime=300.0, loop=None, connection_class=asyncpg.Connection,
-        record_class=asyncpg.Record,
+        record_class=asyncpg.Record, statement_cache_size=0 if transaction_pooler else 100,
     )  # fmt: skip
+    pool.transaction_pooler = transaction_pooler
     await pool
     return pool
 

@@ -35,8 +35,12 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.05
 RETRY_CAP_S = 1.0
 GONE_POLL_S = 0.01
-#: The transaction's id, read inside it (before COMMIT) for `xid_committed`.
-CURRENT_XID_SQL = "SELECT txid_current()"
+#: The transaction's id, read inside it (before COMMIT) for `xid_committed`, and its backend's pid
+#: (behind a transaction pooler the connection's `get_server_pid()` is the pooler's, not the
+#: backend's that runs the transaction).
+CURRENT_XID_SQL = "SELECT txid_current() AS xid, pg_backend_pid() AS pid"
+#: The pid of the backend running this transaction, read inside it.
+BACKEND_PID_SQL = "SELECT pg_backend_pid()"
 #: SQLSTATE classes whose error answer ends the connection: the outcome is not known from it
 #: (connection exception, operator intervention, system error, internal error).
 _FATAL_CLASSES = frozenset({"08", "57", "58", "XX"})
@@ -106,7 +110,11 @@ async def _end_backend(conn: Conn, pid: int) -> None:
     """Terminate backend `pid` unless it is gone, and return once it is gone."""
     if conn.get_server_pid() == pid:
         return  # its pid is ours now: it is long gone
-    sql = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1"
+    # Behind a pooler our statement may run on that very backend: then its transaction is over.
+    sql = (
+        "SELECT CASE WHEN pid = pg_backend_pid() THEN NULL ELSE pg_terminate_backend(pid) END"
+        " FROM pg_stat_activity WHERE pid = $1"
+    )
     while True:  # a poll: PostgreSQL offers nothing to wait on for another backend's exit
         if await conn.fetchval(sql, pid) is None:
             return

@@ -111,6 +111,9 @@ class NamedPool(asyncpg.Pool):
     """asyncpg's pool, each `async with acquire()` block named and timed once `timer` is set."""
 
     timer: TransactionTimer | None = None
+    #: It reaches PostgreSQL through a transaction pooler (`storage.create_pool`): a connection's
+    #: backend is then the pooler's choice per transaction, not `get_server_pid()`.
+    transaction_pooler: bool = False
 
     def acquire(self, *, timeout: float | None = None, name: str | None = None) -> PoolAcquireContext:
         """asyncpg's `acquire`; `name` replaces the caller's own (see the module's docstring)."""

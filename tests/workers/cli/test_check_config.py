@@ -91,3 +91,31 @@ def test_check_config_prints_a_directorys_connection_budget(tmp_path: Path) -> N
         f"fanout: invalid configuration in {tmp_path / 'bad.yaml'}: field 'redis_url': Value error,"
         " malformed URL: port '99999' is not a number in 1-65535"
     ]
+
+
+def test_pools_through_pgbouncer_count_against_its_pool_not_max_connections(tmp_path: Path) -> None:
+    (tmp_path / "p1.yaml").write_text(_worker_yaml("p1", db_pool_size=8))
+    pooled = {"database_pooler": "transaction", "database_direct_url": "postgresql://app@db:5432/fanout"}
+    (tmp_path / "sync.yaml").write_text(_worker_yaml("sync-{hostname}", db_pool_size=10, **pooled))
+    command = [FANOUT, "check-config", str(tmp_path), "--replicas", "sync=6", "--pgbouncer-pool", "12"]
+    result = subprocess.run(
+        [*command, "--max-connections", "40", "--max-client-conn", "100"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # PostgreSQL: (8 + 1) + 6 leases + PgBouncer's 12 + 5 headroom = 32; PgBouncer: 6 x 10 = 60 clients
+    assert result.returncode == 0, result.stderr
+    assert (
+        "sync.yaml: 6 x lease 1 = 6 (its pools, 6 x db_pool_size 10 = 60, go to PgBouncer)" in result.stdout
+    )
+    assert "PgBouncer server pool (default_pool_size + reserve_pool_size): 12" in result.stdout
+    assert "total: 32 (needs max_connections >= 32)" in result.stdout
+    assert "PgBouncer clients: 60 (needs max_client_conn >= 60)" in result.stdout
+    assert "fits max_connections=40 (8 to spare)" in result.stdout
+    assert "fits PgBouncer's max_client_conn=100 (40 to spare)" in result.stdout
+    over = subprocess.run([*command, "--max-client-conn", "50"], capture_output=True, text=True, timeout=60)
+    assert over.returncode == 2 and over.stderr.splitlines() == [
+        "fanout: the pools through PgBouncer (60) exceed max_client_conn=50: lower db_pool_size or raise"
+        " PgBouncer's max_client_conn"
+    ]

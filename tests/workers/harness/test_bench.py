@@ -140,3 +140,14 @@ def test_bench_crowd_and_live_count_every_poll_and_send(tmp_path: Path) -> None:
     assert "| crowd | send 200 -> wake, p99 |" in table and "| crowd | readers woken" in table
     assert "| live | send 200 -> seen p99, 20/s offered |" in table
     assert "| live | CPU-s per 1,000 events, every worker, max |" in table
+
+
+def test_bench_demo_runs_the_demos_load_and_checks_its_history(tmp_path: Path) -> None:
+    """`fanout bench demo` (here through `bench all --quick`) drives the demo's load and reports
+    persist-to-visible on every sync worker beside its targets, with the history check's verdict."""
+    document, table = _bench_all_quick(tmp_path, "demo", 300)
+    result = document["results"]["demo"]
+    assert result["verified"] and result["problems"] == []
+    assert result["latency_samples"] > 0 and result["latency_p50_ms"] <= result["latency_p99_ms"]
+    assert "| demo | persist-to-visible p99, every sync worker |" in table
+    assert "| demo | history problems (lost, duplicated, reordered, ...) | 0 |" in table

@@ -71,3 +71,17 @@ async def test_a_worker_names_its_start_up_and_request_transactions(
     }
     assert start_up | {"workers.http.accounts.Accounts._create"} <= names, sorted(names)
     assert not any(n.startswith("workers.app.Worker.start") for n in names), sorted(names)
+
+
+async def test_behind_a_transaction_pooler_the_direct_sessions_are_timed_too(
+    make_worker: MakeWorker, http: aiohttp.ClientSession, database_url: str
+) -> None:
+    """With `database_pooler: transaction` the migrations and the direct URL's check run on
+    connections of their own (here the direct URL and the pooled one are the same server)."""
+    direct_url = database_url + ("&" if "?" in database_url else "?") + "application_name=direct"
+    worker = await make_worker("p1", ["p1"], database_pooler="transaction", database_direct_url=direct_url)
+    async with http.get(f"http://127.0.0.1:{worker.http_port}/metrics") as resp:
+        text = await resp.text()
+    names = set(re.findall(r'^fanout_db_transaction_seconds_count\{name="([^"]+)"\} ', text, re.MULTILINE))
+    direct = {"workers.storage.migrate.apply_migrations", "workers.startup_retry.ping_direct_postgres"}
+    assert direct <= names, sorted(names)
