@@ -18,7 +18,7 @@ COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 _METRIC = re.compile(r"\bfanout_[a-z_]+")
 
 
-def _used_metrics() -> set[str]:
+def used_metrics() -> set[str]:
     rules = yaml.safe_load((COMPOSE / "prometheus" / "alerts.yml").read_text())
     expressions = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
     dashboard = json.loads((COMPOSE / "grafana" / "fanout-dashboard.json").read_text())
@@ -33,7 +33,7 @@ async def test_every_used_metric_is_exposed(make_worker: MakeWorker) -> None:
             text = await response.text()
     exposed = set(re.findall(r"^# TYPE (\S+)", text, re.MULTILINE))
     exposed |= {name + suffix for name in exposed for suffix in ("_total", "_bucket", "_sum", "_count")}
-    used = _used_metrics()
+    used = used_metrics()
     assert {"fanout_worker_ready", "fanout_repl_lag", "fanout_persist_to_visible_seconds_bucket",
             "fanout_cache_hits_total"} <= used  # fmt: skip
     assert used <= exposed, sorted(used - exposed)
