@@ -13,7 +13,7 @@ from pubsub.histograms import LockFreeHistogram
 #: Seconds, for the latencies below: 1 ms to 10 s.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 #: The kinds of /sync answer (`workers.handlers.sync.SyncObservers.answered`).
-SYNC_KINDS = ("initial", "incremental", "woken", "timeout", "behind")
+SYNC_KINDS = ("initial", "incremental", "woken", "timeout")
 
 
 class WorkerMetrics:
@@ -56,7 +56,7 @@ class WorkerMetrics:
         by_kind = LockFreeHistogram(
             "fanout_sync_seconds",
             "/sync answer time by kind: initial, incremental (no wait), woken (answered after a"
-            " wake-up), timeout (waited the whole timeout), behind (did not catch up with since)",
+            " wake-up), timeout (waited the whole timeout)",
             ["kind"], registry, buckets=(*LATENCY_BUCKETS, 30, 60),
         )  # fmt: skip
         self._sync_by_kind = {kind: by_kind.labels(kind) for kind in SYNC_KINDS}

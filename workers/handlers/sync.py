@@ -104,7 +104,7 @@ class SyncObservers:
     a `since` clamped because it lies beyond every sequence (a restored database or a forgery),
     a `since` this worker did not catch up with in time, and each answer's time by its kind
     (`initial`; `incremental`: answered without waiting; `woken`: answered after a wake-up;
-    `timeout`: waited the whole timeout; `behind`: not caught up with `since` in time)."""
+    `timeout`: waited the whole timeout; a `since` not caught up with is `behind` alone)."""
 
     wake: Callable[[float], None] = _ignore
     visible: Callable[[float], None] = _ignore
@@ -143,6 +143,7 @@ class SyncHandler:
         self.bodies = EventBodies(pool)
         self.syncs = 0
         self.behind_timeouts = 0
+        self.token_cache = CacheCounts("sync_tokens", lambda: len(self._tokens))
         #: Typing and presence, set once the worker has built them (None: empty sections).
         self.ephemeral: EphemeralSource | None = None
         #: Account data, to-device and device lists, set once the worker has built them.
@@ -151,7 +152,6 @@ class SyncHandler:
         self.closing = False
         #: token text -> token, the latest handed out or parsed (oldest dropped first).
         self._tokens: dict[str, SyncToken] = {}
-        self.token_cache = CacheCounts("sync_tokens", self._tokens.__len__)
 
     def current_token(self) -> SyncToken:
         tokens = {
@@ -187,6 +187,10 @@ class SyncHandler:
         if len(self._tokens) > MAX_REMEMBERED_TOKENS:
             del self._tokens[next(iter(self._tokens))]
 
+    def _answered(self, kind: str, started: float, body: dict[str, Any]) -> dict[str, Any]:
+        self.observers.answered(kind, time.monotonic() - started)
+        return body
+
     async def sync(
         self,
         user_id: str,
@@ -204,14 +208,14 @@ class SyncHandler:
         started = time.monotonic()
         sync_filter = sync_filter or SyncFilter()
         if since_text is None:
-            return self._answered("initial", started, await self._initial(user_id, device_id, sync_filter))
+            return await self._initial(user_id, device_id, sync_filter)
         since = await self.decode(since_text)
         since = await self._bounded(since)
         if not await self._wait_until_covered(since, min(timeout_s, self._catch_up_wait_s)):
             # We are behind the client and did not catch up in time: nothing new, same token.
             self.behind_timeouts += 1
             self.observers.behind()
-            return self._answered("behind", started, empty_response(since_text))
+            return empty_response(since_text)
         deadline = time.monotonic() + timeout_s
         woken_at: float | None = None
         while True:
@@ -247,10 +251,6 @@ class SyncHandler:
                     # Registered before anything newer than `now` could notify: no lost wake-up.
                     woken_at = waiter.woken_at
 
-    def _answered(self, kind: str, started: float, body: dict[str, Any]) -> dict[str, Any]:
-        self.observers.answered(kind, time.monotonic() - started)
-        return body
-
     def _observe(self, woken_at: float, events: list[Event]) -> None:
         self.observers.wake(time.monotonic() - woken_at)
         now_ms = time.time() * 1000
@@ -258,6 +258,7 @@ class SyncHandler:
             self.observers.visible(max(0.0, now_ms - event.received_ts) / 1000)
 
     async def _initial(self, user_id: str, device_id: str | None, sync_filter: SyncFilter) -> dict[str, Any]:
+        started = time.monotonic()
         """Every joined room with its recent timeline (as far back as its history visibility lets
         the user see) and state, every pending invite and knock, and the rooms the user left: as
         Synapse does, the ones it was kicked or banned from always, the ones it left itself with
@@ -295,7 +296,7 @@ class SyncHandler:
         sections.add_stored(stored)
         await self._drop_forgotten(user_id, user_rooms, sections)
         await sections.load_state(self._state_events, self._state_at, self._pending_state)
-        return await self._response(sections, now)
+        return self._answered("initial", started, await self._response(sections, now))
 
     async def _recent(
         self,
