@@ -71,20 +71,13 @@ class StreamQueue:
         self.announced: dict[str, int] = {}
         self.last_heard: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
+        self.arrivals = Arrivals()
+        self._to_applied, self._to_woken = owner.metrics.stages(stream.name)
         self._owner = owner
         self._apply_cb = apply
         self._ratelog = RateLimitedLog(log)
         self._bound = 0  # a token at or below it is one the database can show
         self._bound_read_at = float("-inf")
-        self.arrivals = Arrivals()
-        self._to_applied, self._to_woken = owner.metrics.stages(stream.name)
-
-    def received(self, at: float) -> None:
-        """Everything queued so far and not yet marked was received at `at` (`monotonic()`)."""
-        arrivals = self.arrivals
-        marks, queued = arrivals.marks, arrivals.taken + len(self.queue)
-        if not marks or marks[-1][0] < queued:  # `Arrivals.mark`, inline: once per socket read
-            marks.append((queued, at))
 
     def follow(self, writer: str, token: int) -> None:
         """Queue `token` as `writer`'s position on a positions-only stream: merged into the last
@@ -117,6 +110,13 @@ class StreamQueue:
     def disconnect(self, writer: str) -> None:
         self.connected.discard(writer)
         self.pending.pop(writer, None)
+
+    def received(self, at: float) -> None:
+        """Everything queued so far and not yet marked was received at `at` (`monotonic()`)."""
+        arrivals = self.arrivals
+        marks, queued = arrivals.marks, arrivals.taken + len(self.queue)
+        if not marks or marks[-1][0] < queued:  # `Arrivals.mark`, inline: once per socket read
+            marks.append((queued, at))
 
     async def consume(self) -> None:
         arrivals = self.arrivals
