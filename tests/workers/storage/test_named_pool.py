@@ -5,6 +5,7 @@ generators' loads and their lanes' statements) and the requests' ones in /metric
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
@@ -54,17 +55,19 @@ async def test_names_durations_and_the_slow_log(database_url: str, caplog: pytes
 async def test_a_worker_names_its_start_up_and_request_transactions(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
-    worker = await make_worker("p1", ["p1"])
+    worker = await make_worker("p1", ["p1"], instance_lease_s=1)  # the lease's keep-alive every 1/3 s
     base = f"http://127.0.0.1:{worker.http_port}"
     body = {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}}
     async with http.post(f"{base}/_matrix/client/v3/register", json=body) as resp:
         assert resp.status == 200
+    await asyncio.sleep(0.5)
     async with http.get(f"{base}/metrics") as resp:
         text = await resp.text()
     names = set(re.findall(r'^fanout_db_transaction_seconds_count\{name="([^"]+)"\} ', text, re.MULTILINE))
     start_up = {
         "workers.storage.migrate.apply_migrations",
         "workers.instance_lease.InstanceLease.acquire",
+        "workers.instance_lease.InstanceLease._keep",
         "idgen.instance_map.InstanceMap.get_id",
         "idgen.multi_writer.MultiWriterIdGenerator._allocate",  # the sequence, on the lane
         "idgen.multi_writer.MultiWriterIdGenerator._persist_own_position",
