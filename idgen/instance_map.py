@@ -16,14 +16,21 @@ from idgen.tokens import MultiWriterStreamToken, SyncToken
 
 
 class InstanceMap:
-    """Async get-or-assign of instance ids, with token encode/decode helpers."""
+    """Async get-or-assign of instance ids, with token encode/decode helpers. `hits` and
+    `misses` count the look-ups answered from memory and those that asked the database."""
 
-    __slots__ = ("_ids", "_names", "_pool")
+    __slots__ = ("_ids", "_names", "_pool", "hits", "misses")
+    name = "instance_map"
+    evictions = invalidations = 0
 
     def __init__(self, pool: asyncpg.Pool[asyncpg.Record]) -> None:
         self._pool = pool
         self._ids: dict[str, int] = {}
         self._names: dict[int, str] = {}
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
     def _remember(self, name: str, ident: int) -> int:
         self._ids[name] = ident
@@ -34,7 +41,9 @@ class InstanceMap:
         """The id of `instance_name`, assigning one if it has none yet."""
         cached = self._ids.get(instance_name)
         if cached is not None:
+            self.hits += 1
             return cached
+        self.misses += 1
         select = "SELECT instance_id FROM instance_map WHERE instance_name = $1"
         async with self._pool.acquire() as conn:
             ident = await conn.fetchval(select, instance_name)
@@ -54,7 +63,9 @@ class InstanceMap:
         """The name of `instance_id`; raises UnknownInstanceError if no instance has it."""
         cached = self._names.get(instance_id)
         if cached is not None:
+            self.hits += 1
             return cached
+        self.misses += 1
         name = await self._pool.fetchval(
             "SELECT instance_name FROM instance_map WHERE instance_id = $1", instance_id
         )

@@ -44,6 +44,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,9 @@ DATABASE_DOWN: tuple[type[Exception], ...] = (
     asyncpg.OperatorInterventionError,
     asyncpg.InsufficientResourcesError,
 )
+#: The names its lane's statements are timed under (as a pool block would be named).
+_ALLOCATE = f"{__name__}.MultiWriterIdGenerator._allocate"
+_UPSERT = f"{__name__}.MultiWriterIdGenerator._persist_own_position"
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)?$")
 
 
@@ -142,6 +146,7 @@ class MultiWriterIdGenerator:
         "_upsert_done",
         "_writers",
         "on_finished",
+        "timed",
     )
 
     _book: StreamPositions
@@ -152,6 +157,9 @@ class MultiWriterIdGenerator:
     #: upsert, as Synapse notifies replication: a position published before `stream_positions`
     #: holds it is sound, since a stale row only ever holds a reader's start-up position back.
     on_finished: Callable[[], None] | None
+    #: Called with (name, seconds) after each statement on the generator's own connections (its
+    #: lane: the sequence and the position upsert), which no pool block times; None: not timed.
+    timed: Callable[[str, float], None] | None
     _sequence: str
     _sign: int
     _sql_next: str
@@ -207,7 +215,7 @@ class MultiWriterIdGenerator:
         self._stored = 0
         self._upsert_busy = False
         self._upsert_done = None
-        self.on_finished = None
+        self.on_finished = self.timed = None
         seq = self._sequence
         self._sql_next = f"SELECT nextval('{seq}')"
         self._sql_next_mult = f"SELECT nextval('{seq}') FROM generate_series(1, $1)"
@@ -339,6 +347,7 @@ class MultiWriterIdGenerator:
             conn = self._lane.acquire_idle()
             if conn is None:
                 conn = await self._lane.acquire()
+            started = perf_counter()
             try:
                 if n == 1:
                     ids = (int(await conn.fetchval(self._sql_next)),)
@@ -349,6 +358,8 @@ class MultiWriterIdGenerator:
                 self._lane.discard(conn)
                 raise
             self._lane.release(conn)
+            if self.timed is not None:
+                self.timed(_ALLOCATE, perf_counter() - started)
         finally:
             book.end_allocation(marker, ids)
         return ids
@@ -398,6 +409,7 @@ class MultiWriterIdGenerator:
                 conn = self._lane.acquire_idle()
                 if conn is None:
                     conn = await self._lane.acquire()
+                started = perf_counter()
                 try:
                     await conn.execute(
                         self._sql_upsert, self._stream_name, self._instance, self._sign * value
@@ -406,6 +418,8 @@ class MultiWriterIdGenerator:
                     self._lane.discard(conn)
                     raise
                 self._lane.release(conn)
+                if self.timed is not None:
+                    self.timed(_UPSERT, perf_counter() - started)
                 if value > self._stored:
                     self._stored = value
             finally:

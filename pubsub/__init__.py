@@ -7,11 +7,13 @@ in order, exactly once, and catch up from the database whenever a message was lo
 | `streams.py` | `Stream` (name, row type, update function, generator, writers) and the row payloads |
 | `handler.py` | the reader's rules: check and route each received line |
 | `stream_queue.py` | one stream's serial queue: apply in order, detect gaps, catch up |
+| `arrivals.py` | when a queue's entries were received (marked per socket read), for the stage histograms |
 | `publisher.py` | the writer side: RDATA in token order, POSITION periodically and on request |
 | `redis_transport.py` | connections, (s)publish/(s)subscribe, reconnects and their hooks |
 | `redis_cluster_transport.py` | a Redis Cluster: one `RedisTransport` per primary, channels routed by slot |
 | `client.py` | `ReplicationClient`, which wires the above for one process |
 | `keys.py`, `metrics.py`, `ratelog.py` | channel and key names; counters; rate-limited logs |
+| `histograms.py` | histograms cheap enough for the receive path (plain counts, samples at scrape) |
 | `tasks.py`, `types.py`, `errors.py` | stopping tasks; shared types; `PubSubError` and below |
 
 `pubsub` knows nothing of rooms or events and never imports `workers`, `analytics` or `idgen`:

@@ -44,6 +44,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from time import monotonic
 from typing import Any
 
 from pydantic import ValidationError
@@ -248,7 +249,9 @@ class ReplicationHandler:
             self.metrics.drop("not_subscribed", unsubscribed)
         if last is not None:
             runs.append((last, run))
+        received = monotonic() if runs else 0.0
         for (state, writer, *_), count in runs:
+            state.received(received)
             state.last_heard[writer] = now
             self.metrics.command_in("RDATA", state.stream.name, count)
             state.wake.set()
@@ -363,6 +366,7 @@ class ReplicationHandler:
                 self.metrics.drop("backlog_overflow")
                 return
         state.queue.append(entry)
+        state.received(monotonic())
         state.wake.set()
 
     def _route_other(self, cmd: Command) -> None:

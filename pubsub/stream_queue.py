@@ -13,8 +13,10 @@ import inspect
 import logging
 from collections import deque
 from itertools import groupby
+from time import monotonic
 from typing import Any, Protocol
 
+from pubsub.arrivals import Arrivals
 from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
 from pubsub.streams import ApplyCallback, Stream
@@ -52,8 +54,9 @@ class StreamQueue:
     """The reader's state of one stream and the task that processes its queue."""
 
     __slots__ = (
-        "_apply_cb", "_bound", "_bound_read_at", "_owner", "_ratelog", "announced", "connected",
-        "last_heard", "pending", "positions_only", "queue", "stream", "task", "wake",
+        "_apply_cb", "_bound", "_bound_read_at", "_owner", "_ratelog", "_to_applied", "_to_woken",
+        "announced", "arrivals", "connected", "last_heard", "pending", "positions_only", "queue",
+        "stream", "task", "wake",
     )  # fmt: skip
 
     def __init__(
@@ -68,6 +71,8 @@ class StreamQueue:
         self.announced: dict[str, int] = {}
         self.last_heard: dict[str, float] = {}
         self.task: asyncio.Task[None] | None = None
+        self.arrivals = Arrivals()
+        self._to_applied, self._to_woken = owner.metrics.stages(stream.name)
         self._owner = owner
         self._apply_cb = apply
         self._ratelog = RateLimitedLog(log)
@@ -91,6 +96,7 @@ class StreamQueue:
     def overflow(self) -> None:
         count = len(self.queue)
         self.queue.clear()
+        self.arrivals.dropped(count)
         self.connected.clear()
         self.pending.clear()
         self._owner.metrics.drop("backlog_overflow", count)
@@ -105,13 +111,23 @@ class StreamQueue:
         self.connected.discard(writer)
         self.pending.pop(writer, None)
 
+    def received(self, at: float) -> None:
+        """Everything queued so far and not yet marked was received at `at` (`monotonic()`)."""
+        arrivals = self.arrivals
+        marks, queued = arrivals.marks, arrivals.taken + len(self.queue)
+        if not marks or marks[-1][0] < queued:  # `Arrivals.mark`, inline: once per socket read
+            marks.append((queued, at))
+
     async def consume(self) -> None:
+        arrivals = self.arrivals
+        marks = arrivals.marks
         while True:
             if not self.queue:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
             entry = self.queue.popleft()
+            arrivals.taken += 1
             if entry[0] != self._owner.generation:
                 self._owner.metrics.drop("stale_connection")
                 continue
@@ -130,9 +146,12 @@ class StreamQueue:
                 log.exception(
                     "replication processing failed: stream=%s instance=%s", self.stream.name, writer
                 )
+            if marks and marks[0][0] <= arrivals.taken:
+                arrivals.prune()
 
     async def _process_rdata(self, entry: Received) -> None:
         _, writer, token, row, prev, count = entry
+        first = self.arrivals.taken
         if writer not in self.connected:
             if row is not None:
                 self._owner.metrics.drop("not_connected")
@@ -166,7 +185,7 @@ class StreamQueue:
             return
         if last > self.announced.get(writer, 0):
             self.announced[writer] = last
-        await self._apply(stream, writer, last, rows)
+        await self._apply(stream, writer, last, rows, first)
 
     def _take_following(self, writer: str, last: int, rows: list[tuple[int, Row]]) -> int:
         """Move the single-row tokens queued right behind token `last` of `writer` that continue
@@ -194,6 +213,7 @@ class StreamQueue:
             ):
                 break
             queue.popleft()
+            self.arrivals.taken += 1
             rows.append((token, row))
             last = token
         return last
@@ -238,10 +258,23 @@ class StreamQueue:
             if not limited:
                 return
 
-    async def _apply(self, stream: Stream[Any], writer: str, token: int, rows: list[tuple[int, Any]]) -> None:
+    async def _apply(
+        self, stream: Stream[Any], writer: str, token: int, rows: list[tuple[int, Any]], first: int = 0
+    ) -> None:
+        """Apply, advance, tell the listeners; live rows (`first`: the ordinal of the first queue
+        entry they came in) are timed from their receipt, any rows from applied to listeners done."""
         if rows:
             await self._apply_cb(stream, writer, token, rows)
         stream.advance(writer, token)
+        applied = monotonic() if rows else 0.0
+        if first:
+            arrivals = self.arrivals
+            marks, taken = arrivals.marks, arrivals.taken
+            if marks and marks[0][0] >= taken:  # one read brought them all: the usual case
+                at = marks.popleft()[1] if marks[0][0] == taken else marks[0][1]
+                self._to_applied.observe(applied - at, taken - first + 1)
+            elif marks:
+                arrivals.observe(first, taken, applied, self._to_applied)
         for listener in self._owner.position_listeners:
             try:
                 result = listener(stream.name, writer, token)
@@ -249,6 +282,8 @@ class StreamQueue:
                     await result
             except Exception:
                 log.exception("position listener failed: stream=%s instance=%s", stream.name, writer)
+        if rows:
+            self._to_woken.observe(monotonic() - applied)
 
     async def _within_bound(self, writer: str, token: int) -> bool:
         """Whether `token`, above the cached bound, is one the database can show: at most the

@@ -49,7 +49,7 @@ from workers.connection_budget import check_server
 from workers.ephemeral import install_ephemeral
 from workers.gc_tuning import tune_gc
 from workers.handlers.applied import AppliedRangesRecorder
-from workers.handlers.caches import CacheRows, LruCache, SyncCaches
+from workers.handlers.caches import CacheRows, SyncCaches
 from workers.handlers.federation_sender import FederationSenderStandIn
 from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
@@ -63,11 +63,12 @@ from workers.handlers.room_versions import RoomVersions
 from workers.handlers.room_writes import RoomWrites
 from workers.handlers.rooms import RoomViews
 from workers.handlers.sync import SyncHandler, SyncObservers
+from workers.handlers.sync_filter import PATTERN_CACHE
 from workers.http.accounts import AccountSettings
 from workers.http.auth import TOKEN_CACHE, token_loader
 from workers.http.client_api import ApiDeps, ClientApi
 from workers.http.federation_client import FederationClient
-from workers.http.health import CacheCollector, ReadinessCollector, health_routes
+from workers.http.health import CacheCollector, CacheStats, ReadinessCollector, health_routes
 from workers.http.in_flight import InFlight
 from workers.http.limits import runner_limits
 from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
@@ -95,6 +96,8 @@ SHUTDOWN_STEP_S = 10.0
 #: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
 SHUTDOWN_GRACE_S = 2.0
 #: What "not reachable yet" looks like at start-up (retried for `startup_retry_s`).
+#: The migrations' transaction name (they run in `Worker.start`, a name that would say nothing).
+_MIGRATIONS = "workers.storage.migrate.apply_migrations"
 _POSTGRES_DOWN = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
 _REDIS_DOWN = (OSError, TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
@@ -130,6 +133,8 @@ class Worker:
         self.lease_lost = asyncio.Event()
         self.metrics = WorkerMetrics(self.registry, lambda: self.notifier.waiting)
         self.registry.register(ReadinessCollector(self.readiness))
+        #: The caches of the HTTP routes and the ephemeral streams, once `_serve` has built them.
+        self._served_caches: list[CacheStats] = []
         self.registry.register(CacheCollector(self._all_caches))
 
     # -- start-up ------------------------------------------------------------------------------
@@ -167,13 +172,17 @@ class Worker:
                 ),
                 config.startup_retry_s, _POSTGRES_DOWN,
             )  # fmt: skip
-            self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
+            self.db_timer = self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
             if config.database_direct_url is not None:
+                pinging = time.perf_counter()
                 await connect_with_retry(
                     "PostgreSQL (database_direct_url)", config.database_direct_url,
                     lambda: ping_direct_postgres(config.session_database_url),
                     config.startup_retry_s, _POSTGRES_DOWN,
                 )  # fmt: skip
+                self.db_timer.observe_held(
+                    "workers.startup_retry.ping_direct_postgres", time.perf_counter() - pinging
+                )
         with self._phase("connect_redis"):
             await connect_with_retry(
                 "Redis", config.redis_url, lambda: ping_redis(config.redis_url),
@@ -181,16 +190,22 @@ class Worker:
             )  # fmt: skip
         with self._phase("migrate"):
             if config.database_direct_url is None:
-                async with self.pool.acquire() as conn:
+                async with self.pool.acquire(name=_MIGRATIONS) as conn:
                     await apply_migrations(conn)
             else:  # its advisory lock needs one session: never through a transaction pooler
+                migrating = time.perf_counter()
                 async with connect(config.database_direct_url) as direct:
                     await apply_migrations(direct)
+                self.db_timer.observe_held(_MIGRATIONS, time.perf_counter() - migrating)
         with self._phase("hold_instance_name"):
+            taking = time.perf_counter()
             self.lease = await InstanceLease.acquire(
                 config.session_database_url, config.channel_prefix, self.name, config.instance_lease_s,
                 self._lost_instance_name, retake_s=config.startup_retry_s,
             )  # fmt: skip
+            taken = time.perf_counter() - taking
+            self.db_timer.observe_held("workers.instance_lease.InstanceLease.acquire", taken)
+            self.lease.timed = self.db_timer.observe_held
         if config.database_pooler == "none":  # behind PgBouncer the pool counts against its pool
             await check_server(self.pool, config.db_pool_size, where(config.database_url))
         with self._phase("load_id_generators"):
@@ -235,6 +250,7 @@ class Worker:
             observers=SyncObservers(
                 self.metrics.sync_wake.observe, self.metrics.persist_to_visible.observe,
                 self.metrics.tokens_clamped.inc, self.metrics.behind_timeouts.inc,
+                self.metrics.sync_answered,
             ),
         )  # fmt: skip
         self.room_views = RoomViews(self.pool, config.cache_max_entries)
@@ -264,6 +280,7 @@ class Worker:
             )
             for generator in self.generators.values():  # publish as soon as a write's IDs finish
                 generator.on_finished = self.replication.notify
+                generator.timed = self.db_timer.observe_held
             self.replication.add_position_listener(self._position_moved)
             self.replication.add_foreign_writer_listener(self._foreign_writer)
             self.stored.bind(
@@ -384,6 +401,9 @@ class Worker:
         app.middlewares.insert(0, request_timing(self.registry))
         app.middlewares.insert(0, self.in_flight.middleware)
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
+        filters = api.sync_routes.filters
+        self._served_caches += [filters.uploaded, filters.inline]
+        self._served_caches.append(self.ephemeral.presence.view.changes)
         self.room_writes.forwarder = self.ephemeral.requests
         if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
             api.deps.reads.requests = self.ephemeral.requests
@@ -563,11 +583,15 @@ class Worker:
 
     # -- health and shutdown -------------------------------------------------------------------
 
-    def _all_caches(self) -> list[LruCache[Any, Any]]:
-        """For the scrape: every cache, once start-up has built them."""
-        if not hasattr(self, "caches"):
+    def _all_caches(self) -> list[CacheStats]:
+        """For the scrape: every in-process cache, as far as start-up has built them."""
+        if not hasattr(self, "room_views"):  # built after the others below
             return []
-        return [*self.caches.all(), self.room_views.rooms, self.room_views.memberships]
+        return [
+            *self.caches.all(), self.room_views.rooms, self.room_views.memberships,
+            self.room_versions.cache, self.instance_map, self.sync.bodies, self.sync.recent,
+            self.sync.token_cache, PATTERN_CACHE, *self.stored.changes.values(), *self._served_caches,
+        ]  # fmt: skip
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         replication = self.replication.health()

@@ -177,7 +177,8 @@ class WorkerConfig(BaseSettings):
         1.0,
         gt=0,
         description="A database transaction held longer than this many seconds is logged (its name"
-        " and duration); every one is timed in fanout_db_transaction_seconds{name}",
+        " and duration) and counted in fanout_db_slow_transactions_total{name}; every one is timed"
+        " in fanout_db_transaction_seconds{name}",
     )
 
     channel_prefix: str = Field("fanout", description="Pub/sub channel (and key) prefix of this cluster")

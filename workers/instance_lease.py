@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 class InstanceLease:
     """The held name; `release()` gives it back (also safe after a loss)."""
+
+    #: Called with (name, seconds) after each keep-alive statement (None: not timed).
+    timed: Callable[[str, float], None] | None = None
 
     def __init__(
         self,
@@ -70,7 +74,10 @@ class InstanceLease:
             try:
                 while True:
                     await asyncio.sleep(self._lease_s / 3)
+                    started = time.perf_counter()
                     await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self._lease_s / 3)
+                    if self.timed is not None:
+                        self.timed(f"{__name__}.InstanceLease._keep", time.perf_counter() - started)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the session, and with it the name, may be gone

@@ -28,7 +28,8 @@ class PostgresProbe:
     async def _run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._pool.fetchval("SELECT 1"), self._interval_s)
+                async with asyncio.timeout(self._interval_s):  # not wait_for: its task would hide our name
+                    await self._pool.fetchval("SELECT 1")
                 self.error = None
             except asyncio.CancelledError:
                 raise

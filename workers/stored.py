@@ -75,7 +75,7 @@ class StoredStreams:
         for stream, generator in generators.items():
             # Rows at or below every position known now were written before this process.
             self.changes[stream] = StreamChangeCache(
-                stream, _highest(generator), config.cache_max_entries * 10
+                f"{stream}_changes", _highest(generator), config.cache_max_entries * 10
             )
         self.writes: dict[str, UserStreamWrites] = {}
 

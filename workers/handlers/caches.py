@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from idgen import MultiWriterIdGenerator
 from workers.model import (
@@ -117,6 +117,45 @@ class LruCache(Generic[K, V]):
             f"<LruCache {self.name} size={len(self._entries)}/{self.max_size} hits={self.hits}"
             f" misses={self.misses} invalidations={self.invalidations}>"
         )
+
+
+class CacheCounts:
+    """The counters of a cache that is not an `LruCache` (a dict or an index with its own rules),
+    in the shape the scrape reads (`workers.http.health.CacheStats`): the cache's code counts its
+    look-ups with `hits += 1` / `misses += 1`, nothing more on its path."""
+
+    __slots__ = ("_size", "evictions", "hits", "invalidations", "misses", "name")
+
+    def __init__(self, name: str, size: Callable[[], int]) -> None:
+        self.name = name
+        self._size = size
+        self.hits = self.misses = self.evictions = self.invalidations = 0
+
+    def __len__(self) -> int:
+        return self._size()
+
+
+class FunctoolsCacheCounts:
+    """A `functools.lru_cache`'d function's own counts (`cache_info()`), read at scrape time."""
+
+    __slots__ = ("_function", "name")
+
+    evictions = invalidations = 0
+
+    def __init__(self, name: str, function: Any) -> None:
+        self.name = name
+        self._function = function
+
+    @property
+    def hits(self) -> int:
+        return int(self._function.cache_info().hits)
+
+    @property
+    def misses(self) -> int:
+        return int(self._function.cache_info().misses)
+
+    def __len__(self) -> int:
+        return int(self._function.cache_info().currsize)
 
 
 class EventLike(Protocol):

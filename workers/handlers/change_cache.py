@@ -13,6 +13,9 @@ and when the cache `reopen`s after being `blind`.
 
 It also answers "who changed after p?" (`changed_after`), so a sync that would otherwise test
 every user it shares a room with (a thousand, in a big room) tests only the few that changed.
+
+Each question counts as a hit when answered here and as a miss when the caller must ask the
+database (below the floor, or blind); `evictions` counts entities dropped to bound its size.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ FEW_CHANGED = 100
 
 
 class StreamChangeCache:
-    __slots__ = ("_blind_until", "_last", "_order", "floor", "max_entries", "name")
+    __slots__ = (
+        "_blind_until", "_last", "_order", "evictions", "floor", "hits", "max_entries", "misses", "name",
+    )  # fmt: skip
+    invalidations = 0
 
     def __init__(self, name: str, floor: int, max_entries: int = 100_000) -> None:
         self.name = name
@@ -39,6 +45,7 @@ class StreamChangeCache:
         #: skipped (its id differs from `_last`), and dropped when the list is rebuilt.
         self._order: list[tuple[int, str]] = []
         self._blind_until = 0.0
+        self.hits = self.misses = self.evictions = 0
 
     def blind(self) -> None:
         """A writer this process does not follow wrote to the stream (its lines are refused while
@@ -86,18 +93,23 @@ class StreamChangeCache:
                 del last[name]
                 self.floor = max(self.floor, oldest)
                 count -= 1
+                self.evictions += 1
         del order[:cut]
 
     def may_have_changed(self, entity: str, since: int) -> bool:
         """False only when `entity` certainly did not change at a position above `since`."""
         if since < self.floor or self._blind():
+            self.misses += 1
             return True
+        self.hits += 1
         return self._last.get(entity, self.floor) > since
 
     def any_may_have_changed(self, entities: list[str], since: int) -> list[str]:
         """The `entities` that may have changed above `since` (all of them below the floor)."""
         if since < self.floor or self._blind():
+            self.misses += 1
             return list(entities)
+        self.hits += 1
         last, floor = self._last, self.floor
         return [e for e in entities if last.get(e, floor) > since]
 
@@ -105,7 +117,9 @@ class StreamChangeCache:
         """The entities that changed above `since`, or None when this cache cannot know (below
         the floor, or blind)."""
         if since < self.floor or self._blind():
+            self.misses += 1
             return None
+        self.hits += 1
         order, last = self._order, self._last
         start = bisect.bisect_right(order, (since, "\U0010ffff"))
         return [name for stream_id, name in order[start:] if last.get(name) == stream_id]

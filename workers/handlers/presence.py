@@ -176,19 +176,19 @@ class PresenceView:
     """Presence as replication delivered it: per user the latest row and its token, and an index of
     who changed after a token (bounded: for a token older than what it holds, it does not know)."""
 
-    __slots__ = ("_changes", "_users")
+    __slots__ = ("_users", "changes")
 
     def __init__(self) -> None:
         self._users: dict[str, tuple[int, PresenceChange]] = {}
-        self._changes = StreamChangeCache("presence", floor=0)
+        self.changes = StreamChangeCache("presence_changes", floor=0)
 
     def apply(self, token: int, row: PresenceChange) -> None:
         self._users[row[0]] = (token, row)
-        self._changes.changed(row[0], token)
+        self.changes.changed(row[0], token)
 
     def changed_after(self, token: int) -> list[str] | None:
         """The users whose presence changed after `token`; None when the index no longer knows."""
-        return self._changes.changed_after(token)
+        return self.changes.changed_after(token)
 
     def get(self, user_id: str) -> PresenceChange | None:
         entry = self._users.get(user_id)

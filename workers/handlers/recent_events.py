@@ -80,7 +80,14 @@ class EventRef(NamedTuple):
 
 
 class RecentEvents:
-    __slots__ = ("_blind_until", "_orderings", "_refs", "floor", "max_events", "top")
+    """A window answered here is a hit; one sent to the database (None) a miss. `evictions`
+    counts events dropped to bound its size, `invalidations` the `forget`s."""
+
+    __slots__ = (
+        "_blind_until", "_orderings", "_refs", "evictions", "floor", "hits", "invalidations",
+        "max_events", "misses", "top",
+    )  # fmt: skip
+    name = "recent_events"
 
     def __init__(self, floor: int, max_events: int = MAX_EVENTS) -> None:
         self.floor = floor
@@ -90,6 +97,7 @@ class RecentEvents:
         self._orderings: list[int] = []
         self._refs: list[EventRef] = []
         self._blind_until = 0.0
+        self.hits = self.misses = self.evictions = self.invalidations = 0
 
     def add(self, refs: Iterable[EventRef]) -> None:
         """Events applied (rows of several writers may come a little out of order)."""
@@ -110,6 +118,7 @@ class RecentEvents:
             self._drop_oldest(len(kept) - self.max_events + self.max_events // 8)
 
     def _drop_oldest(self, count: int) -> None:
+        self.evictions += count
         self.floor = max(self.floor, self._orderings[count - 1])
         del self._orderings[:count], self._refs[:count]
 
@@ -117,6 +126,7 @@ class RecentEvents:
         """Events at or below `upto` or the newest position added may be missing (a batch of our
         own whose commit outcome is unknown): windows starting below that go to the database."""
         self.floor = self.top = max(self.floor, self.top, upto)
+        self.invalidations += 1
         self._orderings.clear()
         self._refs.clear()
 
@@ -148,16 +158,21 @@ class RecentEvents:
         None when this index cannot know, or when the window is long enough that the database's
         index by room does better (more than `MAX_SCAN` events to look at)."""
         if self._blind_until:
+            self.misses += 1
             return None
         lows = [low for low, high in (*windows.values(), default) if low < high]
         if not lows:
+            self.hits += 1
             return []
         low = min(lows)
         if low < self.floor:
+            self.misses += 1
             return None
         start = bisect.bisect_right(self._orderings, low)
         if len(self._refs) - start > MAX_SCAN:
+            self.misses += 1
             return None
+        self.hits += 1
         found: list[EventRef] = []
         for ref in self._refs[start:]:
             if ref.room_id not in rooms:
@@ -192,9 +207,13 @@ _new = tuple.__new__
 class EventBodies:
     """Persisted events by id, shared by every sync of the worker: concurrent requests for the same
     id wait for one read. A read in flight when its id is forgotten keeps nothing and serves only
-    the requests that came before: later ones read again."""
+    the requests that came before: later ones read again. Counted per id: a hit found here, a
+    miss read from the database (or waiting for a read in flight)."""
 
-    __slots__ = ("_cache", "_loading", "_pool", "max_size", "reads")
+    __slots__ = (
+        "_cache", "_loading", "_pool", "evictions", "hits", "invalidations", "max_size", "misses", "reads",
+    )  # fmt: skip
+    name = "event_bodies"
 
     def __init__(self, pool: asyncpg.Pool, max_size: int = MAX_BODIES) -> None:
         self._pool = pool
@@ -202,16 +221,21 @@ class EventBodies:
         self._cache: OrderedDict[str, Event] = OrderedDict()
         #: id -> the read in flight that will bring it (its result: what it found; None: failed).
         self._loading: dict[str, asyncio.Future[dict[str, Event] | None]] = {}
-        self.reads = 0
+        self.reads = self.hits = self.misses = self.evictions = self.invalidations = 0
+
+    def __len__(self) -> int:
+        return len(self._cache)
 
     def _store(self, event: Event) -> None:
         self._cache[event.event_id] = event
         if len(self._cache) > self.max_size:
             self._cache.popitem(last=False)
+            self.evictions += 1
 
     def forget(self, event_ids: Iterable[str]) -> None:
         """These events changed (redacted): the next request reads them from the database."""
         for event_id in event_ids:
+            self.invalidations += 1
             self._cache.pop(event_id, None)
             self._loading.pop(event_id, None)
 
@@ -233,6 +257,8 @@ class EventBodies:
                 waiting[event_id] = self._loading[event_id]
             else:
                 missing.append(event_id)
+        self.hits += len(found)
+        self.misses += len(event_ids) - len(found)
         if missing:
             found |= await self._read(missing)
         unread = []

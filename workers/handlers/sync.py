@@ -31,7 +31,7 @@ import asyncpg
 
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from pubsub.ratelog import RateLimitedLog
-from workers.handlers.caches import SyncCaches
+from workers.handlers.caches import CacheCounts, SyncCaches
 from workers.handlers.history_visibility import JOINED, all_permissive, current, may_see_event
 from workers.handlers.notifier import Notifier
 from workers.handlers.recent_events import EventBodies, Placed, RecentEvents
@@ -86,17 +86,31 @@ def _nothing() -> None:
     pass
 
 
+def _ignore_kind(_kind: str, _seconds: float) -> None:
+    pass
+
+
+def _kind(news: bool, woken_at: float | None, timeout_s: float) -> str:
+    """An incremental answer's kind (see `SyncObservers`)."""
+    if news:
+        return "incremental" if woken_at is None else "woken"
+    return "timeout" if timeout_s > 0 else "incremental"
+
+
 @dataclass(frozen=True)
 class SyncObservers:
     """Where the sync handler reports what operators watch: latencies in seconds (from the notify
     that woke a long-poll to its answer; from an event's persist to the woken answer carrying it),
     a `since` clamped because it lies beyond every sequence (a restored database or a forgery),
-    and a `since` this worker did not catch up with in time."""
+    a `since` this worker did not catch up with in time, and each answer's time by its kind
+    (`initial`; `incremental`: answered without waiting; `woken`: answered after a wake-up;
+    `timeout`: waited the whole timeout; a `since` not caught up with is `behind` alone)."""
 
     wake: Callable[[float], None] = _ignore
     visible: Callable[[float], None] = _ignore
     clamped: Callable[[], None] = _nothing
     behind: Callable[[], None] = _nothing
+    answered: Callable[[str, float], None] = _ignore_kind
 
 
 class SyncHandler:
@@ -129,6 +143,7 @@ class SyncHandler:
         self.bodies = EventBodies(pool)
         self.syncs = 0
         self.behind_timeouts = 0
+        self.token_cache = CacheCounts("sync_tokens", lambda: len(self._tokens))
         #: Typing and presence, set once the worker has built them (None: empty sections).
         self.ephemeral: EphemeralSource | None = None
         #: Account data, to-device and device lists, set once the worker has built them.
@@ -160,7 +175,9 @@ class SyncHandler:
         comes back with the `next_batch` of its last answer (a token's text means one token
         forever: instance ids never change meaning)."""
         token = self._tokens.get(text)
+        self.token_cache.hits += token is not None
         if token is None:
+            self.token_cache.misses += 1
             token = await self._instance_map.decode_sync_token(text, SYNC_STREAMS)
             self._remember(text, token)
         return token
@@ -169,6 +186,10 @@ class SyncHandler:
         self._tokens[text] = token
         if len(self._tokens) > MAX_REMEMBERED_TOKENS:
             del self._tokens[next(iter(self._tokens))]
+
+    def _answered(self, kind: str, started: float, body: dict[str, Any]) -> dict[str, Any]:
+        self.observers.answered(kind, time.monotonic() - started)
+        return body
 
     async def sync(
         self,
@@ -184,6 +205,7 @@ class SyncHandler:
         to `timeout_s` for something), or, without `since`, the initial sync. InvalidTokenError for
         a malformed token."""
         self.syncs += 1
+        started = time.monotonic()
         sync_filter = sync_filter or SyncFilter()
         if since_text is None:
             return await self._initial(user_id, device_id, sync_filter)
@@ -223,7 +245,8 @@ class SyncHandler:
                     body = await self._response(sections, now)
                     if woken_at is not None and events:
                         self._observe(woken_at, events)
-                    return body
+                    news = bool(events or typing or presence or stored or full_state or self.closing)
+                    return self._answered(_kind(news, woken_at, timeout_s), started, body)
                 if self._notifier.generation == moved and await waiter.wait(remaining):
                     # Registered before anything newer than `now` could notify: no lost wake-up.
                     woken_at = waiter.woken_at
@@ -235,6 +258,7 @@ class SyncHandler:
             self.observers.visible(max(0.0, now_ms - event.received_ts) / 1000)
 
     async def _initial(self, user_id: str, device_id: str | None, sync_filter: SyncFilter) -> dict[str, Any]:
+        started = time.monotonic()
         """Every joined room with its recent timeline (as far back as its history visibility lets
         the user see) and state, every pending invite and knock, and the rooms the user left: as
         Synapse does, the ones it was kicked or banned from always, the ones it left itself with
@@ -272,7 +296,7 @@ class SyncHandler:
         sections.add_stored(stored)
         await self._drop_forgotten(user_id, user_rooms, sections)
         await sections.load_state(self._state_events, self._state_at, self._pending_state)
-        return await self._response(sections, now)
+        return self._answered("initial", started, await self._response(sections, now))
 
     async def _recent(
         self,

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.handlers.caches import LruCache
+from workers.handlers.caches import FunctoolsCacheCounts, LruCache
 
 #: Timeline events per room when no filter says otherwise.
 DEFAULT_TIMELINE_LIMIT = 20
@@ -38,6 +38,10 @@ MAX_LIST = 1000
 def _pattern(types: tuple[str, ...]) -> re.Pattern[str]:
     """One regular expression for a list of type patterns (`*`: any run of characters)."""
     return re.compile("|".join(".*".join(re.escape(part) for part in t.split("*")) for t in types))
+
+
+#: The compiled type patterns' cache, as the scrape reads it.
+PATTERN_CACHE = FunctoolsCacheCounts("filter_type_patterns", _pattern)
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,8 @@ class ApiDeps:
 class ClientApi:
     def __init__(self, deps: ApiDeps) -> None:
         self.deps = deps
+        #: /sync and its filters (the worker's scrape reads the filter caches).
+        self.sync_routes = SyncRoutes(deps.pool, deps.sync, deps.ephemeral, deps.reads)
 
     def application(self) -> web.Application:
         deps = self.deps
@@ -118,7 +120,7 @@ class ClientApi:
                 *RoomRoutes(
                     deps.pool, deps.writes, deps.sync, deps.messages, deps.default_room_version, deps.reads
                 ).routes(),
-                *SyncRoutes(deps.pool, deps.sync, deps.ephemeral, deps.reads).routes(),
+                *self.sync_routes.routes(),
                 *EphemeralRoutes(deps.pool, deps.ephemeral).routes(),
                 *KeyRoutes(
                     deps.pool, deps.accounts.server_name, deps.device_lists, deps.one_time_keys

@@ -80,12 +80,18 @@ class ReadinessCollector(Collector):
 
 
 class CacheStats(Protocol):
-    name: str
-    hits: int
-    misses: int
-    evictions: int
-    invalidations: int
+    """What the scrape reads of a cache (an `LruCache`, or another cache's `CacheCounts`)."""
 
+    @property
+    def name(self) -> str: ...
+    @property
+    def hits(self) -> int: ...
+    @property
+    def misses(self) -> int: ...
+    @property
+    def evictions(self) -> int: ...
+    @property
+    def invalidations(self) -> int: ...
     def __len__(self) -> int: ...
 
 

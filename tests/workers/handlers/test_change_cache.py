@@ -35,13 +35,16 @@ def test_known_changes_and_the_floor() -> None:
     assert cache.may_have_changed("@c", 9)
     assert cache.any_may_have_changed(["@a", "@b", "@c"], 10) == ["@a"]
     assert cache.any_may_have_changed(["@a", "@b"], 3) == ["@a", "@b"]
+    assert cache.changed_after(11) == ["@a"] and cache.changed_after(9) is None
+    # Answered here: hits; "maybe" because the cache cannot know: misses (each costs a query).
+    assert (cache.hits, cache.misses) == (6, 3)
 
 
 def test_dropping_old_entries_raises_the_floor() -> None:
     cache = StreamChangeCache("s", floor=0, max_entries=2)
     for n, user in enumerate(["@a", "@b", "@c"], start=1):
         cache.changed(user, n)
-    assert len(cache) == 2 and cache.floor == 1
+    assert len(cache) == 2 and cache.floor == 1 and cache.evictions == 1
     assert cache.may_have_changed("@a", 0)  # below the floor now: unknown, so "maybe"
 
 

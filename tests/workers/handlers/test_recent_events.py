@@ -100,6 +100,7 @@ def test_below_the_floor_and_while_blind_it_does_not_answer(monkeypatch: pytest.
     index.reopen(40)
     assert index.floor == 40 and index.window({room}, {}, (12, 50), 5) is None
     assert index.window({room}, {}, (40, 50), 5) == []
+    assert (index.hits, index.misses, index.invalidations) == (2, 5, 1)  # reopen forgot everything
 
 
 async def test_concurrent_syncs_read_each_body_once(db_pool: asyncpg.Pool) -> None:
@@ -111,3 +112,4 @@ async def test_concurrent_syncs_read_each_body_once(db_pool: asyncpg.Pool) -> No
     assert all(a == {"$one": event} for a in answers)
     assert bodies.reads <= 2  # one read; "$missing" again by whoever waited for it
     assert await bodies.get(["$one"]) == {"$one": event} and bodies.reads <= 2
+    assert bodies.misses == 400 and bodies.hits == 1 and len(bodies) == 1  # waiting for a read: a miss
