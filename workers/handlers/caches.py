@@ -150,11 +150,16 @@ class SyncCaches:
         self.access_tokens: LruCache[str, Requester] | None = None
         if access_token is not None:
             self.access_tokens = LruCache(ACCESS_TOKEN_CACHE, access_token_entries, access_token)
+        self._registered: list[LruCache[str, object]] = []
+
+    def register(self, cache: LruCache[str, V]) -> None:
+        """Another cache the caches stream's rows of its name invalidate (kept by its owner)."""
+        self._registered.append(cache)  # type: ignore[arg-type]
 
     def all(self) -> list[LruCache[str, object]]:
         caches = [
             self.rooms_for_user, self.joined_members, self.current_state, self.room_visibility,
-            self.access_tokens,
+            self.access_tokens, *self._registered,
         ]  # fmt: skip
         return [c for c in caches if c is not None]  # type: ignore[misc]
 
