@@ -131,6 +131,17 @@ class StoredSections:
         updates.one_time_key_counts = counts.one_time
         updates.unused_fallback_key_types = counts.unused_fallback
 
+    def owes_clean_up(self, user_id: str, device_id: str | None, since: SyncToken) -> bool:
+        """Whether a sync of the device from `since` would deal with its to-device messages: one
+        may be new, or `since` acknowledges some this worker has not deleted yet."""
+        if device_id is None:
+            return False
+        changes = self._changes[TO_DEVICE]
+        if changes.may_have_changed(user_id, since.get(TO_DEVICE).stream):
+            return True
+        last = changes.last(user_id)
+        return last is not None and self._cleaned.get((user_id, device_id), -1) < last
+
     async def reopen_blind_caches(self) -> None:
         """Reopen each change cache whose blind period is over, above the sequence's value now
         (read by the first syncs after the blind period; until then the cache says "maybe")."""
