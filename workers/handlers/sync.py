@@ -137,8 +137,21 @@ class SyncHandler:
         self.closing = False
         #: token text -> token, the latest handed out or parsed (oldest dropped first).
         self._tokens: dict[str, SyncToken] = {}
+        self._ordered_streams = [s for s in ORDERED_STREAMS if s in generators]
+        #: (the generators' position versions and the ephemeral tokens, the token they make).
+        self._current: tuple[tuple[int, ...], SyncToken] = ((), SyncToken({}))
 
     def current_token(self) -> SyncToken:
+        """This worker's token now. Built again only when a position moved (every long-poll asks
+        for it twice: as it arrives and as it answers)."""
+        key = tuple(self._generators[s].positions_version for s in self._ordered_streams)
+        if self.ephemeral is not None:
+            key += self.ephemeral.ephemeral_tokens()
+        if key != self._current[0]:
+            self._current = (key, self._build_current_token())
+        return self._current[1]
+
+    def _build_current_token(self) -> SyncToken:
         tokens = {
             s: MultiWriterStreamToken.from_generator(self._generators[s])
             for s in ORDERED_STREAMS
