@@ -140,6 +140,10 @@ class SyncHandler:
         self._ordered_streams = [s for s in ORDERED_STREAMS if s in generators]
         #: (the generators' position versions and the ephemeral tokens, the token they make).
         self._current: tuple[tuple[int, ...], SyncToken] = ((), SyncToken({}))
+        #: id(since) -> (since, the current token merged with it, whether that is `since`), for
+        #: the current token `_merged_into`.
+        self._merged: dict[int, tuple[SyncToken, SyncToken, bool]] = {}
+        self._merged_into: SyncToken | None = None
 
     def current_token(self) -> SyncToken:
         """This worker's token now. Built again only when a position moved (every long-poll asks
@@ -150,6 +154,23 @@ class SyncHandler:
         if key != self._current[0]:
             self._current = (key, self._build_current_token())
         return self._current[1]
+
+    def _now(self, since: SyncToken) -> tuple[SyncToken, bool]:
+        """The current token merged with `since`, and whether that is `since` (no stream moved
+        past it). Remembered per `since` object until a position moves: the polls a wake answers
+        come back with one `next_batch`, parsed once."""
+        current = self.current_token()
+        if current is not self._merged_into:
+            self._merged.clear()
+            self._merged_into = current
+        found = self._merged.get(id(since))
+        if found is not None and found[0] is since:  # the entry holds `since`: its id is not reused
+            return found[1], found[2]
+        now = current.merge(since)
+        quiet = now == since
+        if len(self._merged) < MAX_REMEMBERED_TOKENS:
+            self._merged[id(since)] = (since, now, quiet)
+        return now, quiet
 
     def _build_current_token(self) -> SyncToken:
         tokens = {
@@ -216,10 +237,10 @@ class SyncHandler:
             # `now` (rows are invalidated before positions advance, and a load started after `now`
             # reads committed rows). The other order could pair a stale room list with a newer token.
             moved = self._notifier.generation
-            now = self.current_token().merge(since)
+            now, quiet = self._now(since)
             user_rooms = await self._caches.rooms_for_user.get(user_id)
             with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
-                if now == since and not full_state and not self._owes_clean_up(user_id, device_id, since):
+                if quiet and not full_state and not self._owes_clean_up(user_id, device_id, since):
                     # No stream moved past `since`: every window is empty, for every user.
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or self.closing:
