@@ -5,7 +5,9 @@ Exactly once, in token order: a response carries the events E of the user's room
 writer's position in `now` only passes finished IDs, so nothing at or below it can still appear;
 successive windows (since, now] do not overlap, so nothing comes twice. Tokens are global facts
 (a position of a writer), so a client may switch between sync workers: a worker that is behind
-the client's token waits, at most the request's timeout, until it has caught up.
+the client's token waits, at most the request's timeout, until it has caught up. When no stream
+moved past `since` (the current token merged with it is `since`), every window is empty for every
+user: the poll parks without building one and, at its timeout, answers the empty sections.
 
 Visibility (`workers.handlers.history_visibility`): the user's own membership events, the events
 sent while it was joined, and, within one window, the earlier events its room's history
