@@ -447,6 +447,12 @@ class MultiWriterIdGenerator:
         """This instance's own last contiguous finished write, not raised by other writers."""
         return self._sign * self._book.minimal_local_position()
 
+    @property
+    def positions_version(self) -> int:
+        """Changes whenever `get_current_token` or `get_positions` may answer differently (a
+        reader's memo of a token built from them stays right while it does not)."""
+        return self._book.version
+
     def get_positions(self) -> dict[str, int]:
         """Each writer's own position as last known (never raised to persisted-upto); writers never
         heard from are absent."""

@@ -25,6 +25,7 @@ that another writer is still writing, so only IDs this process finished itself a
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from idgen.errors import InconsistentSequenceError
@@ -32,6 +33,8 @@ from idgen.errors import InconsistentSequenceError
 # Runs of own finished IDs kept above persisted-upto waiting for a gap to close. Dropping them is always
 # safe (they only speed things up), so they are bounded rather than allowed to grow behind a dead writer.
 MAX_KNOWN_FINISHED = 100_000
+#: `StreamPositions.version` values: never reused, so a reloaded book never repeats an old one.
+_VERSIONS = itertools.count()
 
 
 class StreamPositions:
@@ -57,6 +60,7 @@ class StreamPositions:
         "_unheard",
         "_unheard_floor",
         "_writers",
+        "version",
     )
 
     def __init__(
@@ -98,6 +102,8 @@ class StreamPositions:
         self._fetch_markers: list[int] = []
         # Heap of (first, last): runs of consecutive IDs finished here, not yet below persisted-upto.
         self._known_finished: list[tuple[int, int]] = []
+        #: Changes whenever a position or persisted-upto may have (unique across books).
+        self.version = next(_VERSIONS)
         self._settled = False  # `_update` has not run yet: the loaded state may not be its fixed point
 
     # -- reads -------------------------------------------------------------------------------------
@@ -236,6 +242,7 @@ class StreamPositions:
                 reported = max(reported, self._max_seen)
             self._reported = reported
         self._settled = True
+        self.version = next(_VERSIONS)
 
     def _update_local(self) -> None:
         finished = self._finished_above

@@ -292,6 +292,7 @@ class Worker:
                     self.name, self.generators[CACHES], lambda rows: self._committed([], [], rows),
                     self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
                 )  # fmt: skip
+                self.stored.one_time_keys.cache_rows = self.stored.device_lists.cache_rows
             await self.replication.start()
         with self._phase("check_position_hints"):
             hints = await self.replication.transport.hint_client()

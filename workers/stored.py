@@ -138,11 +138,14 @@ class StoredStreams:
             self.writes[device_lists.DEVICE_LISTS], self._pool, self._server_name, self._fetch_remote
         )
         self.one_time_keys = OneTimeKeys(self.writes[device_lists.DEVICE_LISTS], self._pool)
+        caches.register(self.one_time_keys.counts_cache)
         receipt_writes = self.writes[receipts.RECEIPTS]
         assert isinstance(receipt_writes, RoomStreamWrites)
         self.receipts = Receipts(receipt_writes, self._pool)
         self.to_device = ToDeviceInbox(self.writes[to_device.TO_DEVICE], self._pool, self._server_name)
-        self.sections = StoredSections(self._pool, caches, self.changes, self.generators, self.to_device)
+        self.sections = StoredSections(
+            self._pool, caches, self.changes, self.generators, self.to_device, self.one_time_keys.counts
+        )
 
     async def apply(self, stream: str, rows: Sequence[tuple[int, Row]]) -> tuple[set[str], set[str]]:
         """Record `rows` ((token, row) pairs) in the stream's change cache; (rooms, users) to wake."""

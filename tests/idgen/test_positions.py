@@ -218,10 +218,15 @@ def test_model_persisted_upto_never_passes_an_unfinished_id(
     books["reader"] = StreamPositions("reader", writers, persisted_upto=0, positions=heard)
     m = Model(writers, books, pending={w: [] for w in writers}, unfinished={w: set() for w in writers})
     last = {name: (b.persisted_upto, b.position_of(name)) for name, b in books.items()}
+    # A reader's token memo (the sync handler's) holds while `version` does: the view never changes under it.
+    views = {name: (b.version, b.persisted_upto, b.positions()) for name, b in books.items()}
 
     def check() -> None:
         open_ids = m.all_unfinished()
         for name, book in books.items():
+            if book.version == views[name][0]:
+                assert (book.persisted_upto, book.positions()) == views[name][1:], name
+            views[name] = (book.version, book.persisted_upto, book.positions())
             if open_ids:
                 assert book.persisted_upto < min(open_ids), name
             persisted, own = book.persisted_upto, book.position_of(name)

@@ -52,7 +52,9 @@ async def test_after_a_foreign_writer_the_floor_ends_above_its_ids(
     assert changes.may_have_changed("@u:x", before)  # blind: "maybe"
     await asyncio.sleep(0.06)
     # What a sync does first: the caches' parts it leaves alone need not exist here.
-    sections = StoredSections(db_pool, cast(Any, None), streams.changes, streams.generators, cast(Any, None))
+    sections = StoredSections(
+        db_pool, cast(Any, None), streams.changes, streams.generators, cast(Any, None), cast(Any, None)
+    )
     await sections.reopen_blind_caches()
     assert changes.may_have_changed("@u:x", before)  # below the new floor: "maybe", never "no"
     assert changes.floor >= allocated

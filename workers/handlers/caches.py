@@ -201,11 +201,16 @@ class SyncCaches:
         #: Called with a room id when the room ended (purged, or its last local member left), for
         #: what the worker keeps of a room outside these caches (room rules, event bodies, version).
         self.room_ended: list[Callable[[str], None]] = []
+        self._registered: list[LruCache[str, object]] = []
+
+    def register(self, cache: LruCache[str, V]) -> None:
+        """Another cache the caches stream's rows of its name invalidate (kept by its owner)."""
+        self._registered.append(cache)  # type: ignore[arg-type]
 
     def all(self) -> list[LruCache[str, object]]:
         caches = [
             self.rooms_for_user, self.joined_members, self.current_state, self.room_visibility,
-            self.access_tokens,
+            self.access_tokens, *self._registered,
         ]  # fmt: skip
         return [c for c in caches if c is not None]  # type: ignore[misc]
 

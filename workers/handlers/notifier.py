@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 
 
 class Waiter:
@@ -20,15 +19,26 @@ class Waiter:
     a sync worker holds ten thousand of them (an Event and `wait_for` cost a task and a second
     future each)."""
 
-    __slots__ = ("_future", "rooms", "user_id", "woken", "woken_at")
+    __slots__ = ("_future", "_notifier", "rooms", "user_id", "woken", "woken_at")
 
-    def __init__(self, user_id: str, rooms: frozenset[str]) -> None:
+    def __init__(self, user_id: str, rooms: frozenset[str], notifier: Notifier | None = None) -> None:
         self.user_id = user_id
         self.rooms = rooms
         self.woken = False
         #: time.monotonic() of the notify that woke it (for the wake-latency histogram).
         self.woken_at = 0.0
         self._future: asyncio.Future[bool] | None = None
+        self._notifier = notifier
+
+    def __enter__(self) -> Waiter:
+        """Registered with its notifier (a plain context manager: no generator per long-poll)."""
+        if self._notifier is not None:
+            self._notifier.register(self)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._notifier is not None:
+            self._notifier.unregister(self)
 
     def wake(self, at: float) -> None:
         self.woken, self.woken_at = True, at
@@ -69,18 +79,19 @@ class Notifier:
         #: Bumped on every notify and position move; lets a reader see it missed one.
         self.generation = 0
 
-    @contextmanager
-    def waiter(self, user_id: str, rooms: frozenset[str]) -> Iterator[Waiter]:
-        waiter = Waiter(user_id, rooms)
-        self._by_user.setdefault(user_id, set()).add(waiter)
-        for room in rooms:
+    def waiter(self, user_id: str, rooms: frozenset[str]) -> Waiter:
+        """A waiter for `user_id` and `rooms`, registered while its `with` block runs."""
+        return Waiter(user_id, rooms, self)
+
+    def register(self, waiter: Waiter) -> None:
+        self._by_user.setdefault(waiter.user_id, set()).add(waiter)
+        for room in waiter.rooms:
             self._by_room.setdefault(room, set()).add(waiter)
-        try:
-            yield waiter
-        finally:
-            self._discard(self._by_user, user_id, waiter)
-            for room in rooms:
-                self._discard(self._by_room, room, waiter)
+
+    def unregister(self, waiter: Waiter) -> None:
+        self._discard(self._by_user, waiter.user_id, waiter)
+        for room in waiter.rooms:
+            self._discard(self._by_room, room, waiter)
 
     @staticmethod
     def _discard(index: dict[str, set[Waiter]], key: str, waiter: Waiter) -> None:

@@ -3,15 +3,23 @@
 An upload runs on the writer that records the user's device-key changes (`UserStreamWrites` of
 the device_lists stream, as device keys do), in one transaction: one user's uploads are applied
 one at a time, so "this key id is already stored with other content" is decided against what the
-device holds. It writes no stream row: a key count is not a device-list change, and /sync reads the
-counts of the syncing device as it answers.
+device holds. It writes no stream row: a key count is not a device-list change.
 
-A claim needs no writer: one PostgreSQL statement picks and deletes each key
-(`workers.storage.one_time_keys.claim_keys`), so claims racing on any workers never share a key.
+A claim runs on a device_lists writer too (the first claimed user's, one forwarded operation per
+writer): one PostgreSQL statement picks and deletes each key
+(`workers.storage.one_time_keys.claim_keys`), so claims racing on any writers never share a key.
+
+/sync tells every answer the device's counts, so each worker keeps them in `KeyCounts` cache
+(`counts_cache`, loaded from the database on a miss). Every upload and claim writes a caches-stream
+row naming the devices whose counts it changed, in its own transaction (that is why both run on a
+writer: the device_lists writers write the caches stream); every worker drops those entries when it
+applies the row, the worker that forwarded the request at once. So a worker answers with the counts
+of a change within one replication delay, never a cache that only expires by time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -20,13 +28,25 @@ from typing import Any
 
 import asyncpg
 
+from workers.handlers.caches import CacheRows, LruCache
+from workers.handlers.forwarding import OwnerUnavailable
 from workers.handlers.stream_writes import UserStreamWrites, object_arg, text_arg
+from workers.model import KEYS_PER_INVALIDATION
 from workers.storage import Conn
 from workers.storage import one_time_keys as store
 from workers.storage.one_time_keys import ClaimedKey, KeyConflict, UploadedKey
 
 #: Longest algorithm name or key id taken (both are short identifiers in every known algorithm).
 MAX_NAME = 255
+#: The caches-stream name of a device's key counts (Synapse's); its keys are `counts_key`s.
+KEY_COUNTS_CACHE = "count_e2e_one_time_keys"
+#: Devices whose counts a worker keeps (one per syncing device; a few hundred bytes each).
+MAX_CACHED_COUNTS = 100_000
+
+
+def counts_key(user_id: str, device_id: str) -> str:
+    """A device's key in the counts cache: a user id holds no newline, so the pair is one string."""
+    return f"{user_id}\n{device_id}"
 
 
 class KeyUploadRefused(Exception):
@@ -84,6 +104,13 @@ class OneTimeKeys:
         self.writes = writes
         self._pool = pool
         writes.ops["upload_keys"] = self._upload
+        writes.ops["claim_keys"] = self._claim
+        #: `counts_key` -> the device's counts; the caches stream's rows invalidate it.
+        self.counts_cache: LruCache[str, KeyCounts] = LruCache(
+            KEY_COUNTS_CACHE, MAX_CACHED_COUNTS, self._load
+        )
+        #: Set on a device_lists writer: the caches-stream rows its uploads and claims write.
+        self.cache_rows: CacheRows | None = None
 
     async def upload(self, user_id: str, device_id: str, one_time_keys: Any, fallback_keys: Any) -> KeyCounts:
         """Store the device's one-time and fallback keys (checked with `parse_keys` first);
@@ -102,19 +129,45 @@ class OneTimeKeys:
         if isinstance(error, str):
             errcode = answer.get("errcode")
             raise KeyUploadRefused(errcode if isinstance(errcode, str) else "M_UNKNOWN", error)
+        self.counts_cache.invalidate(counts_key(user_id, device_id))  # read-your-writes here
         counts, fallback = answer.get("one_time_key_counts"), answer.get("unused_fallback_key_types")
         if not isinstance(counts, dict) or not isinstance(fallback, list):
             raise ValueError("the device_lists writer answered without key counts")
         return KeyCounts(counts, fallback)
 
     async def counts(self, user_id: str, device_id: str) -> KeyCounts:
+        """The device's counts, from the cache (a miss reads them)."""
+        return await self.counts_cache.get(counts_key(user_id, device_id))
+
+    async def _load(self, key: str) -> KeyCounts:
+        user_id, _, device_id = key.partition("\n")
         async with self._pool.acquire() as conn:
             return await read_counts(conn, user_id, device_id)
 
     async def claim(self, wanted: Sequence[tuple[str, str, str]]) -> list[ClaimedKey]:
-        """One key per (user, device, algorithm) that has one (see `store.claim_keys`)."""
-        async with self._pool.acquire() as conn:
-            return await store.claim_keys(conn, wanted)
+        """One key per (user, device, algorithm) that has one (see `store.claim_keys`), claimed on
+        the device_lists writers (one operation per writer, at once). Raises OwnerUnavailable."""
+        if not wanted:
+            return []
+        by_writer: dict[str, list[list[str]]] = {}
+        for user_id, device_id, algorithm in wanted:
+            by_writer.setdefault(self.writes.owner(user_id), []).append([user_id, device_id, algorithm])
+        answers = await asyncio.gather(
+            *(
+                # Never sent twice: a claim that committed and was sent again would use up a key.
+                self.writes.run(group[0][0], "claim_keys", {"user_id": group[0][0], "wanted": group},
+                                idempotent=False)
+                for group in by_writer.values()
+            )
+        )  # fmt: skip
+        self.counts_cache.invalidate_many(counts_key(u, d) for u, d, _ in wanted)  # read-your-writes here
+        claimed: list[ClaimedKey] = []
+        for answer in answers:
+            rows = answer.get("claimed")
+            if not isinstance(rows, list):
+                raise ValueError("the device_lists writer answered a claim without keys")
+            claimed += [ClaimedKey(u, d, UploadedKey(a, i, j)) for u, d, a, i, j in rows]
+        return claimed
 
     # -- on the writer ---------------------------------------------------------------------------
 
@@ -123,13 +176,38 @@ class OneTimeKeys:
         one_time = parse_keys(object_arg(args, "one_time_keys"), "one_time_keys")
         fallback = parse_keys(object_arg(args, "fallback_keys"), "fallback_keys")
         try:
-            async with self._pool.acquire() as conn:
+            async with self._rows().reserve() as pending, self._pool.acquire() as conn:
                 async with conn.transaction():
                     await store.add_one_time_keys(conn, user_id, device_id, one_time, int(time.time() * 1000))
                     await store.set_fallback_keys(conn, user_id, device_id, fallback)
+                    await pending.write(conn, KEY_COUNTS_CACHE, [counts_key(user_id, device_id)])
                 counts = await read_counts(conn, user_id, device_id)
         except KeyConflict as e:  # an answer, not a failure of the request: no retries
             return {"errcode": "M_UNKNOWN", "error": str(e)}
         except asyncpg.ForeignKeyViolationError:
             return {"errcode": "M_INVALID_PARAM", "error": f"{user_id} has no device {device_id}"}
         return counts.to_json()
+
+    async def _claim(self, args: dict[str, Any]) -> dict[str, Any]:
+        wanted = args.get("wanted")
+        if not isinstance(wanted, list) or not all(
+            isinstance(w, list) and len(w) == 3 and all(isinstance(p, str) for p in w) for w in wanted
+        ):
+            raise ValueError("wanted must be a list of [user_id, device_id, algorithm]")
+        async with self._rows().reserve() as pending, self._pool.acquire() as conn:
+            async with conn.transaction():
+                claimed = await store.claim_keys(conn, [(u, d, a) for u, d, a in wanted])
+                changed = sorted({counts_key(c.user_id, c.device_id) for c in claimed})
+                if changed:  # more devices than one row names: the whole cache
+                    keys = changed if len(changed) <= KEYS_PER_INVALIDATION else None
+                    await pending.write(conn, KEY_COUNTS_CACHE, keys)
+        return {
+            "claimed": [
+                [c.user_id, c.device_id, c.key.algorithm, c.key.key_id, c.key.key_json] for c in claimed
+            ]
+        }
+
+    def _rows(self) -> CacheRows:
+        if self.cache_rows is None:
+            raise OwnerUnavailable(self.writes.name, "this device_lists writer writes no caches stream")
+        return self.cache_rows

@@ -206,10 +206,13 @@ class UserStreamWrites:
             raise OwnerUnavailable(self.name, f"this worker does not write the {self.stream} stream")
         return self.writer
 
-    async def run(self, key: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Run `op` for `key` (a user id; a room id for `RoomStreamWrites`) on its writer. Raises
-        OwnerUnavailable, ForwardRefused, or what the operation raises when it runs here
-        (ValueError for bad arguments)."""
+    async def run(
+        self, key: str, op: str, args: dict[str, Any], *, idempotent: bool = True
+    ) -> dict[str, Any]:
+        """Run `op` for `key` (a user id; a room id for `RoomStreamWrites`) on its writer (an
+        operation that is not `idempotent` is never sent twice). Raises OwnerUnavailable,
+        ForwardRefused, or what the operation raises when it runs here (ValueError for bad
+        arguments)."""
         if not self.writers:
             raise OwnerUnavailable(f"{self.stream} writer", f"stream_writers.{self.stream} is empty", 30)
         owner = self.owner(key)
@@ -220,7 +223,7 @@ class UserStreamWrites:
         self.forwarded += 1
         path = f"/_fanout/internal/writes/{quote(self.stream, safe='')}/{quote(op, safe='')}"
         answer = await self.forwarder.request(
-            owner, f"{self.stream}_{op}", "POST", path, body=args, idempotent=True
+            owner, f"{self.stream}_{op}", "POST", path, body=args, idempotent=idempotent
         )
         position = StreamPosition.from_json(answer.get("position"))
         if position is not None and not await wait_visible(

@@ -5,7 +5,9 @@ Exactly once, in token order: a response carries the events E of the user's room
 writer's position in `now` only passes finished IDs, so nothing at or below it can still appear;
 successive windows (since, now] do not overlap, so nothing comes twice. Tokens are global facts
 (a position of a writer), so a client may switch between sync workers: a worker that is behind
-the client's token waits, at most the request's timeout, until it has caught up.
+the client's token waits, at most the request's timeout, until it has caught up. When no stream
+moved past `since` (the current token merged with it is `since`), every window is empty for every
+user: the poll parks without building one and, at its timeout, answers the empty sections.
 
 Visibility (`workers.handlers.history_visibility`): the user's own membership events, the events
 sent while it was joined, and, within one window, the earlier events its room's history
@@ -152,8 +154,42 @@ class SyncHandler:
         self.closing = False
         #: token text -> token, the latest handed out or parsed (oldest dropped first).
         self._tokens: dict[str, SyncToken] = {}
+        self._ordered_streams = [s for s in ORDERED_STREAMS if s in generators]
+        #: (the generators' position versions and the ephemeral tokens, the token they make).
+        self._current: tuple[tuple[int, ...], SyncToken] = ((), SyncToken({}))
+        #: id(since) -> (since, the current token merged with it, whether that is `since`), for
+        #: the current token `_merged_into`.
+        self._merged: dict[int, tuple[SyncToken, SyncToken, bool]] = {}
+        self._merged_into: SyncToken | None = None
 
     def current_token(self) -> SyncToken:
+        """This worker's token now. Built again only when a position moved (every long-poll asks
+        for it twice: as it arrives and as it answers)."""
+        key = tuple(self._generators[s].positions_version for s in self._ordered_streams)
+        if self.ephemeral is not None:
+            key += self.ephemeral.ephemeral_tokens()
+        if key != self._current[0]:
+            self._current = (key, self._build_current_token())
+        return self._current[1]
+
+    def _now(self, since: SyncToken) -> tuple[SyncToken, bool]:
+        """The current token merged with `since`, and whether that is `since` (no stream moved
+        past it). Remembered per `since` object until a position moves: the polls a wake answers
+        come back with one `next_batch`, parsed once."""
+        current = self.current_token()
+        if current is not self._merged_into:
+            self._merged.clear()
+            self._merged_into = current
+        found = self._merged.get(id(since))
+        if found is not None and found[0] is since:  # the entry holds `since`: its id is not reused
+            return found[1], found[2]
+        now = current.merge(since)
+        quiet = now == since
+        if len(self._merged) < MAX_REMEMBERED_TOKENS:
+            self._merged[id(since)] = (since, now, quiet)
+        return now, quiet
+
+    def _build_current_token(self) -> SyncToken:
         tokens = {
             s: MultiWriterStreamToken.from_generator(self._generators[s])
             for s in ORDERED_STREAMS
@@ -209,13 +245,15 @@ class SyncHandler:
         sync_filter = sync_filter or SyncFilter()
         if since_text is None:
             return await self._initial(user_id, device_id, sync_filter)
-        since = await self.decode(since_text)
-        since = await self._bounded(since)
-        if not await self._wait_until_covered(since, min(timeout_s, self._catch_up_wait_s)):
-            # We are behind the client and did not catch up in time: nothing new, same token.
-            self.behind_timeouts += 1
-            self.observers.behind()
-            return empty_response(since_text)
+        given = await self.decode(since_text)
+        since = given
+        if not _ordered(since).is_before_or_eq(_ordered(self.current_token())):
+            since = await self._bounded(since)
+            if not await self._wait_until_covered(since, min(timeout_s, self._catch_up_wait_s)):
+                # We are behind the client and did not catch up in time: nothing new, same token.
+                self.behind_timeouts += 1
+                self.observers.behind()
+                return empty_response(since_text)
         deadline = time.monotonic() + timeout_s
         woken_at: float | None = None
         while True:
@@ -223,9 +261,19 @@ class SyncHandler:
             # `now` (rows are invalidated before positions advance, and a load started after `now`
             # reads committed rows). The other order could pair a stale room list with a newer token.
             moved = self._notifier.generation
-            now = self.current_token().merge(since)
+            now, quiet = self._now(since)
             user_rooms = await self._caches.rooms_for_user.get(user_id)
             with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
+                if quiet and not full_state and not self._owes_clean_up(user_id, device_id, since):
+                    # No stream moved past `since`: every window is empty, for every user.
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or self.closing:
+                        next_batch = since_text if since is given else await self.encode(since)
+                        body = await self._nothing_new(next_batch, user_id, device_id)
+                        return self._answered(_kind(False, None, timeout_s), started, body)
+                    if self._notifier.generation == moved and await waiter.wait(remaining):
+                        woken_at = waiter.woken_at
+                    continue
                 events, now = await self._events_between(user_id, user_rooms, since, now, sync_filter)
                 typing, presence = await self._ephemeral(user_id, user_rooms, sync_filter, since, now)
                 stored, now = await self._stored(user_id, device_id, user_rooms, since, now, events)
@@ -250,6 +298,20 @@ class SyncHandler:
                 if self._notifier.generation == moved and await waiter.wait(remaining):
                     # Registered before anything newer than `now` could notify: no lost wake-up.
                     woken_at = waiter.woken_at
+
+    def _owes_clean_up(self, user_id: str, device_id: str | None, since: SyncToken) -> bool:
+        return self.stored is not None and self.stored.owes_clean_up(user_id, device_id, since)
+
+    async def _nothing_new(self, next_batch: str, user_id: str, device_id: str | None) -> dict[str, Any]:
+        """The answer of a window in which no stream moved: the empty sections and the device's
+        key counts (what the full path answers for it, without building it)."""
+        body = empty_response(next_batch)
+        if self.stored is not None and device_id is not None:
+            stored = StoredUpdates()
+            await self.stored.add_key_counts(stored, user_id, device_id)
+            body["device_one_time_keys_count"] = stored.one_time_key_counts
+            body["device_unused_fallback_key_types"] = stored.unused_fallback_key_types
+        return body
 
     def _observe(self, woken_at: float, events: list[Event]) -> None:
         self.observers.wake(time.monotonic() - woken_at)

@@ -14,8 +14,9 @@ this user since?" without a query in the common case.
   sync: every receipt the rooms hold up to `now`), others' private receipts left out; the receipts
   change cache is keyed by room.
 * one-time keys: the syncing device's one-time keys left per algorithm and the algorithms of its
-  unused fallback keys, read once per answer (they change with claims, which no stream records; a
-  count is not news, so it never ends a long-poll by itself, and a poll that parks reads none).
+  unused fallback keys, with every answer, from the worker's counts cache (invalidated by the
+  caches-stream row each upload and claim writes, `workers.handlers.one_time_keys`; a count is not
+  news, so it never ends a long-poll by itself).
 * device lists (incremental syncs only): `changed` holds the users sharing a joined room with the
   syncing user (themself included) whose device list changed in the window, and those who newly
   share one (they joined a room of the user's, or the user joined theirs); `left` holds those who
@@ -24,6 +25,7 @@ this user since?" without a query in the common case.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +34,7 @@ import asyncpg
 from idgen import MultiWriterIdGenerator, SyncToken
 from workers.handlers.caches import SyncCaches
 from workers.handlers.change_cache import FEW_CHANGED, StreamChangeCache
-from workers.handlers.one_time_keys import read_counts
+from workers.handlers.one_time_keys import KeyCounts
 from workers.handlers.receipts import receipt_events
 from workers.handlers.to_device import ToDeviceInbox
 from workers.model import MEMBER_EVENT, Event, UserRooms
@@ -88,8 +90,10 @@ class StoredSections:
         changes: dict[str, StreamChangeCache],
         generators: dict[str, MultiWriterIdGenerator],
         inbox: ToDeviceInbox,
+        key_counts: Callable[[str, str], Awaitable[KeyCounts]],
     ) -> None:
         self._pool = pool
+        self._key_counts = key_counts
         self._caches = caches
         self._changes = changes
         self._generators = generators
@@ -121,12 +125,22 @@ class StoredSections:
         return updates, now
 
     async def add_key_counts(self, updates: StoredUpdates, user_id: str, device_id: str) -> None:
-        """The device's one-time key counts and unused fallback key types, read when an answer is
-        made (not by a long-poll that parks: the counts are no news)."""
-        async with self._pool.acquire() as conn:
-            counts = await read_counts(conn, user_id, device_id)
+        """The device's one-time key counts and unused fallback key types, when an answer is made
+        (not by a long-poll that parks: the counts are no news)."""
+        counts = await self._key_counts(user_id, device_id)
         updates.one_time_key_counts = counts.one_time
         updates.unused_fallback_key_types = counts.unused_fallback
+
+    def owes_clean_up(self, user_id: str, device_id: str | None, since: SyncToken) -> bool:
+        """Whether a sync of the device from `since` would deal with its to-device messages: one
+        may be new, or `since` acknowledges some this worker has not deleted yet."""
+        if device_id is None:
+            return False
+        changes = self._changes[TO_DEVICE]
+        if changes.may_have_changed(user_id, since.get(TO_DEVICE).stream):
+            return True
+        last = changes.last(user_id)
+        return last is not None and self._cleaned.get((user_id, device_id), -1) < last
 
     async def reopen_blind_caches(self) -> None:
         """Reopen each change cache whose blind period is over, above the sequence's value now

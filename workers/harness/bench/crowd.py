@@ -15,7 +15,10 @@ process (/proc):
 * the wake, `--rounds` times (default 3): one event into every room at once (sent straight to
   the persister); for each reader's poll, the time from that send's 200 to the poll's answer
   arriving. Woken counts the readers' answers that brought their round's event (expected:
-  rooms x (members - 1) per round; the senders' own polls wake too, not counted).
+  rooms x (members - 1) per round; the senders' own polls wake too, not counted). CPU per reader
+  woken: the worker's CPU time from each round's sends until its last reader answered (polling
+  every 0.2 s), over the readers woken: on a loaded machine the figure to compare, where the
+  wake's latency measures the machine.
 
 The ceiling: the same client processes and sends against the bare server of `bare_sync.py`
 holding the same polls: what holding, re-polling and waking that many polls costs without
@@ -100,11 +103,13 @@ async def measure(
         idle_answers = answers_end - answers_start
         answered: dict[tuple[int, int], float] = {}
         seen = []
+        wake_cpu = 0.0
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             for round_ in range(args.rounds):
                 if round_ == 0 and profile_dir is not None:
                     profiles.append(_profile(pid, WAKE_PROFILE_S, profile_dir, "wake"))
                     await asyncio.sleep(0.3)  # py-spy attached before the sends
+                round_cpu = process_usage(pid)[1]
                 sends = await asyncio.gather(
                     *(
                         send_marked(http, send_base, room, token, f"{round_}:{i}")
@@ -121,6 +126,7 @@ async def measure(
                     if woken >= readers or time.monotonic() > deadline:
                         break
                     await asyncio.sleep(0.2)
+                wake_cpu += process_usage(pid)[1] - round_cpu
                 progress(f"  round {round_ + 1}: {woken:,} of {readers:,} readers woken")
                 await asyncio.sleep(args.round_gap)
         rss_end, _ = process_usage(pid)
@@ -148,6 +154,7 @@ async def measure(
         "rounds": args.rounds,
         "expected_woken": readers * args.rounds,
         "woken": len(woken_ms),
+        "wake_cpu_ms": round(wake_cpu / len(woken_ms) * 1000, 4) if woken_ms else math.nan,
         **{k: v for k, v in latency_ms(list(woken_ms.values())).items() if k != "samples"},
     }
 
@@ -210,6 +217,10 @@ def figures(result: dict[str, Any]) -> list[Figure]:
         Figure(
             "crowd", f"readers woken ({ours['rounds']} rounds, every room at once)", ours["woken"], "",
             bare["woken"], f"= {ours['expected_woken']:,}", ours["woken"] == ours["expected_woken"],
+        ),
+        Figure(
+            "crowd", "CPU per reader woken (its answer, its re-issued poll, the sends' rows)",
+            ours["wake_cpu_ms"], "ms", bare["wake_cpu_ms"],
         ),
         Figure("crowd", "send 200 -> wake, p50", ours["p50_ms"], "ms", bare["p50_ms"]),
         Figure(
