@@ -68,6 +68,16 @@ class Lane:
             self.discard(conn)
         return None
 
+    async def acquire_spare(self) -> Connection | None:
+        """A connection without waiting for one in use: an idle one, or a new one while fewer than
+        `size` are held; None when every one is busy or the lane is closed (use the pool then)."""
+        if self._closed:
+            return None
+        conn = self._pop_idle()
+        if conn is not None or self._held >= self._size:
+            return conn
+        return await self.acquire()
+
     async def acquire(self) -> Connection:
         while True:
             if self._closed:

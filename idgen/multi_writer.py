@@ -127,6 +127,7 @@ class MultiWriterIdGenerator:
     __slots__ = (
         "_book",
         "_instance",
+        "_known_max",
         "_lane",
         "_pool",
         "_sequence",
@@ -146,6 +147,9 @@ class MultiWriterIdGenerator:
 
     _book: StreamPositions
     _instance: str
+    #: The highest value the sequence is known to have reached (internal, positive): this process's
+    #: own allocations and its reads of the sequence. No I/O to read it (`known_allocated_token`).
+    _known_max: int
     _lane: Lane
     _pool: asyncpg.Pool[asyncpg.Record]
     #: Called (no arguments; must neither block nor raise) each time a block's IDs finish, before the position
@@ -205,6 +209,7 @@ class MultiWriterIdGenerator:
         self._track = track_positions_table
         self._lane = Lane(pool, max_connections, IDLE_RELEASE_S)
         self._stored = 0
+        self._known_max = 0
         self._upsert_busy = False
         self._upsert_done = None
         self.on_finished = None
@@ -349,6 +354,9 @@ class MultiWriterIdGenerator:
                 self._lane.discard(conn)
                 raise
             self._lane.release(conn)
+            top = max(ids)
+            if top > self._known_max:
+                self._known_max = top
         finally:
             book.end_allocation(marker, ids)
         return ids
@@ -440,9 +448,29 @@ class MultiWriterIdGenerator:
         return {name: sign * pos for name, pos in self._book.positions().items()}
 
     async def get_max_allocated_token(self) -> int:
-        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence)."""
-        async with self._pool.acquire() as conn:
-            return self._sign * await self._sequence_max(conn)
+        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence; a
+        writer reads on a connection it keeps, unless all are busy: no pool acquire per read)."""
+        # A reader keeps no connections for this: with one lane per stream they could hold the pool.
+        conn = await self._lane.acquire_spare() if self._book.is_writer else None
+        if conn is None:
+            async with self._pool.acquire() as pooled:
+                value = await self._sequence_max(pooled)
+        else:
+            try:
+                value = await self._sequence_max(conn)
+            except BaseException:
+                self._lane.discard(conn)
+                raise
+            self._lane.release(conn)
+        if value > self._known_max:
+            self._known_max = value
+        return self._sign * value
+
+    def known_allocated_token(self) -> int:
+        """A lower bound of `get_max_allocated_token` without I/O: the highest ID this process
+        allocated itself or read from the sequence (0 before either). Every token at or below it
+        was handed out, so a line claiming one needs no read of the sequence."""
+        return self._sign * self._known_max
 
     def advance(self, instance_name: str, new_id: int) -> None:
         """Record that `instance_name` reached `new_id` (signed, as received in RDATA or POSITION)."""

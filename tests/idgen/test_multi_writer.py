@@ -59,6 +59,25 @@ async def write(gen: MultiWriterIdGenerator, n: int = 1) -> list[int]:
     return ids
 
 
+async def test_the_known_bound_follows_own_allocations_and_sequence_reads(make: Make) -> None:
+    """`known_allocated_token` is a lower bound of the sequence without I/O: raised by this
+    process's allocations and its reads of the sequence, never by what other writers claim."""
+    a = await make("a", ["a", "b"])
+    b = await make("b", ["a", "b"])
+    reader = await make("r", ["a", "b"])
+    assert a.known_allocated_token() == 0
+    assert await write(a, 3) == [1, 2, 3]
+    assert a.known_allocated_token() == 3
+    assert await write(b, 2) == [4, 5]
+    a.advance("b", 900)  # a claim heard on the channel proves nothing about the sequence
+    assert a.known_allocated_token() == 3
+    assert reader.known_allocated_token() == 0
+    assert await reader.get_max_allocated_token() == 5
+    assert reader.known_allocated_token() == 5
+    assert await a.get_max_allocated_token() == 5  # on the writer's kept connection
+    assert a.known_allocated_token() == 5
+
+
 async def test_first_id_is_1_and_an_empty_stream_is_at_0(make: Make, db_pool: asyncpg.Pool) -> None:
     gen = await make("a", ["a"])
     assert gen.get_current_token() == 0
