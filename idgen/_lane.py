@@ -68,15 +68,10 @@ class Lane:
             self.discard(conn)
         return None
 
-    async def acquire_spare(self) -> Connection | None:
-        """A connection without waiting for one in use: an idle one, or a new one while fewer than
-        `size` are held; None when every one is busy or the lane is closed (use the pool then)."""
-        if self._closed:
-            return None
-        conn = self._pop_idle()
-        if conn is not None or self._held >= self._size:
-            return conn
-        return await self.acquire()
+    def acquire_spare(self) -> Connection | None:
+        """An idle kept connection, or None (also once closed): for a read that may as well take
+        one from the pool, and must never make the lane hold one more."""
+        return None if self._closed else self._pop_idle()
 
     async def acquire(self) -> Connection:
         while True:

@@ -6,7 +6,9 @@ The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rul
   exit the IDs are finished, the `on_finished` listener is called (the replication publisher: readers
   learn the position without waiting for what follows), and one autocommit upsert of this writer's own
   position into `stream_positions` (forward only) is done before the block returns. Concurrent
-  completions share an upsert when one is already in flight.
+  completions share an upsert when one is already in flight. With `position_delay_s` (the events
+  stream of a persister) the block returns without it: the next allocation's statement carries the
+  upsert (`WITH ... INSERT ... SELECT nextval`), or a timer does when the writer goes idle.
   Nothing else. The statements run on a few connections the generator keeps from the pool while it is
   busy (returned after `IDLE_RELEASE_S` of idleness, or by `close()`), because every pool
   acquire/release costs a reset round trip.
@@ -17,8 +19,9 @@ The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rul
 Start-up load, and where we differ from Synapse:
 
 * Positions come from `stream_positions` only; we never read stream rows above a stale minimum (Synapse's
-  5-minute start-up). That is sound because our writers upsert before `get_next` returns, and every
-  writer upserts its position at start-up before it allocates anything. So a writer without a visible
+  5-minute start-up). That is sound because a row only ever holds a position the writer had reached
+  (a claim that stays true however late it lands), and every writer upserts its position at
+  start-up before it allocates anything. So a writer without a visible
   row allocates only after our read, above every value we read: it may safely be assumed at
   persisted-upto. A row that is stale (a crash between commit and upsert) only holds positions back
   until that writer restarts; it never lets a position pass an ID still being written.
@@ -40,6 +43,7 @@ the positions' invariants and the lane, and reading them apart would hide how th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -59,6 +63,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 IDLE_RELEASE_S = 0.25
+#: How long `close()` waits for a delayed position upsert.
+CLOSE_UPSERT_S = 2.0
 #: What an unreachable or restarting PostgreSQL raises: a lost link, a terminated backend, a refused
 #: or timed-out connection attempt. InternalClientError too: a backend terminated while its
 #: connection sat idle leaves asyncpg's protocol waiting for a sync point ("another operation (2)
@@ -130,10 +136,14 @@ class MultiWriterIdGenerator:
         "_known_max",
         "_lane",
         "_pool",
+        "_position_delay",
+        "_position_task",
+        "_position_timer",
         "_sequence",
         "_sign",
         "_sql_next",
         "_sql_next_mult",
+        "_sql_next_upsert",
         "_sql_upsert",
         "_stored",
         "_stream_name",
@@ -160,7 +170,13 @@ class MultiWriterIdGenerator:
     _sign: int
     _sql_next: str
     _sql_next_mult: str
+    _sql_next_upsert: str
     _sql_upsert: str
+    #: 0: a block's exit upserts `stream_positions` before it returns. Above 0: it does not wait;
+    #: the next allocation's statement carries the upsert, or a timer this many seconds later does.
+    _position_delay: float
+    _position_timer: asyncio.TimerHandle | None
+    _position_task: asyncio.Task[None] | None
     _stored: int
     _stream_name: str
     _tables: tuple[StreamTable, ...]
@@ -185,10 +201,15 @@ class MultiWriterIdGenerator:
         positive: bool = True,
         track_positions_table: bool = True,
         max_connections: int = 2,
+        position_delay_s: float = 0.0,
     ) -> MultiWriterIdGenerator:
         """Check the sequence against the tables and `stream_positions`, load positions, and return.
 
         `writers` empty means anyone may write (only allowed with `track_positions_table=False`).
+        `position_delay_s` > 0: a block's exit does not wait for the `stream_positions` upsert; the
+        next allocation carries it in its own statement (no round trip of its own while busy), or,
+        when none comes, an upsert `position_delay_s` later does. The row then lags by up to that
+        long, which is sound: a stale row only holds a reader's start-up position back.
         Raises InconsistentSequenceError when `stream_positions` is ahead of the sequence.
         """
         if not tables:
@@ -210,6 +231,9 @@ class MultiWriterIdGenerator:
         self._lane = Lane(pool, max_connections, IDLE_RELEASE_S)
         self._stored = 0
         self._known_max = 0
+        self._position_delay = position_delay_s
+        self._position_timer = None
+        self._position_task = None
         self._upsert_busy = False
         self._upsert_done = None
         self.on_finished = None
@@ -220,6 +244,10 @@ class MultiWriterIdGenerator:
             "INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES ($1, $2, $3)"
             " ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id"
             f" WHERE stream_positions.stream_id {'<' if positive else '>'} EXCLUDED.stream_id"
+        )
+        # A data-modifying WITH runs to completion whether or not the query reads it.
+        self._sql_next_upsert = (
+            f"WITH p AS ({self._sql_upsert}) SELECT nextval('{seq}') FROM generate_series(1, $4)"
         )
         async with pool.acquire() as conn:
             self._book = await self._load(conn)
@@ -344,8 +372,12 @@ class MultiWriterIdGenerator:
             conn = self._lane.acquire_idle()
             if conn is None:
                 conn = await self._lane.acquire()
+            carried = self._carried_position()
             try:
-                if n == 1:
+                if carried is not None:
+                    args = (self._stream_name, self._instance, self._sign * carried, n)
+                    ids = [r[0] for r in await conn.fetch(self._sql_next_upsert, *args)]
+                elif n == 1:
                     ids = (int(await conn.fetchval(self._sql_next)),)
                 else:
                     # asyncpg decodes bigint to int already
@@ -357,15 +389,51 @@ class MultiWriterIdGenerator:
             top = max(ids)
             if top > self._known_max:
                 self._known_max = top
+            if carried is not None and carried > self._stored:
+                self._stored = carried
         finally:
             book.end_allocation(marker, ids)
         return ids
+
+    def _carried_position(self) -> int | None:
+        """The own position an allocation should upsert in its statement (delayed mode, not yet
+        stored, no upsert of its own in flight), else None."""
+        if not self._position_delay or not self._track or self._upsert_busy:
+            return None
+        value = self._book.own_position()
+        return value if value > self._stored else None
+
+    def _schedule_position(self) -> None:
+        """Delayed mode: upsert the own position in `position_delay_s` unless an allocation carries
+        it first (then the timer finds nothing to do)."""
+        if self._position_timer is None and self._book.own_position() > self._stored:
+            loop = asyncio.get_running_loop()
+            self._position_timer = loop.call_later(self._position_delay, self._position_due)
+
+    def _position_due(self) -> None:
+        self._position_timer = None
+        if self._book.own_position() > self._stored and self._position_task is None:
+            self._position_task = asyncio.get_running_loop().create_task(self._delayed_upsert())
+
+    async def _delayed_upsert(self) -> None:
+        try:
+            await self._persist_own_position()
+        except Exception as e:  # the row stays stale (sound); the next completion schedules again
+            log.warning(
+                "position upsert failed, the next write retries it: stream=%s error=%s: %s",
+                self._stream_name, type(e).__name__, e,
+            )  # fmt: skip
+        finally:
+            self._position_task = None
 
     async def _complete(self, ids: Sequence[int], *, failed: bool) -> None:
         self._book.finish(ids)
         if self.on_finished is not None:
             self.on_finished()
         if not self._track:
+            return
+        if self._position_delay:
+            self._schedule_position()
             return
         try:
             if not failed:
@@ -448,10 +516,10 @@ class MultiWriterIdGenerator:
         return {name: sign * pos for name, pos in self._book.positions().items()}
 
     async def get_max_allocated_token(self) -> int:
-        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence; a
-        writer reads on a connection it keeps, unless all are busy: no pool acquire per read)."""
-        # A reader keeps no connections for this: with one lane per stream they could hold the pool.
-        conn = await self._lane.acquire_spare() if self._book.is_writer else None
+        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence; on
+        a busy writer, on a connection its lane holds idle: no pool acquire per read)."""
+        # Only a connection the lane holds idle: a read never makes a lane keep one more.
+        conn = self._lane.acquire_spare()
         if conn is None:
             async with self._pool.acquire() as pooled:
                 value = await self._sequence_max(pooled)
@@ -495,7 +563,16 @@ class MultiWriterIdGenerator:
         return self._sign == 1
 
     async def close(self) -> None:
-        """Give the kept connections back to the pool. Further `get_next` calls raise IdGenError."""
+        """Upsert a position still waiting for its delay (best effort), then give the kept
+        connections back to the pool. Further `get_next` calls raise IdGenError."""
+        if self._position_timer is not None:
+            self._position_timer.cancel()
+            self._position_timer = None
+            if self._position_task is None:
+                self._position_task = asyncio.get_running_loop().create_task(self._delayed_upsert())
+        if self._position_task is not None:
+            with contextlib.suppress(TimeoutError):  # a database that is gone must not hold shutdown
+                await asyncio.wait_for(asyncio.shield(self._position_task), CLOSE_UPSERT_S)
         await self._lane.close()
 
     def __repr__(self) -> str:

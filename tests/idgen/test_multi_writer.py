@@ -78,6 +78,26 @@ async def test_the_known_bound_follows_own_allocations_and_sequence_reads(make: 
     assert a.known_allocated_token() == 5
 
 
+async def test_a_delayed_position_rides_on_the_next_allocation_or_its_timer(
+    make: Make, db_pool: asyncpg.Pool
+) -> None:
+    """`position_delay_s`: the block returns before `stream_positions` holds its IDs; the next
+    allocation's own statement upserts the position reached before it, the timer the last one, and
+    `close()` one still waiting."""
+    gen = await make("a", ["a"], position_delay_s=0.2)
+    assert await stored_positions(db_pool) == {"a": 0}
+    assert await write(gen, 1) == [1]
+    assert await stored_positions(db_pool) == {"a": 0}  # not waited for
+    async with gen.get_next() as second:  # carries 1 in the nextval statement
+        assert second == 2
+        assert await stored_positions(db_pool) == {"a": 1}
+    await asyncio.sleep(0.4)
+    assert await stored_positions(db_pool) == {"a": 2}  # the timer, the writer being idle
+    assert await write(gen, 2) == [3, 4]
+    await gen.close()
+    assert await stored_positions(db_pool) == {"a": 4}
+
+
 async def test_first_id_is_1_and_an_empty_stream_is_at_0(make: Make, db_pool: asyncpg.Pool) -> None:
     gen = await make("a", ["a"])
     assert gen.get_current_token() == 0
