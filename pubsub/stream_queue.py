@@ -26,8 +26,8 @@ MAX_BATCH_ROWS = 10_000
 MAX_APPLY_ROWS = 1_000
 #: The budget of sequence reads per stream (see `_within_bound`): this many a second on average, and
 #: bursts of up to `BOUND_READ_BURST`. Within it no line waits for a timer.
-BOUND_READS_PER_S = 250.0
-BOUND_READ_BURST = 25.0
+BOUND_READS_PER_S = 200.0
+BOUND_READ_BURST = 20.0
 UNBOUNDED = 1 << 63
 
 #: What a stream's queue holds, in arrival order (plain tuples: one is built and read per received
