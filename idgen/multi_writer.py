@@ -96,19 +96,36 @@ class StreamTable:
     id_column: str
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Values to look up in a unique text column in the allocation's own statement: IDs are then
+    taken only for the values not found (`get_next_mult(n, probe=...)`). For writes that may be
+    retries of stored ones: they cost no ID and no round trip of their own."""
+
+    table: str
+    column: str
+    values: Sequence[str]
+
+
 class _Allocation:
     """The context manager returned by `get_next` / `get_next_mult`."""
 
-    __slots__ = ("_count", "_gen", "_ids", "_single")
+    __slots__ = ("_count", "_gen", "_ids", "_probe", "_single", "found")
 
-    def __init__(self, gen: MultiWriterIdGenerator, count: int, single: bool) -> None:
+    def __init__(
+        self, gen: MultiWriterIdGenerator, count: int, single: bool, probe: Probe | None = None
+    ) -> None:
         self._gen = gen
         self._count = count
         self._single = single
+        self._probe = probe
         self._ids: Sequence[int] = ()
+        #: The probe's values found in its column (no ID was taken for them).
+        self.found: frozenset[str] = frozenset()
 
     async def __aenter__(self) -> Any:
-        self._ids = ids = await self._gen._allocate(self._count)
+        ids, self.found = await self._gen._allocate(self._count, self._probe)
+        self._ids = ids
         sign = self._gen._sign
         if self._single:
             return sign * ids[0]
@@ -139,6 +156,7 @@ class MultiWriterIdGenerator:
         "_position_delay",
         "_position_task",
         "_position_timer",
+        "_probe_sql",
         "_sequence",
         "_sign",
         "_sql_next",
@@ -177,6 +195,8 @@ class MultiWriterIdGenerator:
     _position_delay: float
     _position_timer: asyncio.TimerHandle | None
     _position_task: asyncio.Task[None] | None
+    #: (table, column, carries the upsert) -> the allocation statement with that probe.
+    _probe_sql: dict[tuple[str, str, bool], str]
     _stored: int
     _stream_name: str
     _tables: tuple[StreamTable, ...]
@@ -234,6 +254,7 @@ class MultiWriterIdGenerator:
         self._position_delay = position_delay_s
         self._position_timer = None
         self._position_task = None
+        self._probe_sql = {}
         self._upsert_busy = False
         self._upsert_done = None
         self.on_finished = None
@@ -353,13 +374,32 @@ class MultiWriterIdGenerator:
         (normally, by exception or by cancellation). Raises NotAWriterError on a non-writer."""
         return _Allocation(self, 1, True)
 
-    def get_next_mult(self, n: int) -> _Allocation:
-        """`async with gen.get_next_mult(n) as ids:` allocates `n` IDs (ascending) in one round trip."""
+    def get_next_mult(self, n: int, *, probe: Probe | None = None) -> _Allocation:
+        """`async with gen.get_next_mult(n) as ids:` allocates `n` IDs (ascending) in one round trip.
+        With a `probe` of up to `n` values, the same statement looks them up: `n` minus the number
+        found are allocated, and the allocation's `found` holds the values found."""
         if n < 1:
             raise ValueError(f"get_next_mult needs n >= 1, got {n}")
-        return _Allocation(self, n, False)
+        if probe is not None and not 0 < len(probe.values) <= n:
+            raise ValueError(f"a probe looks up 1 to n={n} values, got {len(probe.values)}")
+        return _Allocation(self, n, False, probe)
 
-    async def _allocate(self, n: int) -> Sequence[int]:
+    def _sql_probe(self, probe: Probe, carried: bool) -> str:
+        key = (probe.table, probe.column, carried)
+        sql = self._probe_sql.get(key)
+        if sql is None:
+            table, column, k = _ident(probe.table), _ident(probe.column), 4 if carried else 1
+            found = f"found AS (SELECT {column} AS v FROM {table} WHERE {column} = ANY(${k + 1}::text[]))"
+            sql = (
+                f"WITH {f'p AS ({self._sql_upsert}), ' if carried else ''}{found}"
+                f" SELECT nextval('{self._sequence}'), NULL::text"
+                f" FROM generate_series(1, ${k}::int - (SELECT count(*) FROM found)::int)"
+                " UNION ALL SELECT NULL, v FROM found"
+            )
+            self._probe_sql[key] = sql
+        return sql
+
+    async def _allocate(self, n: int, probe: Probe | None = None) -> tuple[Sequence[int], frozenset[str]]:
         book = self._book
         if not book.is_writer:
             raise NotAWriterError(
@@ -368,13 +408,23 @@ class MultiWriterIdGenerator:
             )
         marker = book.begin_allocation()
         ids: Sequence[int] = ()
+        found: frozenset[str] = frozenset()
         try:
             conn = self._lane.acquire_idle()
             if conn is None:
                 conn = await self._lane.acquire()
             carried = self._carried_position()
             try:
-                if carried is not None:
+                if probe is not None:
+                    upsert = (
+                        () if carried is None else (self._stream_name, self._instance, self._sign * carried)
+                    )
+                    rows = await conn.fetch(
+                        self._sql_probe(probe, carried is not None), *upsert, n, probe.values
+                    )
+                    ids = sorted(r[0] for r in rows if r[0] is not None)
+                    found = frozenset(r[1] for r in rows if r[1] is not None)
+                elif carried is not None:
                     args = (self._stream_name, self._instance, self._sign * carried, n)
                     ids = [r[0] for r in await conn.fetch(self._sql_next_upsert, *args)]
                 elif n == 1:
@@ -386,14 +436,14 @@ class MultiWriterIdGenerator:
                 self._lane.discard(conn)
                 raise
             self._lane.release(conn)
-            top = max(ids)
+            top = max(ids, default=0)
             if top > self._known_max:
                 self._known_max = top
             if carried is not None and carried > self._stored:
                 self._stored = carried
         finally:
             book.end_allocation(marker, ids)
-        return ids
+        return ids, found
 
     def _carried_position(self) -> int | None:
         """The own position an allocation should upsert in its statement (delayed mode, not yet

@@ -16,6 +16,7 @@ from idgen import (
     MultiWriterIdGenerator,
     MultiWriterStreamToken,
     NotAWriterError,
+    Probe,
 )
 
 EVENTS = [("events", "instance_name", "stream_ordering")]
@@ -96,6 +97,31 @@ async def test_a_delayed_position_rides_on_the_next_allocation_or_its_timer(
     assert await write(gen, 2) == [3, 4]
     await gen.close()
     assert await stored_positions(db_pool) == {"a": 4}
+
+
+async def test_a_probe_takes_ids_only_for_values_not_stored(make: Make, db_pool: asyncpg.Pool) -> None:
+    """`get_next_mult(n, probe=...)`: the values found in the column take no ID, in the same
+    statement as the allocation (also when it carries a delayed position upsert)."""
+    for delay in (0.0, 0.5):
+        gen = await make(f"a{delay}", [f"a{delay}"], position_delay_s=delay)
+        async with gen.get_next_mult(2) as first:
+            for i in first:
+                await db_pool.execute(
+                    "INSERT INTO events VALUES ($1, $2, 'a', '!r', 'm', NULL, '@u', '{}', 0)", i, f"$s{i}"
+                )
+        stored = [f"$s{i}" for i in first]
+        probe = Probe("events", "event_id", [stored[1], "$new", stored[0]])
+        allocation = gen.get_next_mult(4, probe=probe)
+        async with allocation as ids:
+            assert ids == [first[-1] + 1, first[-1] + 2]
+        assert allocation.found == frozenset(stored)
+        every = gen.get_next_mult(2, probe=Probe("events", "event_id", stored))
+        async with every as none:
+            assert none == []
+        assert every.found == frozenset(stored)
+        assert await write(gen) == [first[-1] + 3]
+        with pytest.raises(ValueError):
+            gen.get_next_mult(1, probe=Probe("events", "event_id", ["$x", "$y"]))
 
 
 async def test_first_id_is_1_and_an_empty_stream_is_at_0(make: Make, db_pool: asyncpg.Pool) -> None:
