@@ -455,13 +455,17 @@ class MultiWriterIdGenerator:
 
     def _schedule_position(self) -> None:
         """Delayed mode: upsert the own position in `position_delay_s` unless an allocation carries
-        it first (then the timer finds nothing to do)."""
+        it first (then the timer finds nothing to do); while the writer stays busy the timer waits
+        on, so a busy writer upserts only inside its allocations."""
         if self._position_timer is None and self._book.own_position() > self._stored:
             loop = asyncio.get_running_loop()
             self._position_timer = loop.call_later(self._position_delay, self._position_due)
 
     def _position_due(self) -> None:
         self._position_timer = None
+        if self._book.busy:  # an allocation or a block in flight: the next allocation carries it
+            self._schedule_position()
+            return
         if self._book.own_position() > self._stored and self._position_task is None:
             self._position_task = asyncio.get_running_loop().create_task(self._delayed_upsert())
 
