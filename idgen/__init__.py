@@ -23,7 +23,7 @@ from idgen.errors import (
     UnknownInstanceError,
 )
 from idgen.instance_map import InstanceMap
-from idgen.multi_writer import MultiWriterIdGenerator, StreamTable
+from idgen.multi_writer import MultiWriterIdGenerator, Probe, StreamTable
 from idgen.positions import StreamPositions
 from idgen.tokens import MultiWriterStreamToken, SyncToken
 
@@ -35,6 +35,7 @@ __all__ = [
     "MultiWriterIdGenerator",
     "MultiWriterStreamToken",
     "NotAWriterError",
+    "Probe",
     "StreamPositions",
     "StreamTable",
     "SyncToken",

@@ -6,7 +6,9 @@ The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rul
   exit the IDs are finished, the `on_finished` listener is called (the replication publisher: readers
   learn the position without waiting for what follows), and one autocommit upsert of this writer's own
   position into `stream_positions` (forward only) is done before the block returns. Concurrent
-  completions share an upsert when one is already in flight.
+  completions share an upsert when one is already in flight. With `position_delay_s` (the events
+  stream of a persister) the block returns without it: the next allocation's statement carries the
+  upsert (`WITH ... INSERT ... SELECT nextval`), or a timer does when the writer goes idle.
   Nothing else. The statements run on a few connections the generator keeps from the pool while it is
   busy (returned after `IDLE_RELEASE_S` of idleness, or by `close()`), because every pool
   acquire/release costs a reset round trip.
@@ -17,8 +19,9 @@ The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rul
 Start-up load, and where we differ from Synapse:
 
 * Positions come from `stream_positions` only; we never read stream rows above a stale minimum (Synapse's
-  5-minute start-up). That is sound because our writers upsert before `get_next` returns, and every
-  writer upserts its position at start-up before it allocates anything. So a writer without a visible
+  5-minute start-up). That is sound because a row only ever holds a position the writer had reached
+  (a claim that stays true however late it lands), and every writer upserts its position at
+  start-up before it allocates anything. So a writer without a visible
   row allocates only after our read, above every value we read: it may safely be assumed at
   persisted-upto. A row that is stale (a crash between commit and upsert) only holds positions back
   until that writer restarts; it never lets a position pass an ID still being written.
@@ -40,6 +43,7 @@ the positions' invariants and the lane, and reading them apart would hide how th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -60,6 +64,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 IDLE_RELEASE_S = 0.25
+#: How long `close()` waits for a delayed position upsert.
+CLOSE_UPSERT_S = 2.0
 #: What an unreachable or restarting PostgreSQL raises: a lost link, a terminated backend, a refused
 #: or timed-out connection attempt. InternalClientError too: a backend terminated while its
 #: connection sat idle leaves asyncpg's protocol waiting for a sync point ("another operation (2)
@@ -94,19 +100,36 @@ class StreamTable:
     id_column: str
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Values to look up in a unique text column in the allocation's own statement: IDs are then
+    taken only for the values not found (`get_next_mult(n, probe=...)`). For writes that may be
+    retries of stored ones: they cost no ID and no round trip of their own."""
+
+    table: str
+    column: str
+    values: Sequence[str]
+
+
 class _Allocation:
     """The context manager returned by `get_next` / `get_next_mult`."""
 
-    __slots__ = ("_count", "_gen", "_ids", "_single")
+    __slots__ = ("_count", "_gen", "_ids", "_probe", "_single", "found")
 
-    def __init__(self, gen: MultiWriterIdGenerator, count: int, single: bool) -> None:
+    def __init__(
+        self, gen: MultiWriterIdGenerator, count: int, single: bool, probe: Probe | None = None
+    ) -> None:
         self._gen = gen
         self._count = count
         self._single = single
+        self._probe = probe
         self._ids: Sequence[int] = ()
+        #: The probe's values found in its column (no ID was taken for them).
+        self.found: frozenset[str] = frozenset()
 
     async def __aenter__(self) -> Any:
-        self._ids = ids = await self._gen._allocate(self._count)
+        ids, self.found = await self._gen._allocate(self._count, self._probe)
+        self._ids = ids
         sign = self._gen._sign
         if self._single:
             return sign * ids[0]
@@ -131,12 +154,18 @@ class MultiWriterIdGenerator:
     __slots__ = (
         "_book",
         "_instance",
+        "_known_max",
         "_lane",
         "_pool",
+        "_position_delay",
+        "_position_task",
+        "_position_timer",
+        "_probe_sql",
         "_sequence",
         "_sign",
         "_sql_next",
         "_sql_next_mult",
+        "_sql_next_upsert",
         "_sql_upsert",
         "_stored",
         "_stream_name",
@@ -151,6 +180,9 @@ class MultiWriterIdGenerator:
 
     _book: StreamPositions
     _instance: str
+    #: The highest value the sequence is known to have reached (internal, positive): this process's
+    #: own allocations and its reads of the sequence. No I/O to read it (`known_allocated_token`).
+    _known_max: int
     _lane: Lane
     _pool: asyncpg.Pool[asyncpg.Record]
     #: Called (no arguments; must neither block nor raise) each time a block's IDs finish, before the position
@@ -164,7 +196,15 @@ class MultiWriterIdGenerator:
     _sign: int
     _sql_next: str
     _sql_next_mult: str
+    _sql_next_upsert: str
     _sql_upsert: str
+    #: 0: a block's exit upserts `stream_positions` before it returns. Above 0: it does not wait;
+    #: the next allocation's statement carries the upsert, or a timer this many seconds later does.
+    _position_delay: float
+    _position_timer: asyncio.TimerHandle | None
+    _position_task: asyncio.Task[None] | None
+    #: (table, column, carries the upsert) -> the allocation statement with that probe.
+    _probe_sql: dict[tuple[str, str, bool], str]
     _stored: int
     _stream_name: str
     _tables: tuple[StreamTable, ...]
@@ -189,10 +229,15 @@ class MultiWriterIdGenerator:
         positive: bool = True,
         track_positions_table: bool = True,
         max_connections: int = 2,
+        position_delay_s: float = 0.0,
     ) -> MultiWriterIdGenerator:
         """Check the sequence against the tables and `stream_positions`, load positions, and return.
 
         `writers` empty means anyone may write (only allowed with `track_positions_table=False`).
+        `position_delay_s` > 0: a block's exit does not wait for the `stream_positions` upsert; the
+        next allocation carries it in its own statement (no round trip of its own while busy), or,
+        when none comes, an upsert `position_delay_s` later does. The row then lags by up to that
+        long, which is sound: a stale row only holds a reader's start-up position back.
         Raises InconsistentSequenceError when `stream_positions` is ahead of the sequence.
         """
         if not tables:
@@ -213,6 +258,11 @@ class MultiWriterIdGenerator:
         self._track = track_positions_table
         self._lane = Lane(pool, max_connections, IDLE_RELEASE_S)
         self._stored = 0
+        self._known_max = 0
+        self._position_delay = position_delay_s
+        self._position_timer = None
+        self._position_task = None
+        self._probe_sql = {}
         self._upsert_busy = False
         self._upsert_done = None
         self.on_finished = self.timed = None
@@ -223,6 +273,10 @@ class MultiWriterIdGenerator:
             "INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES ($1, $2, $3)"
             " ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id"
             f" WHERE stream_positions.stream_id {'<' if positive else '>'} EXCLUDED.stream_id"
+        )
+        # A data-modifying WITH runs to completion whether or not the query reads it.
+        self._sql_next_upsert = (
+            f"WITH p AS ({self._sql_upsert}) SELECT nextval('{seq}') FROM generate_series(1, $4)"
         )
         async with pool.acquire() as conn:
             self._book = await self._load(conn)
@@ -328,13 +382,32 @@ class MultiWriterIdGenerator:
         (normally, by exception or by cancellation). Raises NotAWriterError on a non-writer."""
         return _Allocation(self, 1, True)
 
-    def get_next_mult(self, n: int) -> _Allocation:
-        """`async with gen.get_next_mult(n) as ids:` allocates `n` IDs (ascending) in one round trip."""
+    def get_next_mult(self, n: int, *, probe: Probe | None = None) -> _Allocation:
+        """`async with gen.get_next_mult(n) as ids:` allocates `n` IDs (ascending) in one round trip.
+        With a `probe` of up to `n` values, the same statement looks them up: `n` minus the number
+        found are allocated, and the allocation's `found` holds the values found."""
         if n < 1:
             raise ValueError(f"get_next_mult needs n >= 1, got {n}")
-        return _Allocation(self, n, False)
+        if probe is not None and not 0 < len(probe.values) <= n:
+            raise ValueError(f"a probe looks up 1 to n={n} values, got {len(probe.values)}")
+        return _Allocation(self, n, False, probe)
 
-    async def _allocate(self, n: int) -> Sequence[int]:
+    def _sql_probe(self, probe: Probe, carried: bool) -> str:
+        key = (probe.table, probe.column, carried)
+        sql = self._probe_sql.get(key)
+        if sql is None:
+            table, column, k = _ident(probe.table), _ident(probe.column), 4 if carried else 1
+            found = f"found AS (SELECT {column} AS v FROM {table} WHERE {column} = ANY(${k + 1}::text[]))"
+            sql = (
+                f"WITH {f'p AS ({self._sql_upsert}), ' if carried else ''}{found}"
+                f" SELECT nextval('{self._sequence}'), NULL::text"
+                f" FROM generate_series(1, ${k}::int - (SELECT count(*) FROM found)::int)"
+                " UNION ALL SELECT NULL, v FROM found"
+            )
+            self._probe_sql[key] = sql
+        return sql
+
+    async def _allocate(self, n: int, probe: Probe | None = None) -> tuple[Sequence[int], frozenset[str]]:
         book = self._book
         if not book.is_writer:
             raise NotAWriterError(
@@ -343,13 +416,27 @@ class MultiWriterIdGenerator:
             )
         marker = book.begin_allocation()
         ids: Sequence[int] = ()
+        found: frozenset[str] = frozenset()
         try:
             conn = self._lane.acquire_idle()
             if conn is None:
                 conn = await self._lane.acquire()
             started = perf_counter()
+            carried = self._carried_position()
             try:
-                if n == 1:
+                if probe is not None:
+                    upsert = (
+                        () if carried is None else (self._stream_name, self._instance, self._sign * carried)
+                    )
+                    rows = await conn.fetch(
+                        self._sql_probe(probe, carried is not None), *upsert, n, probe.values
+                    )
+                    ids = sorted(r[0] for r in rows if r[0] is not None)
+                    found = frozenset(r[1] for r in rows if r[1] is not None)
+                elif carried is not None:
+                    args = (self._stream_name, self._instance, self._sign * carried, n)
+                    ids = [r[0] for r in await conn.fetch(self._sql_next_upsert, *args)]
+                elif n == 1:
                     ids = (int(await conn.fetchval(self._sql_next)),)
                 else:
                     # asyncpg decodes bigint to int already
@@ -360,15 +447,58 @@ class MultiWriterIdGenerator:
             self._lane.release(conn)
             if self.timed is not None:
                 self.timed(_ALLOCATE, perf_counter() - started)
+            top = max(ids, default=0)
+            if top > self._known_max:
+                self._known_max = top
+            if carried is not None and carried > self._stored:
+                self._stored = carried
         finally:
             book.end_allocation(marker, ids)
-        return ids
+        return ids, found
+
+    def _carried_position(self) -> int | None:
+        """The own position an allocation should upsert in its statement (delayed mode, not yet
+        stored, no upsert of its own in flight), else None."""
+        if not self._position_delay or not self._track or self._upsert_busy:
+            return None
+        value = self._book.own_position()
+        return value if value > self._stored else None
+
+    def _schedule_position(self) -> None:
+        """Delayed mode: upsert the own position in `position_delay_s` unless an allocation carries
+        it first (then the timer finds nothing to do); while the writer stays busy the timer waits
+        on, so a busy writer upserts only inside its allocations."""
+        if self._position_timer is None and self._book.own_position() > self._stored:
+            loop = asyncio.get_running_loop()
+            self._position_timer = loop.call_later(self._position_delay, self._position_due)
+
+    def _position_due(self) -> None:
+        self._position_timer = None
+        if self._book.busy:  # an allocation or a block in flight: the next allocation carries it
+            self._schedule_position()
+            return
+        if self._book.own_position() > self._stored and self._position_task is None:
+            self._position_task = asyncio.get_running_loop().create_task(self._delayed_upsert())
+
+    async def _delayed_upsert(self) -> None:
+        try:
+            await self._persist_own_position()
+        except Exception as e:  # the row stays stale (sound); the next completion schedules again
+            log.warning(
+                "position upsert failed, the next write retries it: stream=%s error=%s: %s",
+                self._stream_name, type(e).__name__, e,
+            )  # fmt: skip
+        finally:
+            self._position_task = None
 
     async def _complete(self, ids: Sequence[int], *, failed: bool) -> None:
         self._book.finish(ids)
         if self.on_finished is not None:
             self.on_finished()
         if not self._track:
+            return
+        if self._position_delay:
+            self._schedule_position()
             return
         try:
             if not failed:
@@ -460,9 +590,29 @@ class MultiWriterIdGenerator:
         return {name: sign * pos for name, pos in self._book.positions().items()}
 
     async def get_max_allocated_token(self) -> int:
-        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence)."""
-        async with self._pool.acquire() as conn:
-            return self._sign * await self._sequence_max(conn)
+        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence; on
+        a busy writer, on a connection its lane holds idle: no pool acquire per read)."""
+        # Only a connection the lane holds idle: a read never makes a lane keep one more.
+        conn = self._lane.acquire_spare()
+        if conn is None:
+            async with self._pool.acquire() as pooled:
+                value = await self._sequence_max(pooled)
+        else:
+            try:
+                value = await self._sequence_max(conn)
+            except BaseException:
+                self._lane.discard(conn)
+                raise
+            self._lane.release(conn)
+        if value > self._known_max:
+            self._known_max = value
+        return self._sign * value
+
+    def known_allocated_token(self) -> int:
+        """A lower bound of `get_max_allocated_token` without I/O: the highest ID this process
+        allocated itself or read from the sequence (0 before either). Every token at or below it
+        was handed out, so a line claiming one needs no read of the sequence."""
+        return self._sign * self._known_max
 
     def advance(self, instance_name: str, new_id: int) -> None:
         """Record that `instance_name` reached `new_id` (signed, as received in RDATA or POSITION)."""
@@ -487,7 +637,16 @@ class MultiWriterIdGenerator:
         return self._sign == 1
 
     async def close(self) -> None:
-        """Give the kept connections back to the pool. Further `get_next` calls raise IdGenError."""
+        """Upsert a position still waiting for its delay (best effort), then give the kept
+        connections back to the pool. Further `get_next` calls raise IdGenError."""
+        if self._position_timer is not None:
+            self._position_timer.cancel()
+            self._position_timer = None
+            if self._position_task is None:
+                self._position_task = asyncio.get_running_loop().create_task(self._delayed_upsert())
+        if self._position_task is not None:
+            with contextlib.suppress(TimeoutError):  # a database that is gone must not hold shutdown
+                await asyncio.wait_for(asyncio.shield(self._position_task), CLOSE_UPSERT_S)
         await self._lane.close()
 
     def __repr__(self) -> str:

@@ -160,10 +160,11 @@ class StreamPublisher:
             due = next_tick
             if self._announce_all:  # a burst of REPLICATEs: at most one answer per interval
                 due = min(due, last_all + REPLICATE_COALESCE_S)
-            try:
-                await asyncio.wait_for(self._poke.wait(), max(0.0, due - loop.time()))
-            except TimeoutError:
-                pass
+            if not self._poke.is_set():
+                # Not wait_for: it wraps the wait in a task of its own on every flush.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(due):
+                        await self._poke.wait()
             self._poke.clear()
             if self._stopping:
                 return

@@ -26,8 +26,10 @@ from pubsub.wire import Position
 log = logging.getLogger(__name__)
 MAX_BATCH_ROWS = 10_000
 MAX_APPLY_ROWS = 1_000
-#: At most one read of a stream's sequence per this many seconds, to bound tokens (see `_within_bound`).
-BOUND_REFRESH_S = 0.01
+#: The budget of sequence reads per stream (see `_within_bound`): this many a second on average, and
+#: bursts of up to `BOUND_READ_BURST`. Within it no line waits for a timer.
+BOUND_READS_PER_S = 200.0
+BOUND_READ_BURST = 20.0
 UNBOUNDED = 1 << 63
 
 #: What a stream's queue holds, in arrival order (plain tuples: one is built and read per received
@@ -54,9 +56,9 @@ class StreamQueue:
     """The reader's state of one stream and the task that processes its queue."""
 
     __slots__ = (
-        "_apply_cb", "_bound", "_bound_read_at", "_owner", "_ratelog", "_to_applied", "_to_woken",
-        "announced", "arrivals", "connected", "last_heard", "pending", "positions_only", "queue",
-        "stream", "task", "wake",
+        "_apply_cb", "_bound", "_budget", "_budget_at", "_owner", "_ratelog", "_to_applied",
+        "_to_woken", "announced", "arrivals", "connected", "last_heard", "pending", "positions_only",
+        "queue", "stream", "task", "wake",
     )  # fmt: skip
 
     def __init__(
@@ -77,7 +79,8 @@ class StreamQueue:
         self._apply_cb = apply
         self._ratelog = RateLimitedLog(log)
         self._bound = 0  # a token at or below it is one the database can show
-        self._bound_read_at = float("-inf")
+        self._budget = BOUND_READ_BURST  # sequence reads that may start now
+        self._budget_at = 0.0
 
     def follow(self, writer: str, token: int) -> None:
         """Queue `token` as `writer`'s position on a positions-only stream: merged into the last
@@ -291,15 +294,22 @@ class StreamQueue:
 
         No writer can have persisted past it, so a line claiming more is forged or corrupt, and
         following it would stall this reader (it would wait for rows that never come) or, on a
-        writer, poison the position it announces. The bound is cached: a token at or below it
-        costs nothing; one above re-reads the sequence, at most once per BOUND_REFRESH_S (a line
-        arriving sooner waits for that read). A token still above is refused and counted, and the
-        writer's next real line is taken as usual."""
-        loop = asyncio.get_running_loop()
-        wait = self._bound_read_at + BOUND_REFRESH_S - loop.time()
+        writer, poison the position it announces. The bound is cached, and raised without I/O by
+        what this process knows the sequence reached (its own allocations: on a busy writer most
+        other writers' tokens are below them). A token still above reads the sequence at once: the
+        queue is serial, so one read is in flight per stream, and it covers every line queued
+        behind it. The reads are rate-limited by a budget (`BOUND_READS_PER_S`): only a line beyond
+        it waits, so a flood of forged lines cannot turn into a flood of queries. A token still
+        above the sequence is refused and counted, and the writer's next real line is taken as
+        usual."""
+        known = self.stream.known_bound()
+        if known > self._bound:
+            self._bound = known
+            if token <= known:
+                return True
+        wait = self._spend_budget()
         if wait > 0:
             await asyncio.sleep(wait)
-        self._bound_read_at = loop.time()
         try:
             top = await self.stream.max_token()
         except Exception as e:  # the database is unreachable: nothing can show the token yet
@@ -321,3 +331,10 @@ class StreamQueue:
             f"stream={self.stream.name} instance={writer} token={token} sequence={self._bound}",
         )
         return False
+
+    def _spend_budget(self) -> float:
+        """Take one sequence read from the budget; how long to wait first (0 within the budget)."""
+        now = asyncio.get_running_loop().time()
+        self._budget = min(BOUND_READ_BURST, self._budget + (now - self._budget_at) * BOUND_READS_PER_S) - 1
+        self._budget_at = now
+        return 0.0 if self._budget >= 0 else -self._budget / BOUND_READS_PER_S

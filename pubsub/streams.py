@@ -111,6 +111,16 @@ class Stream(Generic[RowT]):
         value = int(await read())
         return value if self.positive else -value
 
+    def known_bound(self) -> int:
+        """A wire token every writer of this stream is known to have been handed, without I/O (the
+        generator's own allocations and sequence reads; 0 when it cannot say): a lower bound of
+        `max_token`."""
+        known = getattr(self.generator, "known_allocated_token", None)
+        if known is None:
+            return 0
+        value = int(known())
+        return value if self.positive else -value
+
     def positions(self) -> dict[str, int]:
         """Every writer's known position as wire tokens (the stream's vector clock here)."""
         factor = 1 if self.positive else -1

@@ -95,6 +95,9 @@ CATCH_UP_INTERVALS = 10
 SHUTDOWN_STEP_S = 10.0
 #: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
 SHUTDOWN_GRACE_S = 2.0
+#: The events writer's `stream_positions` row may lag its writes by this long: the upsert rides on the
+#: next allocation (no round trip of its own per batch, none before the sends are answered).
+EVENTS_POSITION_DELAY_S = 0.05
 #: What "not reachable yet" looks like at start-up (retried for `startup_retry_s`).
 #: The migrations' transaction name (they run in `Worker.start`, a name that would say nothing).
 _MIGRATIONS = "workers.storage.migrate.apply_migrations"
@@ -216,6 +219,7 @@ class Worker:
                 EVENTS: await MultiWriterIdGenerator.create(
                     self.pool, stream_name=EVENTS, instance_name=self.name, tables=events_table,
                     sequence_name="events_stream_seq", writers=self.writers(EVENTS),
+                    position_delay_s=EVENTS_POSITION_DELAY_S,
                 ),
                 BACKFILL: await MultiWriterIdGenerator.create(
                     self.pool, stream_name=BACKFILL, instance_name=self.name, tables=events_table,

@@ -16,6 +16,7 @@ from idgen import (
     MultiWriterIdGenerator,
     MultiWriterStreamToken,
     NotAWriterError,
+    Probe,
 )
 
 EVENTS = [("events", "instance_name", "stream_ordering")]
@@ -57,6 +58,70 @@ async def write(gen: MultiWriterIdGenerator, n: int = 1) -> list[int]:
         async with gen.get_next() as i:
             ids.append(i)
     return ids
+
+
+async def test_the_known_bound_follows_own_allocations_and_sequence_reads(make: Make) -> None:
+    """`known_allocated_token` is a lower bound of the sequence without I/O: raised by this
+    process's allocations and its reads of the sequence, never by what other writers claim."""
+    a = await make("a", ["a", "b"])
+    b = await make("b", ["a", "b"])
+    reader = await make("r", ["a", "b"])
+    assert a.known_allocated_token() == 0
+    assert await write(a, 3) == [1, 2, 3]
+    assert a.known_allocated_token() == 3
+    assert await write(b, 2) == [4, 5]
+    a.advance("b", 900)  # a claim heard on the channel proves nothing about the sequence
+    assert a.known_allocated_token() == 3
+    assert reader.known_allocated_token() == 0
+    assert await reader.get_max_allocated_token() == 5
+    assert reader.known_allocated_token() == 5
+    assert await a.get_max_allocated_token() == 5  # on the writer's kept connection
+    assert a.known_allocated_token() == 5
+
+
+async def test_a_delayed_position_rides_on_the_next_allocation_or_its_timer(
+    make: Make, db_pool: asyncpg.Pool
+) -> None:
+    """`position_delay_s`: the block returns before `stream_positions` holds its IDs; the next
+    allocation's own statement upserts the position reached before it, the timer the last one, and
+    `close()` one still waiting."""
+    gen = await make("a", ["a"], position_delay_s=0.2)
+    assert await stored_positions(db_pool) == {"a": 0}
+    assert await write(gen, 1) == [1]
+    assert await stored_positions(db_pool) == {"a": 0}  # not waited for
+    async with gen.get_next() as second:  # carries 1 in the nextval statement
+        assert second == 2
+        assert await stored_positions(db_pool) == {"a": 1}
+    await asyncio.sleep(0.4)
+    assert await stored_positions(db_pool) == {"a": 2}  # the timer, the writer being idle
+    assert await write(gen, 2) == [3, 4]
+    await gen.close()
+    assert await stored_positions(db_pool) == {"a": 4}
+
+
+async def test_a_probe_takes_ids_only_for_values_not_stored(make: Make, db_pool: asyncpg.Pool) -> None:
+    """`get_next_mult(n, probe=...)`: the values found in the column take no ID, in the same
+    statement as the allocation (also when it carries a delayed position upsert)."""
+    for delay in (0.0, 0.5):
+        gen = await make(f"a{delay}", [f"a{delay}"], position_delay_s=delay)
+        async with gen.get_next_mult(2) as first:
+            for i in first:
+                await db_pool.execute(
+                    "INSERT INTO events VALUES ($1, $2, 'a', '!r', 'm', NULL, '@u', '{}', 0)", i, f"$s{i}"
+                )
+        stored = [f"$s{i}" for i in first]
+        probe = Probe("events", "event_id", [stored[1], "$new", stored[0]])
+        allocation = gen.get_next_mult(4, probe=probe)
+        async with allocation as ids:
+            assert ids == [first[-1] + 1, first[-1] + 2]
+        assert allocation.found == frozenset(stored)
+        every = gen.get_next_mult(2, probe=Probe("events", "event_id", stored))
+        async with every as none:
+            assert none == []
+        assert every.found == frozenset(stored)
+        assert await write(gen) == [first[-1] + 3]
+        with pytest.raises(ValueError):
+            gen.get_next_mult(1, probe=Probe("events", "event_id", ["$x", "$y"]))
 
 
 async def test_first_id_is_1_and_an_empty_stream_is_at_0(make: Make, db_pool: asyncpg.Pool) -> None:

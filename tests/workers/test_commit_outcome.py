@@ -1,7 +1,7 @@
 """A write whose COMMIT answer is lost: the client's answer is the truth and readers see it once.
 
 The persister's PostgreSQL link runs through a fault proxy that reads the protocol: a rule fires on
-the COMMIT (or the CopyDone of a batch that is one COPY) of the transaction carrying a marker, and
+the COMMIT (or the Sync of a batch that is one INSERT) of the transaction carrying a marker, and
 forwards it while dropping the answer, never forwards it, or forwards it after the client gave up.
 The client then gets 200 exactly when the write is in the database, and a reader on another worker
 sees a committed event once (and a failed one never), with writes after it going on as usual.
@@ -21,7 +21,7 @@ import pytest
 from tests.workers.conftest import MakeWorker, client_for
 from workers.harness.cluster_client import ClusterClient, RequestRefused, timeline_events
 from workers.harness.faultproxy import FaultProxy, OnMessage, target_of, through
-from workers.harness.pg_messages import Message, is_commit, is_copy_done
+from workers.harness.pg_messages import Message, is_commit, is_sync
 from workers.harness.pgbouncer_server import PgBouncer
 
 WRITER = "p1"
@@ -123,20 +123,16 @@ async def test_commit_never_arriving_answers_503_and_nothing_is_written(
     assert await seen_by_reader(client, room_id, marker) == 0
 
 
-async def test_a_batch_that_is_one_copy_is_settled_the_same_way(
+async def test_a_batch_that_is_one_statement_is_settled_the_same_way(
     cluster: tuple[ClusterClient, str], proxy: FaultProxy, database_url: str
 ) -> None:
     client, room_id = cluster
-    marker, status = await write_with_fault(
-        proxy, is_copy_done, OnMessage.DROP_REPLY, message(client, room_id)
-    )
+    marker, status = await write_with_fault(proxy, is_sync, OnMessage.DROP_REPLY, message(client, room_id))
     assert status == 200
     assert await stored_events(database_url, marker) == 1
     assert await seen_by_reader(client, room_id, marker) == 1
 
-    marker, status = await write_with_fault(
-        proxy, is_copy_done, OnMessage.NEVER_ARRIVES, message(client, room_id)
-    )
+    marker, status = await write_with_fault(proxy, is_sync, OnMessage.NEVER_ARRIVES, message(client, room_id))
     assert status == 503
     assert await stored_events(database_url, marker) == 0
     assert await seen_by_reader(client, room_id, marker) == 0

@@ -18,9 +18,9 @@ Order on the writer, for every batch:
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
-A send with a client transaction id (`persist(..., may_exist=True)`) first passes `RetryCheck`
-(`workers.handlers.retried_sends`): a retry of an answered send is answered with the stored event
-before it joins the queue, so it takes no stream ID and no follower sees a gap to catch up on.
+A send with a client transaction id (`persist(..., may_exist=True)`) is looked up in its batch's
+ID allocation (`idgen.Probe`, the same statement as `nextval`): a retry of an answered send takes
+no stream ID, so no follower sees a gap to catch up on, and is answered with the stored event.
 A failed transaction fails every request of the batch (their IDs become harmless gaps). When the
 connection was lost at COMMIT, the batch may have committed all the same: inside the ID blocks,
 the persister ends the old backend and looks for the batch's rows
@@ -41,11 +41,11 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
-from idgen import MultiWriterIdGenerator
+from idgen import MultiWriterIdGenerator, Probe
 from idgen.multi_writer import DATABASE_DOWN
 from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
-from workers.handlers.retried_sends import Pending, RetryCheck, answer_stored
+from workers.handlers.retried_sends import Pending, answer_stored
 from workers.handlers.room_versions import RoomVersions
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
 from workers.storage.commit_outcome import BACKEND_PID_SQL, committed, outcome_unknown, row_exists
@@ -118,7 +118,11 @@ class EventPersister:
         self._drained: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self.retry_check = RetryCheck(pool, self._enqueue_checked, self._answered_elsewhere)
+        #: Ids of queued events that may be stored already (a client transaction id): looked up
+        #: in their batch's allocation.
+        self._maybe_stored: set[str] = set()
+        #: Sends answered with their stored event (retries of answered sends).
+        self.retries_answered = 0
         self.batches = 0
         self.events = 0
         self.failed_batches = 0
@@ -131,22 +135,20 @@ class EventPersister:
         self._task = asyncio.create_task(
             self._run(), name=f"persister-{'backfill' if self._backfill else 'live'}"
         )
-        self.retry_check.start()
 
     def persist(self, event: NewEvent, *, may_exist: bool = False) -> asyncio.Future[Event]:
         """Queue `event`; the future gives it persisted, with its stream ordering, once its batch
         finished. (A future rather than a coroutine: one frame less per event on the write path.)
         `may_exist`: the event id comes from a client transaction id, so the send may be a retry of
-        one already stored: it is looked up first (`RetryCheck`) and, if stored, answered with the
-        stored event. Raises PersisterStopped or PersisterOverloaded at once."""
+        one already stored: it is looked up in its batch's allocation and, if stored, answered with
+        the stored event. Raises PersisterStopped or PersisterOverloaded at once."""
         queue = self._queue
-        if self._stopping or len(queue) + len(self.retry_check.waiting) >= self._max_queue:
+        if self._stopping or len(queue) >= self._max_queue:
             self._check_room(1)  # raises
         future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
         self._unfinished += 1
         if may_exist:
-            self.retry_check.add((event, future))
-            return future
+            self._maybe_stored.add(event.event_id)
         queue.append((event, future))
         arrived = self._arrived
         if arrived is not None and not arrived.done():
@@ -162,17 +164,6 @@ class EventPersister:
         self._queued(len(events))
         return list(await asyncio.gather(*futures))
 
-    def _enqueue_checked(self, pending: list[Pending]) -> None:
-        """Queue requests `RetryCheck` found not stored (already counted in `_unfinished`)."""
-        self._queue.extend(pending)
-        arrived = self._arrived
-        if arrived is not None and not arrived.done():
-            arrived.set_result(None)
-
-    def _answered_elsewhere(self, count: int) -> None:
-        self._unfinished -= count
-        self._maybe_drained()
-
     def _maybe_drained(self) -> None:
         if not self._unfinished and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
@@ -180,7 +171,7 @@ class EventPersister:
     def _check_room(self, count: int) -> None:
         if self._stopping:
             raise PersisterStopped("this worker is shutting down")
-        queued = len(self._queue) + len(self.retry_check.waiting)
+        queued = len(self._queue)
         if queued + count > self._max_queue:
             raise PersisterOverloaded(f"{queued} events queued")
 
@@ -199,7 +190,6 @@ class EventPersister:
             await asyncio.shield(self._drained)
         if self._task is not None:
             await cancel_and_wait(self._task)
-        await self.retry_check.stop()
 
     async def _run(self) -> None:
         while True:
@@ -221,7 +211,13 @@ class EventPersister:
 
     async def _run_batch(self, batch: list[Pending], allocated: asyncio.Future[None]) -> None:
         try:
-            await self._persist_batch(batch, allocated)
+            stored = await self._persist_batch(batch, allocated)
+            if stored:
+                self.retries_answered += len(stored)
+                rest = await self._answer_existing(stored)
+                if rest:  # gone since the allocation looked: persist them after all
+                    self._queue.extendleft(reversed(rest))
+                    self._queued(len(rest))
         except asyncpg.UniqueViolationError as e:
             # A retried send whose event exists (its id comes from the client's transaction id).
             # Rare: answer those with the stored event and queue the rest again, first in line.
@@ -282,7 +278,8 @@ class EventPersister:
             stored = await events_by_ids(conn, [new.event_id for new, _ in batch])
         return answer_stored(batch, stored)
 
-    async def _persist_batch(self, batch: list[Pending], allocated: asyncio.Future[None]) -> None:
+    async def _persist_batch(self, batch: list[Pending], allocated: asyncio.Future[None]) -> list[Pending]:
+        """Persist `batch`; the requests its allocation found stored (to answer with those events)."""
         now = int(time.time() * 1000)
         changes = StateChanges()
         if not self._backfill:
@@ -291,8 +288,20 @@ class EventPersister:
                     changes.add(new)
         invalidation_rows = changes.invalidations(now)
         versions = await self._room_versions(batch)
+        maybe = [new.event_id for new, _ in batch if new.event_id in self._maybe_stored]
+        self._maybe_stored.difference_update(maybe)
+        stored_already: list[Pending] = []
         async with contextlib.AsyncExitStack() as stack:
-            ids = await stack.enter_async_context(self._events_gen.get_next_mult(len(batch)))
+            allocation = self._events_gen.get_next_mult(
+                len(batch), probe=Probe("events", "event_id", maybe) if maybe else None
+            )
+            ids = await stack.enter_async_context(allocation)
+            if allocation.found:
+                stored_already = [p for p in batch if p[0].event_id in allocation.found]
+                batch = [p for p in batch if p[0].event_id not in allocation.found]
+                if not batch:
+                    allocated.set_result(None)
+                    return stored_already
             cache_ids: list[int] = []
             if invalidation_rows and self._caches_gen is not None:
                 cache_ids = await stack.enter_async_context(
@@ -334,6 +343,7 @@ class EventPersister:
         for (_, future), event in zip(batch, events, strict=True):
             if not future.done():
                 future.set_result(event)
+        return stored_already
 
     async def _committed_after_all(
         self, error: BaseException, pid: int, events: Sequence[Event], cache_ids: Sequence[int]

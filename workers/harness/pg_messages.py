@@ -44,6 +44,11 @@ def is_copy_done(message: Message) -> bool:
     return message.kind == b"c"
 
 
+def is_sync(message: Message) -> bool:
+    """Sync: the end of an extended-protocol statement, which commits it when it runs on its own."""
+    return message.kind == b"S"
+
+
 class FrontendMessages:
     """Feed it the client's bytes in order; it returns the complete messages, keeping partial ones."""
 

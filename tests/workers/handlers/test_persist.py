@@ -74,7 +74,7 @@ async def test_possible_retries_are_answered_from_the_stored_event_without_ids_a
     assert persister is not None
     sent = [NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"n": i}) for i in range(50)]
     stored = await asyncio.gather(*(persister.persist(e, may_exist=True) for e in sent))
-    assert persister.retry_check.answered == 0  # first tries: looked up, not found, persisted
+    assert persister.retries_answered == 0  # first tries: looked up in their allocation, not found, persisted
     async with connect(database_url) as conn:
         before = await conn.fetchval("SELECT last_value FROM events_stream_seq")
         fresh = [NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"new": i}) for i in range(10)]
@@ -83,4 +83,4 @@ async def test_possible_retries_are_answered_from_the_stored_event_without_ids_a
         assert all(f.done() for f in futures)
         assert [f.result() for f in futures[:50]] == stored
         assert await conn.fetchval("SELECT last_value FROM events_stream_seq") == before + 10
-    assert persister.retry_check.answered == 50
+    assert persister.retries_answered == 50

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 
 from tests.workers.conftest import MakeWorker, client_for
+from workers.app import EVENTS_POSITION_DELAY_S
 from workers.harness.cluster_client import RequestRefused, timeline_events
 from workers.routing import writer_for_room
 
@@ -100,6 +101,7 @@ async def test_concurrent_sends_share_batches(make_worker: MakeWorker, http: aio
     results = await asyncio.gather(*(client.send(room, "m.room.message", {"n": i}) for i in range(200)))
     assert len({r["event_id"] for r in results}) == 200
     assert worker.persister is not None and worker.persister.batches - before < 200
+    await asyncio.sleep(EVENTS_POSITION_DELAY_S * 4)  # the position row may lag the writes this long
     async with worker.pool.acquire() as conn:
         stored = await conn.fetchval("SELECT count(*) FROM events WHERE type = 'm.room.message'")
         top = await conn.fetchval("SELECT max(stream_ordering) FROM events")

@@ -54,7 +54,7 @@ async def test_a_retried_send_makes_one_event_even_across_a_persister_restart(
     assert {a["event_id"] for a in again} == {first["event_id"]}
     # Answered from the stored event: no stream ID taken, so no gap for any follower.
     assert await last_stream_id() == before
-    assert p1.persister is not None and p1.persister.retry_check.answered > 0
+    assert p1.persister is not None and p1.persister.retries_answered > 0
     other = await alice.send(room, "m.room.message", {"body": "twice"}, txn_id="t2", via="r1")
     assert other["event_id"] != first["event_id"]
     assert await last_stream_id() == before + 1
