@@ -105,11 +105,7 @@ def midnight_log(servers: Servers) -> Iterator[str]:
 
 
 def test_reexported_day_stale_partials_and_an_old_export(
-    spark: SparkSession,
-    midnight_log: str,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    caplog: pytest.LogCaptureFixture,
+    spark: SparkSession, midnight_log: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "export"
     assert analytics.main(["export", "--database-url", midnight_log, "--out", str(out)]) == 0
@@ -142,13 +138,21 @@ def test_reexported_day_stale_partials_and_an_old_export(
     # An export made before partials existed: every day from its rows, and the output says so.
     old = without_partials(out, tmp_path / "old")
     report = tmp_path / "report"
-    capsys.readouterr()
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="analytics"):
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("analytics.audit")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
         assert analytics.main(["run", "--parquet", str(old), "--out", str(report), "--top-n", "5"]) == 0
-    err = capsys.readouterr().err + caplog.text  # the CLI's own handler, or pytest's when it has one
-    assert "invalidations: partial counts for 0 day(s), raw rows for 3" in err
-    assert "exported without them" in err
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    said = [line for line in lines if line.startswith("step=load read=")]
+    assert len(said) == 1 and "invalidations: partial counts for 0 day(s), raw rows for 3" in said[0]
+    assert "exported without them" in said[0]
     written = json.loads((report / "summary.json").read_text())
     assert written["read"]["invalidations"]["from_rows"] == list(DAYS)
     assert "raw rows for 3" in (report / "report.md").read_text()
