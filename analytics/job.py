@@ -99,7 +99,7 @@ def run_audit(spark: SparkSession, source: Source, options: AuditOptions) -> Aud
         "top_keys": top_key_counts(inputs.keys, options.top_n),
         "reconciliation": per_worker.persist(),
         "gaps": gaps.persist(),
-        "_annotated": inputs.annotated,
+        **({"_annotated": inputs.annotated} if inputs.annotated is not None else {}),
         "_applied": applied,
         "_events_by_window": events_by_window,
     }

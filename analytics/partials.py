@@ -97,7 +97,8 @@ def write_event_partials(events: DataFrame, location: str) -> tuple[int, list[st
 
 
 def _write_partials(partials: DataFrame, location: str) -> tuple[int, list[str]]:
-    partials = partials.persist()
+    # One file per day: the audit then reads each day's partial counts in one task.
+    partials = partials.repartition("day").persist()
     try:
         written = partials.count()
         days = sorted(str(r["day"]) for r in partials.select("day").distinct().collect())
