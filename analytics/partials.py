@@ -12,10 +12,11 @@ columns of the raw rows.
 A day's partials are used only when they were computed from exactly the raw files that day holds
 now: after writing both, `export` leaves in the partials' day directory a manifest (`_manifest.json`,
 a name Spark's reader skips) naming the day's raw files and partial files with their sizes. Spark
-names every file it writes afresh, so a re-export of the day, a restore that drops it, or an export
-that failed between the two writes leaves no manifest that matches; such a day, and one exported
-before partials existed, is read from its raw rows instead, and `DaySplit.why` says so. The check
-is a file listing on the driver: no Spark job, no row read.
+names every file it writes afresh: a re-export of the day replaces both and writes a new manifest,
+`--after-restore` drops both with the day, and an export that failed between the two writes leaves
+a manifest that no longer matches. Such a day, and one exported before partials existed, is read
+from its raw rows instead, and `DaySplit.why` says so. The check is a file listing on the driver:
+no Spark job, no row read.
 
 Copies of a stream id are one row seen twice (docs/audit.md), so they share a timestamp and a day;
 the partials count each id once per day.
