@@ -6,6 +6,8 @@
 | `session.py` | the Spark session and the JDBC driver |
 | `sources.py` | reading Postgres over JDBC or Parquet exports; `export` |
 | `figures.py` | per-row facts, window volumes, savings from batching, hottest caches and keys |
+| `partials.py` | the partial counts an export writes beside the raw rows, and when a day may use them |
+| `inputs.py` | what the figures are computed from: raw rows, or partial counts merged exactly |
 | `storms.py` | windows above a threshold |
 | `reconcile.py` | what each worker applied against what was published (gaps, lag) |
 | `job.py` | `run_audit`: all of the above as one job, with a JSON-ready summary |
@@ -27,13 +29,20 @@ from analytics.figures import (
     annotate,
     dedupe,
     events_per_window,
+    key_counts,
+    merge_events_per_window,
+    merge_window_counts,
     savings_by_cache,
+    stats_from_counts,
     top_caches,
+    top_key_counts,
     top_keys,
+    window_counts,
     window_stats,
     window_totals,
     with_amplification,
 )
+from analytics.inputs import AuditInputs, load_inputs
 from analytics.job import AuditOptions, AuditResult, release, run_audit
 from analytics.reconcile import applied_holes, reconcile
 from analytics.report import OutputPaths, render_report, write_outputs
@@ -55,6 +64,7 @@ __all__ = [
     "EVENTS_SCHEMA",
     "INVALIDATIONS_SCHEMA",
     "AuditError",
+    "AuditInputs",
     "AuditOptions",
     "AuditResult",
     "OutputPaths",
@@ -68,10 +78,14 @@ __all__ = [
     "events_per_window",
     "export",
     "jdbc_url",
+    "key_counts",
     "load_applied_ranges",
     "load_events",
+    "load_inputs",
     "load_invalidations",
     "main",
+    "merge_events_per_window",
+    "merge_window_counts",
     "parse_window",
     "reconcile",
     "release",
@@ -80,10 +94,13 @@ __all__ = [
     "run_audit",
     "savings_by_cache",
     "spark_session",
+    "stats_from_counts",
     "storm_threshold",
     "storms",
     "top_caches",
+    "top_key_counts",
     "top_keys",
+    "window_counts",
     "window_stats",
     "window_totals",
     "with_amplification",

@@ -6,20 +6,23 @@ ever collected, by the caller.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from analytics.schema import BATCHED_CACHE_SUFFIX, INVALIDATIONS_SCHEMA
+from analytics.schema import BATCHED_CACHE_SUFFIX, INVALIDATIONS_SCHEMA, SUMMED_COUNTS
 
 
-def dedupe(invalidations: DataFrame) -> DataFrame:
-    """One row per stream_id, plus `copies` (how often it was seen). Which copy survives is unspecified."""
+def dedupe(invalidations: DataFrame, within: Sequence[str] = ()) -> DataFrame:
+    """One row per stream_id (per stream_id and `within` columns, kept), plus `copies` (how often it
+    was seen). Which copy survives is unspecified."""
     others = [c for c in INVALIDATIONS_SCHEMA.fieldNames() if c != "stream_id"]
     return (
-        invalidations.groupBy("stream_id")
+        invalidations.groupBy(*within, "stream_id")
         .agg(F.first(F.struct(*others)).alias("row"), F.count(F.lit(1)).alias("copies"))
-        .select("stream_id", *[F.col(f"row.{c}").alias(c) for c in others], "copies")
+        .select(*within, "stream_id", *[F.col(f"row.{c}").alias(c) for c in others], "copies")
     )
 
 
@@ -61,30 +64,57 @@ def annotate(deduped: DataFrame, window_ms: int) -> DataFrame:
     )
 
 
-def window_stats(annotated: DataFrame, subscribers: int) -> DataFrame:
-    """One row per (window_start, cache_func, instance_name): volumes, kinds, bytes, savings, fan-out."""
+COUNT_KEYS = ("window_start", "cache_func", "instance_name")
+
+
+def window_counts(annotated: DataFrame) -> DataFrame:
+    """One row per (window_start, cache_func, instance_name): the volumes every window figure sums
+    (`SUMMED_COUNTS`) and the first and last stream id. Merged exactly by `merge_window_counts`."""
 
     def kind(name: str) -> Column:
         return F.sum(F.when(F.col("kind") == name, 1).otherwise(0)).cast("long")
 
+    return annotated.groupBy(*COUNT_KEYS).agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum("keys_invalidated").alias("keys"),
+        kind("batched").alias("batched_rows"),
+        kind("single_key").alias("single_key_rows"),
+        kind("invalidate_all").alias("invalidate_all_rows"),
+        F.sum("bytes").alias("bytes"),
+        F.sum("per_key_messages").alias("per_key_messages"),
+        F.sum(F.col("copies") - 1).alias("duplicate_copies"),
+        F.min("stream_id").alias("first_stream_id"),
+        F.max("stream_id").alias("last_stream_id"),
+    )
+
+
+def merge_window_counts(counts: DataFrame, window_ms: int) -> DataFrame:
+    """`window_counts` rows (of finer windows that nest in `window_ms`, or of several sources) as the
+    counts of `window_ms` windows: sums of the additive columns, min and max of the stream ids. Exact
+    whenever no row was counted twice (each input window lies inside one output window)."""
     return (
-        annotated.groupBy("window_start", "cache_func", "instance_name")
+        counts.withColumn("window_start", window_start(F.col("window_start"), window_ms))
+        .groupBy(*COUNT_KEYS)
         .agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.sum("keys_invalidated").alias("keys"),
-            kind("batched").alias("batched_rows"),
-            kind("single_key").alias("single_key_rows"),
-            kind("invalidate_all").alias("invalidate_all_rows"),
-            F.sum("bytes").alias("bytes"),
-            F.sum("per_key_messages").alias("per_key_messages"),
-            F.sum(F.col("copies") - 1).alias("duplicate_copies"),
-            F.min("stream_id").alias("first_stream_id"),
-            F.max("stream_id").alias("last_stream_id"),
+            *[F.sum(c).cast("long").alias(c) for c in SUMMED_COUNTS],
+            F.min("first_stream_id").alias("first_stream_id"),
+            F.max("last_stream_id").alias("last_stream_id"),
         )
-        .withColumn("saved_messages", F.col("per_key_messages") - F.col("rows"))
+    )
+
+
+def stats_from_counts(counts: DataFrame, subscribers: int) -> DataFrame:
+    """`window_counts` plus what follows from them: saved messages and the fan-out to `subscribers`."""
+    return (
+        counts.withColumn("saved_messages", F.col("per_key_messages") - F.col("rows"))
         .withColumn("fanout_messages", F.col("rows") * F.lit(subscribers))
         .withColumn("per_key_fanout_messages", F.col("per_key_messages") * F.lit(subscribers))
     )
+
+
+def window_stats(annotated: DataFrame, subscribers: int) -> DataFrame:
+    """One row per (window_start, cache_func, instance_name): volumes, kinds, bytes, savings, fan-out."""
+    return stats_from_counts(window_counts(annotated), subscribers)
 
 
 def events_per_window(events: DataFrame, window_ms: int) -> DataFrame:
@@ -93,6 +123,15 @@ def events_per_window(events: DataFrame, window_ms: int) -> DataFrame:
         events.withColumn("window_start", window_start(F.col("received_ts"), window_ms))
         .groupBy("window_start", "instance_name")
         .agg(F.count(F.lit(1)).alias("events"))
+    )
+
+
+def merge_events_per_window(counts: DataFrame, window_ms: int) -> DataFrame:
+    """`events_per_window` rows of finer windows (nesting in `window_ms`) as those of `window_ms`."""
+    return (
+        counts.withColumn("window_start", window_start(F.col("window_start"), window_ms))
+        .groupBy("window_start", "instance_name")
+        .agg(F.sum("events").cast("long").alias("events"))
     )
 
 
@@ -109,19 +148,7 @@ def _ratio(numerator: Column, denominator: Column) -> Column:
     return F.when(denominator > 0, numerator / denominator).otherwise(F.lit(None).cast("double"))
 
 
-TOTAL_COLUMNS = (
-    "rows",
-    "keys",
-    "batched_rows",
-    "single_key_rows",
-    "invalidate_all_rows",
-    "bytes",
-    "per_key_messages",
-    "saved_messages",
-    "fanout_messages",
-    "per_key_fanout_messages",
-    "duplicate_copies",
-)
+TOTAL_COLUMNS = (*SUMMED_COUNTS, "saved_messages", "fanout_messages", "per_key_fanout_messages")
 
 
 def window_totals(stats: DataFrame, events_by_window: DataFrame, window_ms: int) -> DataFrame:
@@ -171,17 +198,31 @@ def top_caches(stats: DataFrame, n: int) -> DataFrame:
     )
 
 
-def top_keys(annotated: DataFrame, n: int) -> DataFrame:
-    """The `n` (cache, key) pairs invalidated by the most rows (ties by cache, then key). A key
-    counts once per row that invalidates it, however often the row lists it."""
+def key_counts(annotated: DataFrame, by: Sequence[str] = ()) -> DataFrame:
+    """(`by` columns, cache_func, key, invalidations): the rows that invalidate each key. A key counts
+    once per row that invalidates it, however often the row lists it; keys NULL names no key."""
     batched = F.col("cache_func").endswith(BATCHED_CACHE_SUFFIX)
     tuple_key = F.when(F.size("keys") == 1, F.col("keys")[0]).otherwise(F.to_json(F.col("keys")))
     keys = F.when(batched, F.array_distinct(F.col("keys"))).otherwise(F.array(tuple_key))
     return (
         annotated.where(F.col("keys").isNotNull())
-        .select("cache_func", F.explode(keys).alias("key"))
-        .groupBy("cache_func", "key")
+        .select(*by, "cache_func", F.explode(keys).alias("key"))
+        .groupBy(*by, "cache_func", "key")
         .agg(F.count(F.lit(1)).alias("invalidations"))
+    )
+
+
+def top_key_counts(counts: DataFrame, n: int) -> DataFrame:
+    """The `n` (cache, key) pairs with the most invalidations in `counts` (`key_counts` rows, possibly
+    several per pair: they are summed first), ties by cache, then key."""
+    return (
+        counts.groupBy("cache_func", "key")
+        .agg(F.sum("invalidations").cast("long").alias("invalidations"))
         .orderBy(F.desc("invalidations"), F.asc("cache_func"), F.asc("key"))
         .limit(n)
     )
+
+
+def top_keys(annotated: DataFrame, n: int) -> DataFrame:
+    """The `n` (cache, key) pairs invalidated by the most rows (ties by cache, then key)."""
+    return top_key_counts(key_counts(annotated), n)

@@ -17,19 +17,17 @@ from pyspark.sql import functions as F
 
 from analytics.figures import (
     TOTAL_COLUMNS,
-    annotate,
-    dedupe,
-    events_per_window,
     savings_by_cache,
+    stats_from_counts,
     top_caches,
-    top_keys,
-    window_stats,
+    top_key_counts,
     window_totals,
     with_amplification,
 )
+from analytics.inputs import describe, load_inputs
 from analytics.reconcile import reconcile
 from analytics.schema import CACHES_STREAM
-from analytics.sources import Source, load_applied_ranges, load_events, load_invalidations
+from analytics.sources import Source, load_applied_ranges
 from analytics.storms import StormThreshold, storm_threshold, storms
 
 log = logging.getLogger("analytics.audit")
@@ -69,12 +67,12 @@ def _rows(frame: DataFrame) -> list[dict[str, Any]]:
 
 
 def run_audit(spark: SparkSession, source: Source, options: AuditOptions) -> AuditResult:
-    """Load, deduplicate, aggregate and reconcile. The tables are persisted; call `release` when done."""
+    """Load (raw rows, or an export's partial counts where they hold: `inputs.py`), aggregate and
+    reconcile. The tables are persisted; call `release` when done."""
     started = time.monotonic()
     log.info("step=load source=%s", type(source).__name__)
-    raw = load_invalidations(spark, source)
-    deduped = dedupe(raw)
-    annotated = annotate(deduped, options.window_ms).persist(StorageLevel.MEMORY_AND_DISK)
+    inputs = load_inputs(spark, source, options.window_ms)
+    log.info("step=load read=%s", describe(inputs.read))
     applied = load_applied_ranges(spark, source).persist(StorageLevel.MEMORY_AND_DISK)
     if options.subscribers is not None:
         subscribers, subscribers_source = options.subscribers, "configured"
@@ -83,30 +81,31 @@ def run_audit(spark: SparkSession, source: Source, options: AuditOptions) -> Aud
             applied.where(F.col("stream_name") == CACHES_STREAM).select("worker_name").distinct().count()
         )
         subscribers_source = "applied_record"
-    events_by_window = events_per_window(load_events(spark, source), options.window_ms).persist()
+    events_by_window = inputs.events_by_window.persist()
     log.info("step=aggregate window_ms=%d subscribers=%d", options.window_ms, subscribers)
-    stats = with_amplification(window_stats(annotated, subscribers), events_by_window).persist(
+    stats = with_amplification(stats_from_counts(inputs.counts, subscribers), events_by_window).persist(
         StorageLevel.MEMORY_AND_DISK
     )
     totals = window_totals(stats, events_by_window, options.window_ms).persist()
     threshold = storm_threshold(totals, options.storm_threshold, options.storm_quantile)
     log.info("step=reconcile")
-    per_worker, gaps = reconcile(annotated.select("stream_id", "instance_name"), applied)
+    per_worker, gaps = reconcile(inputs.published, applied)
     tables = {
         "window_stats": stats,
         "window_totals": totals,
         "storms": storms(totals, stats, threshold),
         "savings_by_cache": savings_by_cache(stats),
         "top_caches": top_caches(stats, options.top_n),
-        "top_keys": top_keys(annotated, options.top_n),
+        "top_keys": top_key_counts(inputs.keys, options.top_n),
         "reconciliation": per_worker.persist(),
         "gaps": gaps.persist(),
-        "_annotated": annotated,
+        **({"_annotated": inputs.annotated} if inputs.annotated is not None else {}),
         "_applied": applied,
         "_events_by_window": events_by_window,
     }
     log.info("step=summarize")
     summary = _summarize(tables, options, threshold, subscribers, subscribers_source)
+    summary["read"] = {**inputs.read, "description": describe(inputs.read)}
     summary["elapsed_s"] = round(time.monotonic() - started, 3)
     series = _rows(totals.orderBy("window_start"))
     return AuditResult(tables, summary, series)

@@ -77,3 +77,43 @@ def _hadoop_path(spark: SparkSession, location: str) -> Any:
 
 def _hadoop_conf(spark: SparkSession) -> Any:
     return spark.sparkContext._jsc.hadoopConfiguration()
+
+
+def files_by_partition(spark: SparkSession, location: str) -> dict[str, list[list[Any]]]:
+    """The data files of each partition directory `column=value` directly under `location`, as
+    sorted `[name, length]` pairs (checksum files, whose names start with a dot, left out); {} when
+    `location` does not exist. One recursive listing: a few requests on an object store too."""
+    path = _hadoop_path(spark, location)
+    fs = path.getFileSystem(_hadoop_conf(spark))
+    if not fs.exists(path):
+        return {}
+    found: dict[str, list[list[Any]]] = {}
+    listing = fs.listFiles(path, True)
+    while listing.hasNext():
+        status = listing.next()
+        name, partition = str(status.getPath().getName()), str(status.getPath().getParent().getName())
+        if not name.startswith(".") and "=" in partition:
+            found.setdefault(partition, []).append([name, int(status.getLen())])
+    return {partition: sorted(files) for partition, files in found.items()}
+
+
+def write_text(spark: SparkSession, location: str, text: str) -> None:
+    """Write `text` (UTF-8) as the file at `location`, replacing it."""
+    path = _hadoop_path(spark, location)
+    stream = path.getFileSystem(_hadoop_conf(spark)).create(path, True)
+    try:
+        stream.write(bytearray(text.encode()))
+    finally:
+        stream.close()
+
+
+def read_text(spark: SparkSession, location: str) -> str:
+    """The UTF-8 text of the file at `location`."""
+    path = _hadoop_path(spark, location)
+    stream = path.getFileSystem(_hadoop_conf(spark)).open(path)
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None, "the Spark session has no JVM"
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()

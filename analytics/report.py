@@ -142,6 +142,8 @@ def render_report(result: AuditResult, charts: Sequence[Path], out_dir: Path) ->
             else "The log is empty: no invalidation rows, so no window, storm or hot spot."
         ),
         "",
+        f"Read: {s['read']['description']}." if "read" in s else "",
+        "",
         "| measure | value |",
         "|---|---|",
         f"| invalidation rows | {t['rows']} |",

@@ -37,3 +37,40 @@ APPLIED_SCHEMA = T.StructType(
         T.StructField("to_id", T.LongType()),
     ]
 )
+
+#: The additive counts of a window, cache and writer (`figures.window_counts`): summed when the counts
+#: of finer windows or of several days merge.
+SUMMED_COUNTS = (
+    "rows",
+    "keys",
+    "batched_rows",
+    "single_key_rows",
+    "invalidate_all_rows",
+    "bytes",
+    "per_key_messages",
+    "duplicate_copies",
+)
+
+#: What `export` writes beside the raw rows (analytics/partials.py): per UTC day, the counts of each
+#: base window, cache and writer (grain "window") and of each cache and key (grain "key"; `rows` is
+#: then the rows that invalidate the key and the other counts are NULL).
+INVALIDATION_PARTIALS_SCHEMA = T.StructType(
+    [
+        T.StructField("grain", T.StringType()),
+        T.StructField("window_ms", T.LongType()),
+        T.StructField("window_start", T.LongType()),
+        T.StructField("cache_func", T.StringType()),
+        T.StructField("instance_name", T.StringType()),
+        T.StructField("key", T.StringType()),
+        *[T.StructField(c, T.LongType()) for c in (*SUMMED_COUNTS, "first_stream_id", "last_stream_id")],
+    ]
+)
+
+EVENT_PARTIALS_SCHEMA = T.StructType(
+    [
+        T.StructField("window_ms", T.LongType()),
+        T.StructField("window_start", T.LongType()),
+        T.StructField("instance_name", T.StringType()),
+        T.StructField("events", T.LongType()),
+    ]
+)

@@ -1,7 +1,8 @@
 """Where the audit reads from: Postgres over JDBC (partitioned on the stream id) or Parquet exports.
 
 Every loader returns a DataFrame with the columns of its schema in `schema.py`; nothing is
-collected to the driver here. `export` writes the three tables as Parquet for later runs.
+collected to the driver here. `export` writes the three tables as Parquet for later runs, with the
+partial counts of the two dated ones.
 """
 
 from __future__ import annotations
@@ -13,12 +14,21 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
+from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from analytics.errors import AuditError, SourceUnreachable
 from analytics.locations import exists, join, remove_partitions
+from analytics.partials import (
+    EVENT_PARTIALS,
+    INVALIDATION_PARTIALS,
+    day_of,
+    write_days,
+    write_event_partials,
+    write_invalidation_partials,
+    write_manifests,
+)
 from analytics.schema import (
     APPLIED_SCHEMA,
     APPLIED_TABLE,
@@ -216,11 +226,6 @@ def _read_parquet(spark: SparkSession, location: str, schema: StructType) -> Dat
     return spark.read.schema(schema).parquet(location).select(*schema.fieldNames())
 
 
-def _day(ms_column: str) -> Column:
-    """The UTC day (`YYYY-MM-DD`) of an epoch-milliseconds column: the export's partition."""
-    return F.date_format(F.timestamp_millis(F.col(ms_column)), "yyyy-MM-dd")
-
-
 def check_export_days(since_day: str | None, after_restore: bool) -> None:
     """Raise AuditError unless the days to export make sense (called before any Spark work)."""
     if after_restore and since_day is None:
@@ -243,24 +248,31 @@ def export(
     `since_day` on: after the database was restored from a backup, those partitions may hold rows
     it no longer has, and a day it has no rows for would otherwise be kept. Days before the backup
     hold only rows the backup has, so they stay as they are.
+    Beside each, its partial counts (`invalidation_partials`, `event_partials`: analytics/partials.py)
+    are written for the same days and replaced and dropped with them.
     `applied_ranges` is small and updated in place by workers: it is replaced whole."""
     check_export_days(since_day, after_restore)
     written: dict[str, int] = {}
-    dated = (("invalidations", load_invalidations(spark, source), "invalidation_ts"),
-             ("events", load_events(spark, source), "received_ts"))  # fmt: skip
-    for name, frame, ts_column in dated:
+    dated = (
+        ("invalidations", load_invalidations(spark, source), "invalidation_ts", INVALIDATION_PARTIALS,
+         write_invalidation_partials),
+        ("events", load_events(spark, source), "received_ts", EVENT_PARTIALS, write_event_partials),
+    )  # fmt: skip
+    for name, frame, ts_column, partials_name, write_partials in dated:
         log.info("step=export table=%s", name)
-        frame = frame.withColumn("day", _day(ts_column))
+        frame = frame.withColumn("day", day_of(F.col(ts_column)))
         if since_day is not None:
             frame = frame.where(F.col("day") >= F.lit(since_day))
         frame = frame.persist()
         written[name] = frame.count()
         if after_restore and since_day is not None:
-            dropped = remove_partitions(spark, join(out, name), "day", since_day)
-            log.info("step=export table=%s after_restore dropped_days=%s", name, dropped)
-        frame.write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy("day").parquet(
-            join(out, name)
-        )
+            for table in (name, partials_name):
+                dropped = remove_partitions(spark, join(out, table), "day", since_day)
+                log.info("step=export table=%s after_restore dropped_days=%s", table, dropped)
+        write_days(frame, join(out, name))
+        log.info("step=export table=%s", partials_name)
+        written[partials_name], days = write_partials(frame, join(out, partials_name))
+        write_manifests(spark, out, name, days)
         frame.unpersist()
     log.info("step=export table=applied_ranges")
     ranges = load_applied_ranges(spark, source)

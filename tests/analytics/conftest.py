@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -117,6 +118,21 @@ async def _fill_known(url: str) -> None:
     finally:
         await conn.close()
     await insert_ranges(url, KNOWN_RANGES)
+
+
+def audit(
+    spark: SparkSession, source: analytics.ParquetSource | analytics.PostgresSource, window_ms: int = 60_000
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """(summary without its timing and read, window_stats rows in order, what was read)."""
+    result = analytics.run_audit(spark, source, analytics.AuditOptions(window_ms=window_ms, top_n=5))
+    try:
+        stats = result.tables["window_stats"].orderBy("window_start", "cache_func", "instance_name")
+        rows = [r.asDict() for r in stats.collect()]
+        summary = json.loads(json.dumps(result.summary, default=str))
+    finally:
+        analytics.release(result)
+    summary.pop("elapsed_s")
+    return summary, rows, summary.pop("read")
 
 
 #: For every JVM the analytics tests start (the session below, spark-submit, a standalone master and

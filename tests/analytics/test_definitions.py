@@ -68,13 +68,15 @@ async def _fill(url: str, rows: list[reference.Row]) -> None:
         await conn.close()
 
 
-def _audit(url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """The command a user types. Its UI on a free port: on Spark's 4040, taken by any other Spark
-    application on the machine, the run would warn that it moved to 4041."""
-    command = [sys.executable, "-m", "analytics", "run", "--database-url", url, "--out", str(out),
-               "--master", "local[2]", "--spark-conf", "spark.sql.shuffle.partitions=4",
-               "--spark-conf", f"spark.ui.port={free_port()}", *extra]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+def _audit(url: str, out: Path, *extra: str, command: str = "run") -> subprocess.CompletedProcess[str]:
+    """The command a user types (`url` a database URL, or with `--parquet` in `extra` ""). Its UI on
+    a free port: on Spark's 4040, taken by any other Spark application on the machine, the run
+    would warn that it moved to 4041."""
+    source = ["--database-url", url] if url else []
+    command_line = [sys.executable, "-m", "analytics", command, *source, "--out", str(out),
+                    "--master", "local[2]", "--spark-conf", "spark.sql.shuffle.partitions=4",
+                    "--spark-conf", f"spark.ui.port={free_port()}", *extra]  # fmt: skip
+    return subprocess.run(command_line, capture_output=True, text=True, timeout=300)
 
 
 def _warnings(stderr: str) -> list[str]:
@@ -100,7 +102,25 @@ def hostile_run(servers: Servers, tmp_path_factory: pytest.TempPathFactory) -> I
 def test_figures_equal_the_reference(hostile_run: tuple[Any, ...]) -> None:
     rows, out, done = hostile_run
     assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((out / "summary.json").read_text())
+    _equal_the_reference(json.loads((out / "summary.json").read_text()), rows)
+
+
+def test_figures_from_partial_counts_equal_the_reference(servers: Servers, tmp_path: Path) -> None:
+    rows = _rows()
+    with scratch_database(servers) as url:
+        asyncio.run(_fill(url, rows))
+        exported = _audit(url, tmp_path / "export", command="export")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    extra = ("--window", "1m", "--storm-threshold", "3", "--top-n", "11000")
+    done = _audit("", tmp_path / "report", "--parquet", str(tmp_path / "export"), *extra)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    read = summary["read"]["invalidations"]
+    assert read["from_rows"] == [] and len(read["from_partials"]) == 2  # the log spans midnight
+    _equal_the_reference(summary, rows)
+
+
+def _equal_the_reference(summary: dict[str, Any], rows: list[Any]) -> None:
     expected = reference.audit(rows, MINUTE, 3, 11000)
     totals = summary["totals"]
     for name in ("rows", "keys", "batched_rows", "single_key_rows", "invalidate_all_rows", "bytes",

@@ -16,7 +16,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import analytics
-from tests.analytics.conftest import scratch_database
+from analytics.partials import EVENT_PARTIALS, INVALIDATION_PARTIALS
+from tests.analytics.conftest import audit, scratch_database
 from tests.conftest import Servers
 from workers.harness import backup
 
@@ -57,17 +58,6 @@ def _per_day(spark: SparkSession, location: str, table: str) -> dict[str, int]:
     return {str(r["day"]): r["n"] for r in frame.groupBy("day").agg(F.count(F.lit(1)).alias("n")).collect()}
 
 
-def _totals(
-    spark: SparkSession, source: analytics.PostgresSource | analytics.ParquetSource
-) -> tuple[int, int]:
-    result = analytics.run_audit(spark, source, analytics.AuditOptions())
-    try:
-        totals = result.summary["totals"]
-        return totals["rows"], totals["events"]
-    finally:
-        analytics.release(result)
-
-
 def test_exports_after_the_backup_are_dropped_on_restore(
     spark: SparkSession, servers: Servers, restored: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -92,11 +82,16 @@ def test_exports_after_the_backup_are_dropped_on_restore(
     assert _per_day(spark, out, "invalidations") == {"2023-11-15": 5, "2023-11-16": 4, "2023-11-17": 4}
 
     assert analytics.main([*export, "--after-restore"]) == 0
+    for table in ("invalidations", "events", INVALIDATION_PARTIALS, EVENT_PARTIALS):
+        assert set(_per_day(spark, out, table)) == {"2023-11-15", "2023-11-16"}, table
     for table in ("invalidations", "events"):
         assert _per_day(spark, out, table) == {"2023-11-15": 5, "2023-11-16": 4}, table
-    database = _totals(spark, analytics.PostgresSource(restored_url, num_partitions=2))
-    assert database == (9, 9)
-    assert _totals(spark, analytics.ParquetSource(out)) == database
+    database = audit(spark, analytics.PostgresSource(restored_url, num_partitions=2))
+    assert (database[0]["totals"]["rows"], database[0]["totals"]["events"]) == (9, 9)
+    summary, stats, read = audit(spark, analytics.ParquetSource(out))
+    assert (summary, stats) == database[:2]  # from the partial counts, as the read says
+    for table in ("invalidations", "events"):
+        assert read[table] == {"from_partials": ["2023-11-15", "2023-11-16"], "from_rows": [], "why": ""}
 
 
 def test_after_restore_needs_the_backup_day(capsys: pytest.CaptureFixture[str]) -> None:
