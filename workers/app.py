@@ -273,12 +273,13 @@ class Worker:
                     self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
                     on_committed=self._committed, on_finished=self._finished,
                     max_in_flight=config.persist_batches_in_flight, room_versions=self.room_versions,
-                    on_uncertain=self._uncertain,
+                    on_uncertain=self._uncertain, fence=self.lease.fence if self.lease else None,
                 )  # fmt: skip
                 self.backfill_persister = EventPersister(
                     self.pool, self.name, self.generators[BACKFILL], None,
                     on_committed=self._committed, on_finished=self._finished, backfill=True,
                     room_versions=self.room_versions, on_uncertain=self._uncertain,
+                    fence=self.lease.fence if self.lease else None,
                 )  # fmt: skip
                 self.persister.start()
                 self.backfill_persister.start()

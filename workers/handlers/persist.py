@@ -18,6 +18,9 @@ Order on the writer, for every batch:
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
+With a `fence` (the instance lease's), every batch runs in a transaction whose last statement
+before COMMIT checks that this process still holds its lease (`Fence.check`): a process that lost
+its name commits nothing more.
 A send with a client transaction id (`persist(..., may_exist=True)`) first passes `RetryCheck`
 (`workers.handlers.retried_sends`): a retry of an answered send is answered with the stored event
 before it joins the queue, so it takes no stream ID and no follower sees a gap to catch up on.
@@ -47,6 +50,7 @@ from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
 from workers.handlers.retried_sends import Pending, RetryCheck, answer_stored
 from workers.handlers.room_versions import RoomVersions
+from workers.instance_lease import Fence, LeaseLost
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
 from workers.storage.commit_outcome import committed, outcome_unknown, row_exists
 from workers.storage.events import events_by_ids, insert_batch, needs_transaction
@@ -91,8 +95,10 @@ class EventPersister:
         max_batch: int = MAX_BATCH,
         max_queue: int = 20_000,
         max_in_flight: int = 2,
+        fence: Fence | None = None,
     ) -> None:
         self._pool = pool
+        self._fence = fence
         self._instance = instance_name
         self._events_gen = events_gen
         self._caches_gen = caches_gen
@@ -264,7 +270,9 @@ class EventPersister:
         if not batch:
             return
         self.failed_batches += 1
-        if isinstance(error, DATABASE_DOWN):  # expected: the client gets a 503
+        if isinstance(error, LeaseLost):
+            log.error("batch failed events=%d: %s", len(batch), error)
+        elif isinstance(error, DATABASE_DOWN):  # expected: the client gets a 503
             kind = type(error).__name__
             log.warning("batch failed events=%d, database unavailable: %s: %s", len(batch), kind, error)
         else:
@@ -307,7 +315,12 @@ class EventPersister:
             try:
                 async with self._pool.acquire() as conn:
                     pid = conn.get_server_pid()
-                    if needs_transaction(events, invalidations):
+                    if self._fence is not None:
+                        async with conn.transaction():
+                            await insert_batch(conn, events, stored, invalidations, me)
+                            await self._fence.check(conn)  # last: holds the lease row only to COMMIT
+                            committing = True
+                    elif needs_transaction(events, invalidations):
                         async with conn.transaction():
                             await insert_batch(conn, events, stored, invalidations, me)
                             committing = True  # leaving the block sends COMMIT

@@ -22,10 +22,10 @@ from aiohttp import web
 
 from idgen.multi_writer import DATABASE_DOWN
 from pubsub.ratelog import RateLimitedLog
-from workers.errors import WorkerError
+from workers.errors import PersisterError, WorkerError
 from workers.handlers import rooms
 from workers.handlers.forwarding import WORKER_AUTH_ERRCODE, ForwardRefused, OwnerUnavailable
-from workers.handlers.persist import PersisterOverloaded, PersisterStopped
+from workers.handlers.persist import PersisterOverloaded
 
 log = logging.getLogger(__name__)
 _outages = RateLimitedLog(log)
@@ -109,7 +109,7 @@ def api_error_for(error: Exception) -> ApiError | None:
         return ApiError(403, "M_FORBIDDEN", str(error))
     if isinstance(error, PersisterOverloaded):
         return unavailable(f"the room's writer is busy ({error}); retry shortly", 1)
-    if isinstance(error, PersisterStopped):
+    if isinstance(error, PersisterError):  # stopping, or no longer holding its lease
         return unavailable(str(error), 2)
     if isinstance(error, OwnerUnavailable):
         return unavailable(str(error), error.retry_after_s)
