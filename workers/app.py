@@ -355,6 +355,7 @@ class Worker:
         app.middlewares.insert(0, self.in_flight.middleware)
         self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
         self.room_writes.forwarder = self.ephemeral.requests
+        self.room_writes.owner_wait_s = config.writer_wait_s
         if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
             api.deps.reads.requests = self.ephemeral.requests
             api.deps.reads.wait_for_positions = self.ephemeral.wait_for_positions

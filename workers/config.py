@@ -272,6 +272,13 @@ class WorkerConfig(BaseSettings):
     worker_request_timeout_s: float = Field(
         5.0, gt=0, le=120, description="Seconds one worker request may take, retries included"
     )
+    writer_wait_s: float = Field(
+        10.0,
+        ge=0,
+        le=120,
+        description="Seconds a room write keeps trying its persister while that persister restarts"
+        " or stops (it refused the write unprocessed, or cannot be reached) before answering 503",
+    )
     presence_process_timeout_s: float = Field(
         300.0,
         gt=0,

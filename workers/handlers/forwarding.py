@@ -6,7 +6,9 @@ protocol and these errors, so they never import the HTTP edge.
 Errors, and what the client API should answer:
 * `OwnerUnavailable`: the owner is down, unreachable or shutting down after the bounded retries,
   or has no URL configured -> 503 with `Retry-After: <retry_after_s>` (errcode M_UNAVAILABLE
-  or similar); the client retries later.
+  or similar); the client retries later. `unprocessed` says the owner certainly did not act on
+  the request (no connection was made, or it answered `UNPROCESSED_HEADER`): repeating it is
+  safe even when it is not idempotent.
 * `ForwardRefused`: the owner answered 4xx -> pass `status` and `body` on (its errcode stands).
   A 401/403 here means the workers' `worker_secret` differ: a configuration error, logged.
 """
@@ -18,6 +20,9 @@ from typing import Any, Protocol
 #: The errcode an owner answers a refused worker secret with (not a Matrix one: clients never see
 #: it; the forwarding worker turns it into a 503).
 WORKER_AUTH_ERRCODE = "IO.FANOUT.WORKER_AUTH"
+#: On a 503: the worker refused the request before acting on it (its writer is stopping, full, or
+#: no longer holds its lease), so the caller may send it again, whatever the request.
+UNPROCESSED_HEADER = "X-Fanout-Unprocessed"
 
 
 class WorkerRequestError(Exception):
@@ -27,11 +32,12 @@ class WorkerRequestError(Exception):
 class OwnerUnavailable(WorkerRequestError):
     """The owner could not answer now; try again after `retry_after_s` seconds."""
 
-    def __init__(self, owner: str, reason: str, retry_after_s: int = 2) -> None:
+    def __init__(self, owner: str, reason: str, retry_after_s: int = 2, *, unprocessed: bool = False) -> None:
         super().__init__(f"{owner} is unavailable ({reason}); retry in {retry_after_s}s")
         self.owner = owner
         self.reason = reason
         self.retry_after_s = retry_after_s
+        self.unprocessed = unprocessed
 
 
 class ForwardRefused(WorkerRequestError):

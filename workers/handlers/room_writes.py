@@ -41,6 +41,9 @@ from workers.storage import events as store
 from workers.storage import rooms as room_store
 
 MAX_BACKFILL = 500
+#: The first and the longest pause between tries of an owner that cannot take a write now.
+OWNER_RETRY_S = 0.1
+OWNER_RETRY_MAX_S = 0.5
 MAX_INVITE_STATE = 50
 
 
@@ -172,8 +175,13 @@ class RoomWrites:
         #: its first POSITION seen); while it does not, waiting to see an event is pointless.
         self.hears: Callable[[str], bool] = lambda _writer: True
         self._in_flight: dict[str, asyncio.Future[Written]] = {}
+        #: How long a write keeps trying an owner that cannot take it now (restarting, stopping).
+        self.owner_wait_s = 0.0
         self.forwarded = 0
         self.late_answers = 0
+        #: Writes that had to wait for their owner, and the longest such wait.
+        self.owner_waits = 0
+        self.longest_owner_wait_s = 0.0
 
     # -- any worker -----------------------------------------------------------------------------
 
@@ -244,12 +252,34 @@ class RoomWrites:
     ) -> dict[str, Any]:
         """One worker request to the room's owner. `retry`: the request may be repeated after it
         may have reached the owner (a send with a transaction id and a create are idempotent; a
-        membership change or a backfill is not, and fails with OwnerUnavailable instead)."""
-        if self.forwarder is None:
+        membership change or a backfill is not, and fails with OwnerUnavailable instead).
+
+        While the owner cannot take the request (it restarts: no connection; it stops: refused
+        unprocessed), the request is tried again for up to `owner_wait_s`, so a planned restart
+        of a persister delays its rooms' writes instead of failing them."""
+        forwarder = self.forwarder
+        if forwarder is None:
             raise OwnerUnavailable(owner, "worker requests are not set up on this worker")
         self.forwarded += 1
         path = f"/_fanout/internal/rooms/{quote(room_id, safe='')}/{op}"
-        return await self.forwarder.request(owner, endpoint, "POST", path, body=body, idempotent=retry)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        pause = OWNER_RETRY_S
+        waited = False
+        while True:
+            try:
+                answer = await forwarder.request(owner, endpoint, "POST", path, body=body, idempotent=retry)
+            except OwnerUnavailable as e:
+                if not (retry or e.unprocessed) or loop.time() - started + pause > self.owner_wait_s:
+                    raise
+                waited = True
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, OWNER_RETRY_MAX_S)
+                continue
+            if waited:
+                self.owner_waits += 1
+                self.longest_owner_wait_s = max(self.longest_owner_wait_s, loop.time() - started)
+            return answer
 
     async def _visible(self, written: Written) -> Written:
         """Wait until this worker's token covers `written` (bounded; counted when it is not)."""
