@@ -67,11 +67,19 @@ async def under_load(
     database_url: str,
     fault: Callable[[], Awaitable[None]],
     ready: Callable[[], Awaitable[None]],
+    *,
+    planned: bool = False,
+    writers: list[str] = WRITERS,
 ) -> LoadReport:
-    """Run the load, apply `fault` once a third of it is done, wait for `ready`; check, record."""
+    """Run the load, apply `fault` once a third of it is done, wait for `ready`; check, record.
+    `planned` (an operator's change, not a fault): the clients use the sync workers only, as
+    behind a load balancer, and every action must be answered, none with 5xx."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        driver = LoadDriver(session, urls, WRITERS, sync_workers, database_url, plan())
+        driver = LoadDriver(session, urls, writers, sync_workers, database_url, plan())
         await driver.setup()
+        if planned:
+            for client in driver.clients:
+                client.urls = {name: urls[name] for name in sync_workers}
         load = asyncio.create_task(driver.run())
         deadline = time.monotonic() + 120
         while driver.report.events_sent < plan().actions // 3 and not load.done():
@@ -83,11 +91,14 @@ async def under_load(
         recovery = time.monotonic() - ended
         report = await load
     chaos.record(
-        scenario, report.events_sent, report.events_checked, report.problems, recovery, report.internal_errors
-    )
+        scenario, report.events_sent, report.events_checked, report.problems, recovery,
+        report.internal_errors, report.longest_write_ms, report.failed,
+    )  # fmt: skip
     assert report.problems == [], report.problems[:10]
     assert report.internal_errors == 0, "a fault was answered 500 (it must be 503)"
     assert report.events_sent > 0 and report.events_checked > 0
+    if planned:
+        assert report.failed == 0, f"{report.failed} actions answered 5xx or not at all"
     return report
 
 
@@ -245,6 +256,43 @@ async def test_a_writer_removed_and_added_back_by_rolling_restarts(
 
     await under_load(
         "a writer removed, then added back (rolling restarts)", cluster.urls, cluster.sync_workers,
+        database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)),
+    )  # fmt: skip
+
+
+async def test_every_persister_restarted_in_turn(make_cluster: MakeCluster, database_url: str) -> None:
+    """A rolling restart as docs/operations.md gives it (SIGTERM, exit 0, start, ready, the next):
+    each persister hands its rooms to the other as it stops, and the clients' writes wait for the
+    handover (their users' stored-stream writes for the restart) instead of failing."""
+    cluster = await make_cluster(background_workers=0)
+
+    async def fault() -> None:
+        for name in cluster.event_writers:
+            assert await cluster.stop(names=[name]) == {name: 0}
+            await cluster.start([name])
+            await asyncio.sleep(0.5 * SCALE)
+
+    await under_load(
+        "every persister restarted in turn (rooms handed over)", cluster.urls, cluster.sync_workers,
+        database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)), planned=True,
+    )  # fmt: skip
+
+
+async def test_a_sigkilled_persisters_rooms_move_once_its_lease_expires(
+    make_cluster: MakeCluster, database_url: str
+) -> None:
+    """persister2 dies mid-load and stays down past its instance lease: its rooms' writes wait and
+    then go to persister1 (its users' stored-stream writes fail until it is back: 503)."""
+    lease_s = 2.0
+    cluster = await make_cluster(background_workers=0, extra_config={"instance_lease_s": lease_s})
+
+    async def fault() -> None:
+        cluster.kill("persister2")
+        await asyncio.sleep(lease_s + 2.0 * SCALE)
+        await cluster.start(["persister2"])
+
+    await under_load(
+        "a persister SIGKILLed, its rooms moved after its lease", cluster.urls, cluster.sync_workers,
         database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)),
     )  # fmt: skip
 

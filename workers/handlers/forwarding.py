@@ -15,7 +15,15 @@ Errors, and what the client API should answer:
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+#: The first and the longest pause between tries of an owner that cannot take a request now.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 0.5
 
 #: The errcode an owner answers a refused worker secret with (not a Matrix one: clients never see
 #: it; the forwarding worker turns it into a 503).
@@ -23,6 +31,8 @@ WORKER_AUTH_ERRCODE = "IO.FANOUT.WORKER_AUTH"
 #: On a 503: the worker refused the request before acting on it (its writer is stopping, full, or
 #: no longer holds its lease), so the caller may send it again, whatever the request.
 UNPROCESSED_HEADER = "X-Fanout-Unprocessed"
+#: The errcode (409) of a writer asked to write a room another writer holds; `holder` names it.
+NOT_OWNER_ERRCODE = "IO.FANOUT.NOT_OWNER"
 
 
 class WorkerRequestError(Exception):
@@ -69,3 +79,18 @@ class Forwarder(Protocol):
         params: dict[str, str] | None = None,
         idempotent: bool,
     ) -> dict[str, Any]: ...
+
+
+async def retried_while_unavailable(request: Callable[[], Awaitable[T]], within_s: float) -> T:
+    """`request()`, tried again while it fails with `OwnerUnavailable` (the owner restarts or
+    stops), for up to `within_s`; for idempotent requests, or ones the owner left unprocessed."""
+    deadline = time.monotonic() + within_s
+    pause = RETRY_FIRST_S
+    while True:
+        try:
+            return await request()
+        except OwnerUnavailable:
+            if time.monotonic() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, RETRY_MAX_S)

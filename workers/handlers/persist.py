@@ -18,9 +18,10 @@ Order on the writer, for every batch:
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
-With a `fence` (the instance lease's), every batch runs in a transaction whose last statement
-before COMMIT checks that this process still holds its lease (`Fence.check`): a process that lost
-its name commits nothing more.
+With a `fence` (the instance lease's) and `room_leases`, every batch runs in a transaction whose
+last statements before COMMIT check that this process still holds its name (`Fence.check`) and
+each room of the batch (`RoomLeases.check`): a process that lost its name or a room commits
+nothing more there.
 A send with a client transaction id (`persist(..., may_exist=True)`) first passes `RetryCheck`
 (`workers.handlers.retried_sends`): a retry of an answered send is answered with the stored event
 before it joins the queue, so it takes no stream ID and no follower sees a gap to catch up on.
@@ -49,6 +50,7 @@ from idgen.multi_writer import DATABASE_DOWN
 from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
 from workers.handlers.retried_sends import Pending, RetryCheck, answer_stored
+from workers.handlers.room_leases import RoomLeases
 from workers.handlers.room_versions import RoomVersions
 from workers.instance_lease import Fence, LeaseLost
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
@@ -96,9 +98,11 @@ class EventPersister:
         max_queue: int = 20_000,
         max_in_flight: int = 2,
         fence: Fence | None = None,
+        room_leases: RoomLeases | None = None,
     ) -> None:
         self._pool = pool
         self._fence = fence
+        self._room_leases = room_leases
         self._instance = instance_name
         self._events_gen = events_gen
         self._caches_gen = caches_gen
@@ -129,6 +133,8 @@ class EventPersister:
         self.isolations = 0
         #: Batches whose COMMIT answer was lost and that turned out committed.
         self.late_commits = 0
+        #: Batches whose commit outcome stayed unknown (interrupted while finding out).
+        self.unknown_outcomes = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(
@@ -315,10 +321,14 @@ class EventPersister:
             try:
                 async with self._pool.acquire() as conn:
                     pid = conn.get_server_pid()
-                    if self._fence is not None:
+                    if self._fence is not None or self._room_leases is not None:
                         async with conn.transaction():
                             await insert_batch(conn, events, stored, invalidations, me)
-                            await self._fence.check(conn)  # last: holds the lease row only to COMMIT
+                            # Last: they hold the lease rows only until COMMIT.
+                            if self._room_leases is not None:
+                                await self._room_leases.check(conn, {e.room_id for e in events})
+                            if self._fence is not None:
+                                await self._fence.check(conn)
                             committing = True
                     elif needs_transaction(events, invalidations):
                         async with conn.transaction():
@@ -368,6 +378,7 @@ class EventPersister:
             raise
 
     def _uncertain(self, events: Sequence[Event], cache_ids: Sequence[int]) -> None:
+        self.unknown_outcomes += 1
         if self._on_uncertain is not None:
             self._on_uncertain(events, cache_ids)
 

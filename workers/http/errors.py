@@ -25,12 +25,14 @@ from pubsub.ratelog import RateLimitedLog
 from workers.errors import PersisterError, WorkerError
 from workers.handlers import rooms
 from workers.handlers.forwarding import (
+    NOT_OWNER_ERRCODE,
     UNPROCESSED_HEADER,
     WORKER_AUTH_ERRCODE,
     ForwardRefused,
     OwnerUnavailable,
 )
 from workers.handlers.persist import PersisterOverloaded
+from workers.handlers.room_leases import NotRoomOwner
 
 log = logging.getLogger(__name__)
 _outages = RateLimitedLog(log)
@@ -110,6 +112,8 @@ def api_error_for(error: Exception) -> ApiError | None:
         return ApiError(404, "M_NOT_FOUND", str(error))
     if isinstance(error, rooms.Forbidden):
         return ApiError(403, "M_FORBIDDEN", str(error))
+    if isinstance(error, NotRoomOwner):
+        return ApiError(409, NOT_OWNER_ERRCODE, str(error), holder=error.holder)
     if isinstance(error, PersisterOverloaded):
         return unavailable(f"the room's writer is busy ({error}); retry shortly", 1, unprocessed=True)
     if isinstance(error, PersisterError):  # stopping, or no longer holding its lease
