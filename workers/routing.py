@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 
 def _stable_choice(key: str, writers: Sequence[str], what: str) -> str:
@@ -83,3 +84,56 @@ class RoomPlacement:
             del self._away[writer]
             return False
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class WriterPlan:
+    """What changing the events writers from `old` to `new` moves (`fanout writers plan`)."""
+
+    old: tuple[str, ...]
+    new: tuple[str, ...]
+    #: (room, holder): rooms held by a writer that leaves; they move when it stops.
+    rooms_moving: tuple[tuple[str, str], ...]
+    #: (room, old writer, new writer): rooms not yet written since leases exist, whose first
+    #: writer changes.
+    unleased_moving: tuple[tuple[str, str, str], ...]
+    #: (user, old writer, new writer): users whose stored-stream writer changes when those streams
+    #: follow the events writers (no `stream_writers.<stream>` of their own).
+    users_moving: tuple[tuple[str, str, str], ...]
+
+    @property
+    def added(self) -> list[str]:
+        return [w for w in self.new if w not in self.old]
+
+    @property
+    def removed(self) -> list[str]:
+        return [w for w in self.old if w not in self.new]
+
+
+def plan_writers(
+    old: Sequence[str],
+    new: Sequence[str],
+    holders: Mapping[str, str],
+    unleased_rooms: Iterable[str],
+    users: Iterable[str],
+) -> WriterPlan:
+    """What moves when the events writers change from `old` to `new`: `holders` are the rooms'
+    current lease holders (released rooms left out), `unleased_rooms` the rooms without a lease."""
+    if not old or not new:
+        raise ValueError("a writer list must name at least one writer")
+    leaving = set(old) - set(new)
+    return WriterPlan(
+        tuple(old),
+        tuple(new),
+        tuple(sorted((room, holder) for room, holder in holders.items() if holder in leaving)),
+        tuple(
+            (room, a, b)
+            for room in sorted(unleased_rooms)
+            if (a := writer_for_room(room, old)) != (b := writer_for_room(room, new))
+        ),
+        tuple(
+            (user, a, b)
+            for user in sorted(users)
+            if (a := writer_for_user(user, old, "stored")) != (b := writer_for_user(user, new, "stored"))
+        ),
+    )

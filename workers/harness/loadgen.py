@@ -69,6 +69,8 @@ class LoadReport:
     internal_errors: int = 0
     #: The longest a room write (send, state, membership, redaction) took to be answered.
     longest_write_ms: float = 0.0
+    #: The first failed actions: kind and how each failed.
+    failures: list[str] = field(default_factory=list)
     membership_changes: int = 0
     redactions_sent: int = 0
     receipts_sent: int = 0
@@ -317,13 +319,15 @@ class LoadDriver:
                 if e.status < 500:
                     raise
                 self.report.failed += 1
+                self._failure(kind, f"{e.status} {e.errcode}: {e.body}")
                 self.report.internal_errors += e.status == 500
                 if room:
                     self._set(user, room, UNKNOWN)
                 return
-            except (aiohttp.ClientError, TimeoutError):
+            except (aiohttp.ClientError, TimeoutError) as e:
                 # The persister is down or restarting: the outcome is unknown, the database decides.
                 self.report.failed += 1
+                self._failure(kind, f"{type(e).__name__}: {e}")
                 if room:
                     self._set(user, room, UNKNOWN)
                 return
@@ -332,6 +336,10 @@ class LoadDriver:
                     took_ms = (time.monotonic() - started) * 1000
                     self.report.longest_write_ms = max(self.report.longest_write_ms, took_ms)
         self.report.events_sent += 1
+
+    def _failure(self, kind: str, how: str) -> None:
+        if len(self.report.failures) < 20:
+            self.report.failures.append(f"{kind}: {how}"[:300])
 
     async def _client_chore(self, kind: str, client: ClusterClient, mine: list[str]) -> None:
         """What clients do every minute besides sending: a receipt on the last event the user's

@@ -188,7 +188,7 @@ class WorkerRequests:
         owner, endpoint, idempotent = call.owner, call.endpoint, call.idempotent
         base = self.instance_map.get(owner)
         if base is None:
-            raise OwnerUnavailable(owner, "no URL for it in instance_map", retry_after_s=10)
+            raise OwnerUnavailable(owner, "no URL for it in instance_map", retry_after_s=10, unprocessed=True)
         reason = "no attempt"
         unprocessed = True
         for attempt in range(self.attempts):
