@@ -34,7 +34,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import asyncpg
 
@@ -61,10 +61,6 @@ _HOLDER = (
     "SELECT pid, host, since, epoch, greatest(0, extract(epoch FROM expires_at - now())) AS left_s"
     " FROM instance_leases WHERE lease_key = $1"
 )
-_CHECK = (
-    "SELECT epoch, set_config('idle_in_transaction_session_timeout', $2, true)"
-    " FROM instance_leases WHERE lease_key = $1 FOR KEY SHARE"
-)
 
 
 class LeaseLost(PersisterError):
@@ -79,11 +75,20 @@ class Fence:
     epoch: int
     #: The longest a checked transaction may sit idle (ms, as PostgreSQL takes it).
     idle_ms: str
+    #: The check's statement ($1 the key, $2 `idle_ms`): the lease's epoch, locked until the
+    #: transaction ends, and the transaction's idle time bounded.
+    CHECK: ClassVar[str] = (
+        "SELECT epoch, set_config('idle_in_transaction_session_timeout', $2, true)"
+        " FROM instance_leases WHERE lease_key = $1 FOR KEY SHARE"
+    )
 
     async def check(self, conn: Conn) -> None:
         """Inside the caller's transaction: raise `LeaseLost` unless the lease is still ours.
         Until the transaction ends, a take of the lease waits for it."""
-        held = await conn.fetchval(_CHECK, self.key, self.idle_ms)
+        self.compare(await conn.fetchval(self.CHECK, self.key, self.idle_ms))
+
+    def compare(self, held: int | None) -> None:
+        """Raise `LeaseLost` unless `held` (the epoch `CHECK` read) is ours."""
         if held != self.epoch:
             raise LeaseLost(f"lease {self.key} is no longer held by this process (epoch {self.epoch})")
 

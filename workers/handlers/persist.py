@@ -326,8 +326,9 @@ class EventPersister:
                             await insert_batch(conn, events, stored, invalidations, me)
                             # Last: they hold the lease rows only until COMMIT.
                             if self._room_leases is not None:
-                                await self._room_leases.check(conn, {e.room_id for e in events})
-                            if self._fence is not None:
+                                rooms = {e.room_id for e in events}
+                                await self._room_leases.check(conn, rooms, self._fence)
+                            elif self._fence is not None:
                                 await self._fence.check(conn)
                             committing = True
                     elif needs_transaction(events, invalidations):

@@ -33,6 +33,7 @@ import asyncpg
 from workers.errors import PersisterError, WorkerError
 from workers.handlers.notifier import Notifier
 from workers.handlers.visibility import WriterPositions, wait_visible
+from workers.instance_lease import Fence
 from workers.storage import Conn
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,13 @@ _CHECK = (
     "SELECT room_id, epoch FROM room_leases WHERE room_id = ANY($1::text[]) AND writer = $2"
     " AND NOT released FOR KEY SHARE"
 )
+#: `_CHECK` ($3, $4) and the instance lease's check (`Fence.CHECK`: $1, $2) in one round trip: the
+#: instance epoch on every row, and one row with no room when none is held.
+_CHECK_FENCED = f"""
+WITH me AS ({Fence.CHECK}), held AS ({_CHECK.replace("$1", "$3").replace("$2", "$4")})
+SELECT (SELECT epoch FROM me) AS instance_epoch, held.room_id, held.epoch
+FROM (SELECT 1) AS one LEFT JOIN held ON true
+"""
 _RELEASE = "UPDATE room_leases SET released = true WHERE writer = $1 AND NOT released"
 
 
@@ -133,10 +141,15 @@ class RoomLeases:
             log.info("room lease taken room=%s from=%s epoch=%d", room_id, writer, epoch)
         self.held[room_id] = int(epoch)
 
-    async def check(self, conn: Conn, rooms: Collection[str]) -> None:
+    async def check(self, conn: Conn, rooms: Collection[str], fence: Fence | None = None) -> None:
         """Inside the write's transaction: raise `RoomLeaseLost` unless every room is still held
-        under its epoch (until the transaction ends, a take of any of them waits)."""
-        rows = await conn.fetch(_CHECK, list(rooms), self.name)
+        under its epoch (until the transaction ends, a take of any of them waits); with `fence`,
+        in the same statement, `LeaseLost` unless this process still holds its instance name."""
+        if fence is None:
+            rows = await conn.fetch(_CHECK, list(rooms), self.name)
+        else:
+            rows = await conn.fetch(_CHECK_FENCED, fence.key, fence.idle_ms, list(rooms), self.name)
+            fence.compare(rows[0]["instance_epoch"])
         found = {r["room_id"]: r["epoch"] for r in rows}
         lost = [room for room in rooms if found.get(room) != self.held.get(room)]
         if lost:
