@@ -16,6 +16,7 @@ import asyncpg
 import pytest
 
 from tests.cluster.conftest import MakeCluster
+from tests.workers.worker_process import until_blocked_on_lock
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient, RequestRefused
 from workers.routing import writer_for_room
@@ -115,7 +116,7 @@ async def test_a_write_of_a_frozen_persister_whose_room_moved_does_not_commit(
             await lock.start()
             await admin.execute("LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE")
             join = asyncio.create_task(bob.membership(room, "join", via="sync1"))
-            await _until_blocked_on_lock(admin)
+            await until_blocked_on_lock(admin)
             process.send_signal(signal.SIGSTOP)
             try:
                 await asyncio.sleep(LEASE_S + 1)
@@ -141,21 +142,6 @@ async def test_a_write_of_a_frozen_persister_whose_room_moved_does_not_commit(
         assert "is no longer held here" in cluster.log_tail(owner, 200)
     finally:
         await admin.close()
-
-
-async def _until_blocked_on_lock(conn: asyncpg.Connection[Any]) -> None:
-    for _ in range(200):
-        if await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
-        ):
-            return
-        await asyncio.sleep(0.05)
-    activity = await conn.fetch(
-        "SELECT state, wait_event_type, pg_blocking_pids(pid), left(query, 80) AS q FROM pg_stat_activity"
-        " WHERE datname = current_database()"
-    )
-    raise AssertionError(f"the write never reached its insert: {[tuple(r) for r in activity]}")
 
 
 async def _until_held_by(conn: asyncpg.Connection[Any], room: str, writer: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from tests.workers.worker_process import FANOUT, start_worker
+from tests.workers.worker_process import FANOUT, start_worker, until_blocked_on_lock
 from workers.harness.cluster import LOOPBACK
 from workers.harness.cluster_client import ClusterClient
 from workers.services import free_port
@@ -121,7 +121,7 @@ async def test_a_write_pending_when_the_holder_lost_its_name_does_not_commit(
             await lock.start()
             await admin.execute("LOCK TABLE events IN SHARE ROW EXCLUSIVE MODE")
             send = asyncio.create_task(alice.send(room, "m.room.message", {"body": marker}))
-            await _until_blocked_on_lock(database_url)
+            await until_blocked_on_lock(admin)
             first.send_signal(signal.SIGSTOP)
             await asyncio.sleep(config["instance_lease_s"] + 1)
             second = await asyncio.to_thread(
@@ -146,18 +146,3 @@ async def test_a_write_pending_when_the_holder_lost_its_name_does_not_commit(
         if second is not None:
             second.terminate()
             await asyncio.to_thread(second.wait, 30)
-
-
-async def _until_blocked_on_lock(database_url: str) -> None:
-    conn = await asyncpg.connect(database_url)
-    try:
-        for _ in range(200):
-            if await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND datname = current_database() AND query ILIKE 'COPY%'"
-            ):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("the send never reached its insert")
-    finally:
-        await conn.close()
