@@ -249,7 +249,8 @@ class WorkerConfig(BaseSettings):
         10.0,
         ge=1,
         le=600,
-        description="Seconds a frozen or cut-off process keeps its instance name before Postgres frees it",
+        description="Seconds a frozen, crashed or cut-off process keeps its instance name (and its rooms)"
+        " before another process may take them; the holder renews it every third of this",
     )
     log_format: Literal["text", "json"] = Field("text", description="Log lines as text or one JSON object")
     instance_map: dict[str, str] = Field(
@@ -276,8 +277,8 @@ class WorkerConfig(BaseSettings):
         10.0,
         ge=0,
         le=120,
-        description="Seconds a room write keeps trying its persister while that persister restarts"
-        " or stops (it refused the write unprocessed, or cannot be reached) before answering 503",
+        description="Seconds a write keeps trying while its writer stops, restarts or hands the room"
+        " to another persister (refused unprocessed, unreachable, room moving) before answering 503",
     )
     presence_process_timeout_s: float = Field(
         300.0,
