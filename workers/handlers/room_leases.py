@@ -151,7 +151,7 @@ class RoomLeases:
             rows = await conn.fetch(_CHECK_FENCED, fence.key, fence.idle_ms, list(rooms), self.name)
             fence.compare(rows[0]["instance_epoch"])
         found = {r["room_id"]: r["epoch"] for r in rows}
-        lost = [room for room in rooms if found.get(room) != self.held.get(room)]
+        lost = [room for room in rooms if room not in self.held or found.get(room) != self.held[room]]
         if lost:
             for room in lost:
                 self.held.pop(room, None)
