@@ -89,6 +89,8 @@ from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, 
 from workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+#: How long a stopping persister tries to release its rooms (PostgreSQL may be unreachable).
+ROOM_RELEASE_S = 3.0
 CATCH_UP_INTERVALS = 10
 SHUTDOWN_STEP_S = 10.0
 #: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
@@ -672,7 +674,11 @@ class Worker:
         if unknown:
             log.warning("rooms kept until the instance lease expires: %d batches of unknown outcome", unknown)
             return
-        await self.room_leases.release_all()
+        try:
+            await asyncio.wait_for(self.room_leases.release_all(), ROOM_RELEASE_S)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            log.warning("rooms not released (PostgreSQL: %s); they move when the instance lease expires",
+                        e or type(e).__name__)  # fmt: skip
 
     async def _close_generators(self) -> None:
         for generator in self.generators.values():
