@@ -189,7 +189,7 @@ class InstanceLease:
         if not self.lost:
             with contextlib.suppress(Exception):
                 released = self._conn.execute(_RELEASE, self.key, self.fence.epoch)
-                await asyncio.wait_for(released, self._lease_s)
+                await asyncio.wait_for(released, min(self._lease_s, 3.0))
         self._conn.terminate() if self.lost or self._conn.is_closed() else await self._conn.close()
 
 
