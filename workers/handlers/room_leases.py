@@ -107,6 +107,8 @@ class RoomLeases:
         self.hears = hears
         self._wait_s = wait_s
         self.held: dict[str, int] = {}
+        #: Set by `release_all`: this persister stops, it takes no more rooms.
+        self.closed = False
         self._taking: dict[str, asyncio.Lock] = {}
         self.taken_from_others = 0
 
@@ -115,6 +117,8 @@ class RoomLeases:
         `NotRoomOwner` or `RoomMoving`."""
         if room_id in self.held:
             return
+        if self.closed:
+            raise RoomMoving(f"{self.name} stops: {room_id} is written elsewhere now")
         lock = self._taking.setdefault(room_id, asyncio.Lock())
         try:
             async with lock:
@@ -159,6 +163,7 @@ class RoomLeases:
 
     async def release_all(self) -> None:
         """Mark every room held under this name released: the next write takes it elsewhere."""
+        self.closed = True
         async with self._pool.acquire() as conn:
             status = await conn.execute(_RELEASE, self.name)
         self.held.clear()
