@@ -57,6 +57,7 @@ from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
 from workers.handlers.recent_events import RecentEvents, ref_of, ref_of_row
 from workers.handlers.room_deletions import RoomDeletions
+from workers.handlers.room_leases import RoomLeases
 from workers.handlers.room_purge import RoomEnd
 from workers.handlers.room_stats import RoomStatsTask
 from workers.handlers.room_versions import RoomVersions
@@ -91,6 +92,8 @@ from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, 
 from workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
+#: How long a stopping persister tries to release its rooms (PostgreSQL may be unreachable).
+ROOM_RELEASE_S = 3.0
 CATCH_UP_INTERVALS = 10
 SHUTDOWN_STEP_S = 10.0
 #: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
@@ -130,6 +133,7 @@ class Worker:
         self.applied: AppliedRangesRecorder | None = None
         self.generators: dict[str, MultiWriterIdGenerator] = {}
         self.lease: InstanceLease | None = None
+        self.room_leases: RoomLeases | None = None
         self._postgres_probe: PostgresProbe | None = None
         self.rate_limits: RateLimiter | None = None
         #: Set when this process lost its instance name: it must stop (and exit 1).
@@ -307,16 +311,23 @@ class Worker:
             self.applied.start()
         if config.writes(EVENTS):
             with self._phase("start_persisters"):
+                self.room_leases = RoomLeases(
+                    self.pool, self.name, f"{config.channel_prefix}/", self.generators[EVENTS],
+                    self.notifier, lambda writer: self.replication.handler.is_connected(EVENTS, writer),
+                    config.writer_wait_s,
+                )  # fmt: skip
                 self.persister = EventPersister(
                     self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
                     on_committed=self._committed, on_finished=self._finished,
                     max_in_flight=config.persist_batches_in_flight, room_versions=self.room_versions,
-                    on_uncertain=self._uncertain,
+                    on_uncertain=self._uncertain, fence=self.lease.fence if self.lease else None,
+                    room_leases=self.room_leases,
                 )  # fmt: skip
                 self.backfill_persister = EventPersister(
                     self.pool, self.name, self.generators[BACKFILL], None,
                     on_committed=self._committed, on_finished=self._finished, backfill=True,
                     room_versions=self.room_versions, on_uncertain=self._uncertain,
+                    fence=self.lease.fence if self.lease else None, room_leases=self.room_leases,
                 )  # fmt: skip
                 self.persister.start()
                 self.backfill_persister.start()
@@ -410,6 +421,8 @@ class Worker:
         self._served_caches += [filters.uploaded, filters.inline]
         self._served_caches.append(self.ephemeral.presence.view.changes)
         self.room_writes.forwarder = self.ephemeral.requests
+        self.room_writes.owner_wait_s = config.writer_wait_s
+        self.room_writes.leases = self.room_leases
         if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
             api.deps.reads.requests = self.ephemeral.requests
             api.deps.reads.wait_for_positions = self.ephemeral.wait_for_positions
@@ -420,7 +433,7 @@ class Worker:
         api.deps.ephemeral.sync_tracker = self.ephemeral.sync_tracker if self.config.serve_reads else None
         app.add_routes(self.ephemeral.internal.room_routes(self.room_writes))
         app.add_routes(self.ephemeral.internal.stream_write_routes(self.stored.writes))
-        self.stored.set_forwarder(self.ephemeral.requests)
+        self.stored.set_forwarder(self.ephemeral.requests, config.writer_wait_s)
         limits = runner_limits(
             self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes
         )
@@ -678,6 +691,8 @@ class Worker:
         for persister in (self.persister, self.backfill_persister):
             if persister is not None:
                 steps.append(("drain_writes", persister.stop))
+        if self.room_leases is not None:
+            steps.append(("release_rooms", self._release_rooms))
         if self.room_stats is not None:
             steps.append(("stop_background", self.room_stats.stop))
         if self.retention is not None:
@@ -712,6 +727,20 @@ class Worker:
                     for task in asyncio.all_tasks():
                         log.error("task %r stack=%s", task.get_name(), task.get_stack(limit=8))
         log.info("stopped instance=%s", self.name)
+
+    async def _release_rooms(self) -> None:
+        """Hand this persister's rooms on, once its writes drained and no commit outcome is left
+        unknown (such a batch may still commit: its rooms move only when this lease expires)."""
+        assert self.room_leases is not None
+        unknown = sum(p.unknown_outcomes for p in (self.persister, self.backfill_persister) if p is not None)
+        if unknown:
+            log.warning("rooms kept until the instance lease expires: %d batches of unknown outcome", unknown)
+            return
+        try:
+            await asyncio.wait_for(self.room_leases.release_all(), ROOM_RELEASE_S)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            log.warning("rooms not released (PostgreSQL: %s); they move when the instance lease expires",
+                        e or type(e).__name__)  # fmt: skip
 
     async def _close_generators(self) -> None:
         for generator in self.generators.values():

@@ -263,7 +263,8 @@ class WorkerConfig(BaseSettings):
         10.0,
         ge=1,
         le=600,
-        description="Seconds a frozen or cut-off process keeps its instance name before Postgres frees it",
+        description="Seconds a frozen, crashed or cut-off process keeps its instance name (and its rooms)"
+        " before another process may take them; the holder renews it every third of this",
     )
     log_format: Literal["text", "json"] = Field("text", description="Log lines as text or one JSON object")
     instance_map: dict[str, str] = Field(
@@ -285,6 +286,13 @@ class WorkerConfig(BaseSettings):
     )
     worker_request_timeout_s: float = Field(
         5.0, gt=0, le=120, description="Seconds one worker request may take, retries included"
+    )
+    writer_wait_s: float = Field(
+        10.0,
+        ge=0,
+        le=120,
+        description="Seconds a write keeps trying while its writer stops, restarts or hands the room"
+        " to another persister (refused unprocessed, unreachable, room moving) before answering 503",
     )
     presence_process_timeout_s: float = Field(
         300.0,

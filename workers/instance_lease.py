@@ -1,15 +1,28 @@
-"""One process per instance name: a PostgreSQL session advisory lock held on a dedicated connection.
+"""One process per instance name: a lease row with an epoch (fencing token), renewed by a heartbeat.
 
-`InstanceLease.acquire()` takes the lock on a hash of (channel_prefix, instance_name) or raises
-`NameHeld` naming the holder (pid and host, from `instance_leases`). The lock lives as long as its
-connection. That connection runs with `idle_session_timeout = lease_s` and is touched every
-lease_s / 3: a process frozen (SIGSTOP) or cut off for longer than `lease_s` loses its session, so
-Postgres releases the name and another process may take it. The holder learns of the loss at its
-next touch and takes the lock again on a new session: that works when nobody took the name meanwhile
-(PostgreSQL restarted, the link was cut), and the process goes on. When another process holds the
-name now (this one was frozen or cut off past the lease), or PostgreSQL stays unreachable for the
-retake window, it calls `on_lost`; the worker then refuses requests and exits 1, so a process that
-lost its name never keeps writing once it runs again.
+The name's row in `instance_leases` says who holds it (pid, host), until when (`expires_at`, the
+database's clock) and under which `epoch`. A take is one statement: insert the row, or update it
+when the lease expired, raising the epoch by one. No session state is involved, so it works through
+a transaction-mode pooler (PgBouncer) as well as on a direct connection.
+
+The holder renews `expires_at` every lease_s / 3 (`UPDATE ... WHERE epoch = mine`). A renewal that
+finds another epoch means another process took the name (this one was frozen or cut off past the
+lease): `on_lost` runs, and the worker refuses requests and exits 1. While PostgreSQL is
+unreachable nobody can take the name, so the holder keeps trying; once it answers (a restart, a cut
+link mended) the renewal succeeds under the same epoch and the process goes on (`retaken` counts
+it). Unreachable for longer than `retake_s`, the holder gives up (`on_lost`).
+
+Fencing: a holder's write checks the epoch inside its own transaction (`Fence.check`), taking a
+KEY SHARE lock on the row. A take changes the epoch, a key column (the unique index on
+(lease_key, epoch)), so it waits for the writes in flight and every write that starts after it
+finds the new epoch and fails: a process that lost its name cannot commit, even when it runs again
+before it notices. Renewals change only `expires_at` and never wait for the writes. A holder frozen
+between the check and its COMMIT cannot hold a taker up for long: the check bounds the
+transaction's idle time (`idle_in_transaction_session_timeout`) by the lease, so PostgreSQL ends it.
+
+A holder on this host whose process is gone (it crashed; the restarted process sees its pid free)
+loses the name at once rather than at expiry. Release (a clean stop) expires the row and keeps its
+epoch, so a later taker's epoch is always higher than any earlier holder's.
 """
 
 from __future__ import annotations
@@ -21,13 +34,64 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import asyncpg
 
+from workers.errors import PersisterError
 from workers.startup_errors import NameHeld
+from workers.storage import Conn
 
 log = logging.getLogger(__name__)
+
+_TAKE = """
+INSERT INTO instance_leases AS l (lease_key, pid, host, since, epoch, expires_at)
+VALUES ($1, $2, $3, now(), 1, now() + make_interval(secs => $4))
+ON CONFLICT (lease_key) DO UPDATE
+SET pid = $2, host = $3, since = now(), epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
+WHERE l.expires_at <= now() OR l.epoch = $5
+RETURNING l.epoch
+"""
+_RENEW = (
+    "UPDATE instance_leases SET expires_at = now() + make_interval(secs => $3)"
+    " WHERE lease_key = $1 AND epoch = $2"
+)
+_RELEASE = "UPDATE instance_leases SET expires_at = now() WHERE lease_key = $1 AND epoch = $2"
+_HOLDER = (
+    "SELECT pid, host, since, epoch, greatest(0, extract(epoch FROM expires_at - now())) AS left_s"
+    " FROM instance_leases WHERE lease_key = $1"
+)
+
+
+class LeaseLost(PersisterError):
+    """This process no longer holds the lease its write needs: the write did not commit (503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The lease a write must still hold when it commits: `key` under `epoch`."""
+
+    key: str
+    epoch: int
+    #: The longest a checked transaction may sit idle (ms, as PostgreSQL takes it).
+    idle_ms: str
+    #: The check's statement ($1 the key, $2 `idle_ms`): the lease's epoch, locked until the
+    #: transaction ends, and the transaction's idle time bounded.
+    CHECK: ClassVar[str] = (
+        "SELECT epoch, set_config('idle_in_transaction_session_timeout', $2, true)"
+        " FROM instance_leases WHERE lease_key = $1 FOR KEY SHARE"
+    )
+
+    async def check(self, conn: Conn) -> None:
+        """Inside the caller's transaction: raise `LeaseLost` unless the lease is still ours.
+        Until the transaction ends, a take of the lease waits for it."""
+        self.compare(await conn.fetchval(self.CHECK, self.key, self.idle_ms))
+
+    def compare(self, held: int | None) -> None:
+        """Raise `LeaseLost` unless `held` (the epoch `CHECK` read) is ours."""
+        if held != self.epoch:
+            raise LeaseLost(f"lease {self.key} is no longer held by this process (epoch {self.epoch})")
 
 
 class InstanceLease:
@@ -41,6 +105,7 @@ class InstanceLease:
         conn: asyncpg.Connection[Any],
         database_url: str,
         key: str,
+        epoch: int,
         lease_s: float,
         retake_s: float,
         on_lost: Callable[[], None],
@@ -48,12 +113,17 @@ class InstanceLease:
         self._conn = conn
         self._database_url = database_url
         self.key = key
+        self.fence = Fence(key, epoch, str(int(lease_s * 1000)))
         self._lease_s = lease_s
         self._retake_s = retake_s
         self._on_lost = on_lost
         self.lost = False
         self.retaken = 0
         self._task = asyncio.create_task(self._keep(), name=f"lease:{key}")
+
+    @property
+    def epoch(self) -> int:
+        return self.fence.epoch
 
     @classmethod
     async def acquire(
@@ -67,53 +137,57 @@ class InstanceLease:
     ) -> InstanceLease:
         """Hold the name, or raise `NameHeld` saying who holds it."""
         key = f"{prefix}/{name}"
-        return cls(await _take(database_url, key, lease_s), database_url, key, lease_s, retake_s, on_lost)
+        conn = await _connect(database_url, lease_s)
+        try:
+            epoch = await take(conn, key, lease_s)
+        except BaseException:
+            await conn.close()
+            raise
+        return cls(conn, database_url, key, epoch, lease_s, retake_s, on_lost)
 
     async def _keep(self) -> None:
+        loop = asyncio.get_running_loop()
+        failing_since: float | None = None
         while True:
+            await asyncio.sleep(self._lease_s / 3)
             try:
-                while True:
-                    await asyncio.sleep(self._lease_s / 3)
-                    started = time.perf_counter()
-                    await asyncio.wait_for(self._conn.fetchval("SELECT 1"), self._lease_s / 3)
-                    if self.timed is not None:
-                        self.timed(f"{__name__}.InstanceLease._keep", time.perf_counter() - started)
+                if self._conn.is_closed():
+                    self._conn = await _connect(self._database_url, self._lease_s)
+                started = time.perf_counter()
+                status = await asyncio.wait_for(
+                    self._conn.execute(_RENEW, self.key, self.fence.epoch, self._lease_s), self._lease_s / 3
+                )
+                if self.timed is not None:
+                    self.timed(f"{__name__}.InstanceLease._keep", time.perf_counter() - started)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # the session, and with it the name, may be gone
-                log.warning(
-                    "instance lease %s: session lost (%s); taking the name again",
-                    self.key,
-                    e or type(e).__name__,
-                )
-                self._conn.terminate()
-            if not await self._retake():
-                self.lost = True
-                self._on_lost()
-                return
-
-    async def _retake(self) -> bool:
-        """Take the lock again on a new session: True once held again. Nobody else can have taken
-        the name while PostgreSQL was unreachable; if someone did once it came back (this process
-        was frozen or cut off past the lease), the name is theirs: False. False too when PostgreSQL
-        stays unreachable for `retake_s`."""
-        deadline = asyncio.get_running_loop().time() + self._retake_s
-        while True:
-            try:
-                self._conn = await _take(self._database_url, self.key, self._lease_s)
-            except NameHeld as e:
-                log.error("instance lease %s lost: %s; stopping", self.key, e)
-                return False
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
-                if asyncio.get_running_loop().time() >= deadline:
+                if failing_since is None:
+                    failing_since = loop.time()
+                    log.warning("instance lease %s: renewal failed (%s); trying again", self.key,
+                                e or type(e).__name__)  # fmt: skip
+                self._conn.terminate()
+                if loop.time() - failing_since >= self._retake_s:
                     log.error("instance lease %s lost: PostgreSQL unreachable for %.0fs (%s); stopping",
                               self.key, self._retake_s, e)  # fmt: skip
-                    return False
-                await asyncio.sleep(min(1.0, self._lease_s / 3))
+                    return self._lose()
                 continue
-            self.retaken += 1
-            log.info("instance lease %s held again", self.key)
-            return True
+            if status != "UPDATE 1":
+                log.error("instance lease %s lost: %s took it; stopping", self.key, await self._holder())
+                return self._lose()
+            if failing_since is not None:
+                failing_since = None
+                self.retaken += 1
+                log.info("instance lease %s held again", self.key)
+
+    def _lose(self) -> None:
+        self.lost = True
+        self._on_lost()
+
+    async def _holder(self) -> str:
+        with contextlib.suppress(Exception):
+            return _describe(await self._conn.fetchrow(_HOLDER, self.key))
+        return "another process"
 
     async def release(self) -> None:
         self._task.cancel()
@@ -121,37 +195,47 @@ class InstanceLease:
             await self._task
         if not self.lost:
             with contextlib.suppress(Exception):
-                await self._conn.execute(
-                    "DELETE FROM instance_leases WHERE lease_key = $1 AND pid = $2", self.key, os.getpid()
-                )
-        self._conn.terminate() if self.lost else await self._conn.close()
+                released = self._conn.execute(_RELEASE, self.key, self.fence.epoch)
+                await asyncio.wait_for(released, min(self._lease_s, 3.0))
+        self._conn.terminate() if self.lost or self._conn.is_closed() else await self._conn.close()
 
 
-async def _take(database_url: str, key: str, lease_s: float) -> asyncpg.Connection[Any]:
-    """A session holding the name's lock, or `NameHeld` saying who holds it."""
-    timeout_ms = str(int(lease_s * 1000))
-    conn = await asyncpg.connect(
-        database_url, server_settings={"idle_session_timeout": timeout_ms}, timeout=max(1.0, lease_s / 3)
-    )
-    try:
-        got = await conn.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key)
-        if not got:
-            row = await conn.fetchrow(
-                "SELECT pid, host, since FROM instance_leases WHERE lease_key = $1", key
-            )
-            holder = (
-                f"pid {row['pid']} on {row['host']} since {row['since']:%Y-%m-%d %H:%M:%S}"
-                if row
-                else "another process"
-            )
+async def _connect(database_url: str, lease_s: float) -> asyncpg.Connection[Any]:
+    # No statement cache: a transaction-mode pooler may hand each statement another backend.
+    return await asyncpg.connect(database_url, statement_cache_size=0, timeout=max(1.0, lease_s / 3))
+
+
+async def take(conn: asyncpg.Connection[Any], key: str, lease_s: float) -> int:
+    """Take the lease `key` for this process: its new epoch, or `NameHeld` saying who holds it.
+    A holder on this host whose process is gone loses it at once."""
+    me, host = os.getpid(), socket.gethostname()
+    epoch = await conn.fetchval(_TAKE, key, me, host, lease_s, -1)
+    if epoch is None:
+        row = await conn.fetchrow(_HOLDER, key)
+        if row is not None and row["host"] == host and not _alive(row["pid"]):
+            log.info("instance lease %s: its holder (pid %s) is gone; taking it", key, row["pid"])
+            epoch = await conn.fetchval(_TAKE, key, me, host, lease_s, row["epoch"])
+        if epoch is None:
             prefix, _, name = key.rpartition("/")
+            holder = _describe(await conn.fetchrow(_HOLDER, key))
             raise NameHeld(f"instance name {name!r} (prefix {prefix!r}) is held by {holder}")
-        await conn.execute(
-            "INSERT INTO instance_leases (lease_key, pid, host) VALUES ($1, $2, $3)"
-            " ON CONFLICT (lease_key) DO UPDATE SET pid = $2, host = $3, since = now()",
-            key, os.getpid(), socket.gethostname(),
-        )  # fmt: skip
-    except BaseException:
-        await conn.close()  # the lock (if taken) goes with the session
-        raise
-    return conn
+    return int(epoch)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _describe(row: asyncpg.Record | None) -> str:
+    if row is None:
+        return "another process"
+    return (
+        f"pid {row['pid']} on {row['host']} since {row['since']:%Y-%m-%d %H:%M:%S}"
+        f" (lease ends in {float(row['left_s']):.0f}s unless renewed)"
+    )

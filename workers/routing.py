@@ -5,12 +5,17 @@ an event of writer W, it covers every earlier event of that room too (W's positi
 finished IDs), so a membership change can never land "behind" an event a reader already got. For
 the user-keyed streams (account data, device lists, to-device) it keeps one user's changes in the
 order they were made, while the writers share the users between them.
+
+A room's writer may change while the cluster runs (a persister stops, a room lease moves):
+`RoomPlacement` follows the current holder, with the stable choice as the starting guess.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 
 def _stable_choice(key: str, writers: Sequence[str], what: str) -> str:
@@ -28,3 +33,107 @@ def writer_for_room(room_id: str, writers: Sequence[str]) -> str:
 def writer_for_user(user_id: str, writers: Sequence[str], stream: str) -> str:
     """A stable choice among `writers` of `stream` (in configured order) for `user_id`'s writes."""
     return _stable_choice(user_id, writers, stream)
+
+
+class RoomPlacement:
+    """Where a room's writes go now (rooms are held as leases, `workers.handlers.room_leases`):
+    the holder this worker last learned (from a write's answer or a writer naming the holder),
+    unless that writer was found unavailable lately; else the stable choice among the writers not
+    found unavailable. A stale answer costs one more hop: the writer asked names the holder."""
+
+    __slots__ = ("_away", "_clock", "_holders", "away_s", "max_rooms", "writers")
+
+    def __init__(
+        self,
+        writers: Sequence[str],
+        clock: Callable[[], float],
+        away_s: float = 5.0,
+        max_rooms: int = 100_000,
+    ) -> None:
+        self.writers = list(writers)
+        self._clock = clock
+        self.away_s = away_s
+        self.max_rooms = max_rooms
+        self._holders: OrderedDict[str, str] = OrderedDict()
+        self._away: dict[str, float] = {}
+
+    def owner(self, room_id: str) -> str:
+        now = self._clock()
+        holder = self._holders.get(room_id)
+        if holder is not None and not self._is_away(holder, now):
+            return holder
+        present = [w for w in self.writers if not self._is_away(w, now)]
+        return writer_for_room(room_id, present or self.writers)
+
+    def learned(self, room_id: str, holder: str) -> None:
+        self._holders[room_id] = holder
+        self._holders.move_to_end(room_id)
+        if len(self._holders) > self.max_rooms:
+            self._holders.popitem(last=False)
+        self._away.pop(holder, None)
+
+    def unavailable(self, writer: str) -> None:
+        """`writer` could not take a write (stopping, restarting): route around it for a while."""
+        self._away[writer] = self._clock() + self.away_s
+
+    def _is_away(self, writer: str, now: float) -> bool:
+        until = self._away.get(writer)
+        if until is None:
+            return False
+        if until <= now:
+            del self._away[writer]
+            return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class WriterPlan:
+    """What changing the events writers from `old` to `new` moves (`fanout writers plan`)."""
+
+    old: tuple[str, ...]
+    new: tuple[str, ...]
+    #: (room, holder): rooms held by a writer that leaves; they move when it stops.
+    rooms_moving: tuple[tuple[str, str], ...]
+    #: (room, old writer, new writer): rooms not yet written since leases exist, whose first
+    #: writer changes.
+    unleased_moving: tuple[tuple[str, str, str], ...]
+    #: (user, old writer, new writer): users whose stored-stream writer changes when those streams
+    #: follow the events writers (no `stream_writers.<stream>` of their own).
+    users_moving: tuple[tuple[str, str, str], ...]
+
+    @property
+    def added(self) -> list[str]:
+        return [w for w in self.new if w not in self.old]
+
+    @property
+    def removed(self) -> list[str]:
+        return [w for w in self.old if w not in self.new]
+
+
+def plan_writers(
+    old: Sequence[str],
+    new: Sequence[str],
+    holders: Mapping[str, str],
+    unleased_rooms: Iterable[str],
+    users: Iterable[str],
+) -> WriterPlan:
+    """What moves when the events writers change from `old` to `new`: `holders` are the rooms'
+    current lease holders (released rooms left out), `unleased_rooms` the rooms without a lease."""
+    if not old or not new:
+        raise ValueError("a writer list must name at least one writer")
+    leaving = set(old) - set(new)
+    return WriterPlan(
+        tuple(old),
+        tuple(new),
+        tuple(sorted((room, holder) for room, holder in holders.items() if holder in leaving)),
+        tuple(
+            (room, a, b)
+            for room in sorted(unleased_rooms)
+            if (a := writer_for_room(room, old)) != (b := writer_for_room(room, new))
+        ),
+        tuple(
+            (user, a, b)
+            for user in sorted(users)
+            if (a := writer_for_user(user, old, "stored")) != (b := writer_for_user(user, new, "stored"))
+        ),
+    )

@@ -198,10 +198,12 @@ class StoredStreams:
         generator = self.generators[stream]
         return lambda: generator.get_current_token_for_writer(self.name)
 
-    def set_forwarder(self, forwarder: Forwarder) -> None:
-        """How writes reach another worker (worker requests), once the HTTP side exists."""
+    def set_forwarder(self, forwarder: Forwarder, owner_wait_s: float = 0.0) -> None:
+        """How writes reach another worker (worker requests), once the HTTP side exists, and how
+        long they keep trying a writer that restarts."""
         for writes in self.writes.values():
             writes.forwarder = forwarder
+            writes.owner_wait_s = owner_wait_s
 
 
 def _highest(generator: MultiWriterIdGenerator) -> int:

@@ -129,7 +129,9 @@ async def test_a_send_retried_across_a_killed_persister_is_one_event(
 ) -> None:
     """The client's retry of a PUT with the same txnId, made through a sync worker: refused with a
     503 while the persister is dead (SIGKILL), answered with the first event once it is back."""
-    cluster = await make_cluster(persisters=1, sync_workers=1, background_workers=0)
+    cluster = await make_cluster(
+        persisters=1, sync_workers=1, background_workers=0, extra_config={"writer_wait_s": 0}
+    )
     async with aiohttp.ClientSession() as session:
         alice = ClusterClient(session, cluster.urls)
         await alice.register("alice", via="sync1")

@@ -27,7 +27,7 @@ from tests.cluster.conftest import MakeCluster
 from tests.conftest import RedisTarget, Servers, on_redis_cluster
 from tests.workers.conftest import MakeWorker, make_worker
 from workers.harness import chaos
-from workers.harness.cluster import LocalCluster
+from workers.harness.cluster import LocalCluster, WorkerSpec
 from workers.harness.faultproxy import FaultProxy, target_of, through
 from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
 from workers.harness.redis_cluster_faults import migrate_slot, owner_of, wait_for_new_owner
@@ -67,11 +67,21 @@ async def under_load(
     database_url: str,
     fault: Callable[[], Awaitable[None]],
     ready: Callable[[], Awaitable[None]],
+    *,
+    planned: bool = False,
+    balancer: dict[str, str] | None = None,
 ) -> LoadReport:
-    """Run the load, apply `fault` once a third of it is done, wait for `ready`; check, record."""
+    """Run the load, apply `fault` once a third of it is done, wait for `ready`; check, record.
+    `planned` (an operator's change, not a fault): the clients use the sync workers only, as
+    behind a load balancer (`balancer`, name -> URL, which the fault may change as a load
+    balancer's health checks would), and every action must be answered, none with 5xx."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         driver = LoadDriver(session, urls, WRITERS, sync_workers, database_url, plan())
         await driver.setup()
+        if planned:
+            shared = balancer if balancer is not None else {name: urls[name] for name in sync_workers}
+            for client in driver.clients:
+                client.balanced = shared
         load = asyncio.create_task(driver.run())
         deadline = time.monotonic() + 120
         while driver.report.events_sent < plan().actions // 3 and not load.done():
@@ -83,11 +93,18 @@ async def under_load(
         recovery = time.monotonic() - ended
         report = await load
     chaos.record(
-        scenario, report.events_sent, report.events_checked, report.problems, recovery, report.internal_errors
-    )
+        scenario, report.events_sent, report.events_checked, report.problems, recovery,
+        report.internal_errors, report.longest_write_ms, report.failed,
+    )  # fmt: skip
     assert report.problems == [], report.problems[:10]
     assert report.internal_errors == 0, "a fault was answered 500 (it must be 503)"
     assert report.events_sent > 0 and report.events_checked > 0
+    if planned:
+        # The one failure docs/operations.md still admits: a write that is not idempotent whose
+        # forwarded request lost its connection as a stopping persister closed its listener.
+        dropped = sum("Server disconnected" in f for f in report.failures)
+        failed = f"{report.failed} actions answered 5xx or not at all"
+        assert report.failed == dropped, (failed, report.failures)
     return report
 
 
@@ -224,27 +241,79 @@ async def test_sigkill_of_every_process_in_turn(make_cluster: MakeCluster, datab
     )  # fmt: skip
 
 
-async def test_a_writer_removed_and_added_back_by_rolling_restarts(
+async def test_a_third_persister_added_then_removed_online(
     make_cluster: MakeCluster, database_url: str
 ) -> None:
-    """The procedure docs/operations.md gives, twice, mid-load: stop the persisters, change the
-    writer list everywhere, start them, restart the sync workers. persister2 leaves (its rooms move
-    to persister1), then comes back (they move back)."""
+    """The procedure docs/operations.md gives, mid-load, with no write failing: persister3 joins
+    (every worker restarted in turn with it in `stream_writers.events`, then persister3 started,
+    then persister1 restarted so that rooms move), then leaves (SIGTERM, its rooms move; every
+    other worker restarted in turn without it). The stored streams keep their writers, as the
+    procedure says (their users would otherwise change writer too)."""
+    stored = dict.fromkeys(("account_data", "device_lists", "to_device", "receipts"), WRITERS)
+    cluster = await make_cluster(background_workers=0, stream_writers=stored)
+    balancer = {name: cluster.url(name) for name in cluster.sync_workers}
+
+    async def roll(names: list[str]) -> None:
+        for name in names:
+            url = balancer.pop(name, None)  # the load balancer drains it first
+            if url is not None:
+                await asyncio.sleep(0.5)
+            assert await cluster.stop(names=[name]) == {name: 0}
+            await cluster.start([name])
+            if url is not None:
+                balancer[name] = url
+
+    async def fault() -> None:
+        others = list(cluster.workers)
+        cluster.workers["persister3"] = WorkerSpec("persister3", writes_events=True)  # not yet running
+        await roll(others)
+        await cluster.start(["persister3"])
+        await roll(["persister1"])
+        await asyncio.sleep(1.0 * SCALE)
+        assert await cluster.stop(names=["persister3"]) == {"persister3": 0}
+        del cluster.workers["persister3"]
+        await roll(others)
+
+    await under_load(
+        "a third persister added, then removed (online)", cluster.urls, cluster.sync_workers,
+        database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)), planned=True,
+        balancer=balancer,
+    )  # fmt: skip
+
+
+async def test_every_persister_restarted_in_turn(make_cluster: MakeCluster, database_url: str) -> None:
+    """A rolling restart as docs/operations.md gives it (SIGTERM, exit 0, start, ready, the next):
+    each persister hands its rooms to the other as it stops, and the clients' writes wait for the
+    handover (their users' stored-stream writes for the restart) instead of failing."""
     cluster = await make_cluster(background_workers=0)
 
     async def fault() -> None:
-        for writes in (False, True):
-            codes = await cluster.stop(names=["persister1", "persister2"])
-            assert all(code == 0 for code in codes.values()), codes
-            cluster.workers["persister2"].writes_events = writes
-            await cluster.start(["persister1", "persister2"])
-            for name in cluster.sync_workers:
-                await cluster.stop(names=[name])
-                await cluster.start([name])
+        for name in cluster.event_writers:
+            assert await cluster.stop(names=[name]) == {name: 0}
+            await cluster.start([name])
             await asyncio.sleep(0.5 * SCALE)
 
     await under_load(
-        "a writer removed, then added back (rolling restarts)", cluster.urls, cluster.sync_workers,
+        "every persister restarted in turn (rooms handed over)", cluster.urls, cluster.sync_workers,
+        database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)), planned=True,
+    )  # fmt: skip
+
+
+async def test_a_sigkilled_persisters_rooms_move_once_its_lease_expires(
+    make_cluster: MakeCluster, database_url: str
+) -> None:
+    """persister2 dies mid-load and stays down past its instance lease: its rooms' writes wait and
+    then go to persister1 (its users' stored-stream writes fail until it is back: 503)."""
+    lease_s = 2.0
+    cluster = await make_cluster(background_workers=0, extra_config={"instance_lease_s": lease_s})
+
+    async def fault() -> None:
+        cluster.kill("persister2")
+        await asyncio.sleep(lease_s + 2.0 * SCALE)
+        await cluster.start(["persister2"])
+
+    await under_load(
+        "a persister SIGKILLed, its rooms moved after its lease", cluster.urls, cluster.sync_workers,
         database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)),
     )  # fmt: skip
 

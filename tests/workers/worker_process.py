@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import yaml
 
 FANOUT = str(Path(sys.executable).parent / "fanout")
@@ -34,3 +36,20 @@ def start_worker(config: dict[str, Any], path: Path, timeout_s: float = 60.0) ->
             )
     process.kill()
     raise AssertionError("worker not ready in time")
+
+
+async def until_blocked_on_lock(conn: asyncpg.Connection[Any]) -> None:
+    """Return once a backend of `conn`'s database waits for a lock another one holds (a worker's
+    write held up by a lock the test took); AssertionError, naming what runs, after 10 s."""
+    for _ in range(200):
+        if await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
+        ):
+            return
+        await asyncio.sleep(0.05)
+    activity = await conn.fetch(
+        "SELECT state, wait_event_type, left(query, 80) FROM pg_stat_activity"
+        " WHERE datname = current_database()"
+    )
+    raise AssertionError(f"no write waits for the lock: {[tuple(r) for r in activity]}")

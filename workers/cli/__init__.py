@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the settings reference (docs/configuration.md)",
     ),
     "migrate": ("workers.cli.migrate", "apply the schema migrations to a database"),
+    "writers": ("workers.cli.writers", "plan a change of the events writers (what moves)"),
     "worker": ("workers.cli.worker", "run one worker process (--config FILE)"),
     "registration-token": (
         "workers.cli.registration_token",

@@ -3,7 +3,9 @@
 Positions in a room are stream orderings: every event of a room takes its stream id from the same
 sequence, so they order the room's events completely (backfilled ones are negative, older than
 any live one). A pagination token is `t<ordering>`, "just after that event"; a sync token (a
-`next_batch`) also works as `from`, standing for its position of the room's writer.
+`next_batch`) also works as `from`, standing for the room's last event it covers. (A room's writer
+may change, `workers.handlers.room_leases`; each takes over only after the previous one's events,
+so what a token covers of a room is always a prefix of its events.)
 
 Who sees what follows the room's history visibility (`workers.handlers.history_visibility`), as
 sync does: a `shared` room's events before a join to whoever joined after them, an `invited`
@@ -26,7 +28,6 @@ from workers.handlers.history_visibility import WORLD_READABLE, current, may_see
 from workers.handlers.room_versions import RoomVersions, render
 from workers.handlers.sync_rooms import pagination_token
 from workers.model import Event
-from workers.routing import writer_for_room
 from workers.storage import events as store
 
 _ROOM_TOKEN = re.compile(r"^t(-?[0-9]{1,19})$")
@@ -61,10 +62,17 @@ class Messages:
         match = _ROOM_TOKEN.match(token)
         if match:
             return int(match.group(1))
-        return self._sync_position(room_id, await self._decode(token))
+        return await self._sync_position(room_id, await self._decode(token))
 
-    def _sync_position(self, room_id: str, token: SyncToken) -> int:
-        return token.get("events").get_stream_pos_for_instance(writer_for_room(room_id, self._writers))
+    async def _sync_position(self, room_id: str, token: SyncToken) -> int:
+        events = token.get("events")
+        positions = {w: events.get_stream_pos_for_instance(w) for w in self._writers}
+        async with self._pool.acquire() as conn:
+            last = await store.room_events(
+                conn, room_id, after=0, positions=positions, default_position=events.stream,
+                descending=True, limit=1,
+            )  # fmt: skip
+        return last[0].stream_ordering if last else 0
 
     async def event(self, user_id: str, room_id: str, event_id: str) -> Event | None:
         """The event, if it is in `room_id` and `user_id` may see it."""
@@ -96,7 +104,7 @@ class Messages:
         if from_token is not None:
             start = await self.position(room_id, from_token)
         else:
-            start = self._sync_position(room_id, self._current()) if backwards else -(2**63)
+            start = await self._sync_position(room_id, self._current()) if backwards else -(2**63)
         bound = None if to_token is None else await self.position(room_id, to_token)
         limit = max(1, min(limit, MAX_LIMIT))
         chunk: list[Event] = []

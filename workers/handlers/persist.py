@@ -18,6 +18,10 @@ Order on the writer, for every batch:
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
+With a `fence` (the instance lease's) and `room_leases`, every batch runs in a transaction whose
+last statements before COMMIT check that this process still holds its name (`Fence.check`) and
+each room of the batch (`RoomLeases.check`): a process that lost its name or a room commits
+nothing more there.
 A send with a client transaction id (`persist(..., may_exist=True)`) is looked up in its batch's
 ID allocation (`idgen.Probe`, the same statement as `nextval`): a retry of an answered send takes
 no stream ID, so no follower sees a gap to catch up on, and is answered with the stored event.
@@ -46,7 +50,9 @@ from idgen.multi_writer import DATABASE_DOWN
 from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
 from workers.handlers.retried_sends import Pending, answer_stored
+from workers.handlers.room_leases import RoomLeases
 from workers.handlers.room_versions import RoomVersions
+from workers.instance_lease import Fence, LeaseLost
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
 from workers.storage.commit_outcome import BACKEND_PID_SQL, committed, outcome_unknown, row_exists
 from workers.storage.events import events_by_ids, insert_batch, needs_transaction
@@ -92,10 +98,14 @@ class EventPersister:
         max_batch: int = MAX_BATCH,
         max_queue: int = 20_000,
         max_in_flight: int = 2,
+        fence: Fence | None = None,
+        room_leases: RoomLeases | None = None,
     ) -> None:
         self._pool = pool
         #: Behind a transaction pooler every batch is a transaction that reads its backend's pid.
         self._pooled = isinstance(pool, NamedPool) and pool.transaction_pooler
+        self._fence = fence
+        self._room_leases = room_leases
         self._instance = instance_name
         self._events_gen = events_gen
         self._caches_gen = caches_gen
@@ -130,6 +140,8 @@ class EventPersister:
         self.isolations = 0
         #: Batches whose COMMIT answer was lost and that turned out committed.
         self.late_commits = 0
+        #: Batches whose commit outcome stayed unknown (interrupted while finding out).
+        self.unknown_outcomes = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(
@@ -263,7 +275,9 @@ class EventPersister:
         if not batch:
             return
         self.failed_batches += 1
-        if isinstance(error, DATABASE_DOWN):  # expected: the client gets a 503
+        if isinstance(error, LeaseLost):
+            log.error("batch failed events=%d: %s", len(batch), error)
+        elif isinstance(error, DATABASE_DOWN):  # expected: the client gets a 503
             kind = type(error).__name__
             log.warning("batch failed events=%d, database unavailable: %s: %s", len(batch), kind, error)
         else:
@@ -319,7 +333,19 @@ class EventPersister:
             try:
                 async with self._pool.acquire() as conn:
                     pid = conn.get_server_pid()
-                    if self._pooled or needs_transaction(events, invalidations):
+                    if self._fence is not None or self._room_leases is not None:
+                        async with conn.transaction():
+                            if self._pooled:  # the backend is the pooler's pick: ask it
+                                pid = await conn.fetchval(BACKEND_PID_SQL)
+                            await insert_batch(conn, events, stored, invalidations, me)
+                            # Last: they hold the lease rows only until COMMIT.
+                            if self._room_leases is not None:
+                                rooms = {e.room_id for e in events}
+                                await self._room_leases.check(conn, rooms, self._fence)
+                            elif self._fence is not None:
+                                await self._fence.check(conn)
+                            committing = True
+                    elif self._pooled or needs_transaction(events, invalidations):
                         async with conn.transaction():
                             if self._pooled:  # the backend is the pooler's pick: ask it
                                 pid = await conn.fetchval(BACKEND_PID_SQL)
@@ -370,6 +396,7 @@ class EventPersister:
             raise
 
     def _uncertain(self, events: Sequence[Event], cache_ids: Sequence[int]) -> None:
+        self.unknown_outcomes += 1
         if self._on_uncertain is not None:
             self._on_uncertain(events, cache_ids)
 

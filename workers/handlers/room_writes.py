@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import asyncpg
@@ -30,20 +31,32 @@ from idgen import MultiWriterIdGenerator
 from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers import rooms
-from workers.handlers.forwarding import Forwarder, OwnerUnavailable
+from workers.handlers.forwarding import (
+    NOT_OWNER_ERRCODE,
+    RETRY_FIRST_S,
+    RETRY_MAX_S,
+    Forwarder,
+    ForwardRefused,
+    OwnerUnavailable,
+)
 from workers.handlers.notifier import Notifier
-from workers.handlers.persist import EventPersister
+from workers.handlers.persist import EventPersister, PersisterStopped
 from workers.handlers.room_deletions import RoomDeletions
+from workers.handlers.room_leases import NotRoomOwner, RoomLeaseLost, RoomLeases, RoomMoving, holder_of
 from workers.handlers.room_purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
 from workers.handlers.room_versions import REDACTION_EVENT
 from workers.handlers.visibility import wait_visible
+from workers.instance_lease import LeaseLost
 from workers.model import CREATE_EVENT, MEMBER_EVENT, SUPPORTED_ROOM_VERSIONS, Event, NewEvent
-from workers.routing import writer_for_room
+from workers.routing import RoomPlacement, writer_for_room
 from workers.storage import events as store
 from workers.storage import rooms as room_store
 from workers.storage.purge import BLOCKED_ROOM
 
 MAX_BACKFILL = 500
+#: Writers named as the holder that a write follows at once, before it waits.
+MAX_HOPS = 3
+T = TypeVar("T")
 MAX_INVITE_STATE = 50
 
 
@@ -171,6 +184,9 @@ class RoomWrites:
         self._notifier = notifier
         self.server_name = server_name
         self.forwarder: Forwarder | None = None
+        self.placement = RoomPlacement(self.writers, time.monotonic)
+        #: The room leases this worker holds, when it writes events.
+        self.leases: RoomLeases | None = None
         #: Whether this worker currently hears a writer's events live (replication connected and
         #: its first POSITION seen); while it does not, waiting to see an event is pointless.
         self.hears: Callable[[str], bool] = lambda _writer: True
@@ -181,81 +197,151 @@ class RoomWrites:
         self.deletions: RoomDeletions | None = None
         #: Writes admitted per room; a purge holds its room here (`RoomEnd` shares it).
         self.gate = RoomGate()
+        #: How long a write keeps trying an owner that cannot take it now (restarting, stopping).
+        self.owner_wait_s = 0.0
         self.forwarded = 0
         self.late_answers = 0
+        #: Writes that had to wait for their owner, and the longest such wait.
+        self.owner_waits = 0
+        self.longest_owner_wait_s = 0.0
 
     # -- any worker -----------------------------------------------------------------------------
 
     def owner(self, room_id: str) -> str:
-        return writer_for_room(room_id, self.writers)
+        """Where `room_id`'s writes go now (`RoomPlacement`)."""
+        return self.placement.owner(room_id)
 
     def new_room_id(self) -> str:
-        """A fresh room id owned by this worker when it writes events, else by a random writer."""
+        """A fresh room id whose stable writer is this worker when it writes events, else a random
+        writer (the first write takes the room's lease there)."""
         target = self.name if self.name in self.writers else random.choice(self.writers)
         while True:
             room_id = identifiers.new_room_id(self.server_name)
-            if self.owner(room_id) == target:
+            if writer_for_room(room_id, self.writers) == target:
                 return room_id
 
     async def send(self, event: NewEvent, *, txn: bool = False) -> Written:
         """Check and persist `event` on its room's owner. Raises RoomRuleError subclasses,
         PersisterError, OwnerUnavailable or ForwardRefused."""
-        owner = self.owner(event.room_id)
-        if owner == self.name:
-            return await self.send_here(event, txn=txn)
-        answer = await self._forward(
-            owner, "room_send", event.room_id, "send", {"event": event_to_json(event), "txn": txn}, retry=txn
-        )
-        return await self._visible(Written.from_json(answer))
+        body = {"event": event_to_json(event), "txn": txn}
+        return await self._routed(
+            event.room_id, lambda: self.send_here(event, txn=txn),
+            lambda owner: self._forward_written(owner, "room_send", event.room_id, "send", body, retry=txn),
+            retry=txn,
+        )  # fmt: skip
 
     async def create(self, events: list[NewEvent]) -> Written:
         """Persist a new room's first events (`rooms.plan_room`) on its owner; the last one's place."""
         room_id = events[0].room_id
-        owner = self.owner(room_id)
-        if owner == self.name:
-            return await self.create_here(events)
-        answer = await self._forward(
-            owner,
-            "room_create",
-            room_id,
-            "create",
-            {"events": [event_to_json(e) for e in events]},
+        body = {"events": [event_to_json(e) for e in events]}
+        return await self._routed(
+            room_id, lambda: self.create_here(events),
+            lambda owner: self._forward_written(owner, "room_create", room_id, "create", body, retry=True),
             retry=True,
-        )
-        return await self._visible(Written.from_json(answer))
+        )  # fmt: skip
 
     async def remote_invite(self, invite: RemoteInvite) -> Written:
         """Store an invite a remote server sent (the stand-in for federation's invite) on the
         room's owner: the room's version, the state the invite showed, the invite event."""
-        owner = self.owner(invite.room_id)
-        if owner == self.name:
-            return await self.remote_invite_here(invite)
-        answer = await self._forward(
-            owner, "room_remote_invite", invite.room_id, "remote_invite", invite.to_json(), retry=True
-        )
-        return await self._visible(Written.from_json(answer))
+        room_id = invite.room_id
+        return await self._routed(
+            room_id, lambda: self.remote_invite_here(invite),
+            lambda owner: self._forward_written(
+                owner, "room_remote_invite", room_id, "remote_invite", invite.to_json(), retry=True
+            ),
+            retry=True,
+        )  # fmt: skip
 
     async def backfill(self, room_id: str, sender: str, items: Any) -> list[int]:
         """Import history (negative stream orderings) into a room `sender` is joined to."""
-        owner = self.owner(room_id)
-        if owner == self.name:
-            return await self.backfill_here(room_id, sender, items)
-        answer = await self._forward(
-            owner, "room_backfill", room_id, "backfill", {"sender": sender, "events": items}, retry=False
-        )
-        orderings = answer.get("stream_orderings")
-        if not isinstance(orderings, list):
-            raise OwnerUnavailable(owner, "answered without stream_orderings")
-        return [int(o) for o in orderings]
+
+        async def forward(owner: str) -> list[int]:
+            body = {"sender": sender, "events": items}
+            answer = await self._forward(owner, "room_backfill", room_id, "backfill", body, retry=False)
+            orderings = answer.get("stream_orderings")
+            if not isinstance(orderings, list):
+                raise OwnerUnavailable(owner, "answered without stream_orderings")
+            return [int(o) for o in orderings]
+
+        here = lambda: self.backfill_here(room_id, sender, items)  # noqa: E731
+        return await self._routed(room_id, here, forward, retry=False)
+
+    async def _routed(
+        self,
+        room_id: str,
+        here: Callable[[], Awaitable[T]],
+        forward: Callable[[str], Awaitable[T]],
+        *,
+        retry: bool,
+    ) -> T:
+        """Run the write on the room's owner: `here` when that is this worker, else `forward`.
+
+        A writer that does not hold the room names its holder: the write goes there at once. While
+        the owner cannot take the write (it stops or restarts: unreachable, or it refused the
+        write unprocessed; the room is moving to another writer), the write is tried again, on
+        whoever owns the room then, for up to `owner_wait_s`; a write that may have reached the
+        owner is tried again only when `retry` (idempotent). So a persister's planned stop or
+        restart delays its rooms' writes instead of failing them."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        pause = RETRY_FIRST_S
+        hops = 0
+        waited = False
+        while True:
+            owner = self.placement.owner(room_id)
+            holder: str | None = None
+            try:
+                result = await (here() if owner == self.name else forward(owner))
+            except NotRoomOwner as e:
+                holder, failure = e.holder, OwnerUnavailable(owner, str(e), unprocessed=True)
+            except ForwardRefused as e:
+                if e.body.get("errcode") != NOT_OWNER_ERRCODE:
+                    raise
+                holder, failure = holder_of(e.body), OwnerUnavailable(owner, str(e), unprocessed=True)
+            except OwnerUnavailable as e:
+                if not (retry or e.unprocessed):
+                    raise
+                self.placement.unavailable(owner)
+                failure = e
+            except (PersisterStopped, LeaseLost) as e:  # this worker stops: others take its rooms
+                self.placement.unavailable(self.name)
+                failure = OwnerUnavailable(owner, str(e), unprocessed=True)
+            except (RoomMoving, RoomLeaseLost) as e:
+                failure = OwnerUnavailable(owner, str(e), unprocessed=True)
+            else:
+                self.placement.learned(room_id, owner)
+                if waited:
+                    self.owner_waits += 1
+                    self.longest_owner_wait_s = max(self.longest_owner_wait_s, loop.time() - started)
+                return result
+            if holder is not None and holder != owner and hops < MAX_HOPS:
+                self.placement.learned(room_id, holder)
+                hops += 1
+                if self.placement.owner(room_id) == holder:
+                    continue  # the holder is not known to be away: ask it now
+            if loop.time() - started + pause > self.owner_wait_s:
+                raise failure
+            waited = True
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_MAX_S)
+
+    async def _forward_written(
+        self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool
+    ) -> Written:
+        answer = await self._forward(owner, endpoint, room_id, op, body, retry=retry)
+        return await self._visible(Written.from_json(answer))
 
     async def purge(self, room_id: str, options: PurgeOptions) -> PurgeResult:
         """Delete a room on its owner (`workers.handlers.room_purge`): not retried, it ends users'
         memberships."""
-        owner = self.owner(room_id)
-        if owner == self.name:
-            return await self.purge_here(room_id, options)
-        answer = await self._forward(owner, "room_purge", room_id, "purge", options.to_json(), retry=False)
-        return PurgeResult.from_json(owner, answer)
+
+        async def forward(owner: str) -> PurgeResult:
+            answer = await self._forward(
+                owner, "room_purge", room_id, "purge", options.to_json(), retry=False
+            )
+            return PurgeResult.from_json(owner, answer)
+
+        return await self._routed(room_id, lambda: self.purge_here(room_id, options), forward, retry=False)
 
     async def purge_here(self, room_id: str, options: PurgeOptions) -> PurgeResult:
         if self.end is None:
@@ -265,14 +351,19 @@ class RoomWrites:
     async def start_deletion(self, room_id: str, options: PurgeOptions) -> str:
         """Start a room's deletion as a task on its owner (`workers.handlers.room_deletions`); its
         delete id."""
-        owner = self.owner(room_id)
-        if owner == self.name:
-            return await self.start_deletion_here(room_id, options)
-        answer = await self._forward(owner, "room_delete", room_id, "delete", options.to_json(), retry=False)
-        delete_id = answer.get("delete_id")
-        if not isinstance(delete_id, str):
-            raise OwnerUnavailable(owner, "answered a deletion without delete_id")
-        return delete_id
+
+        async def forward(owner: str) -> str:
+            answer = await self._forward(
+                owner, "room_delete", room_id, "delete", options.to_json(), retry=False
+            )
+            delete_id = answer.get("delete_id")
+            if not isinstance(delete_id, str):
+                raise OwnerUnavailable(owner, "answered a deletion without delete_id")
+            return delete_id
+
+        return await self._routed(
+            room_id, lambda: self.start_deletion_here(room_id, options), forward, retry=False
+        )
 
     async def start_deletion_here(self, room_id: str, options: PurgeOptions) -> str:
         if self.deletions is None:
@@ -326,6 +417,10 @@ class RoomWrites:
         future.set_result(written)
         return written
 
+    async def _hold(self, room_id: str) -> None:
+        if self.leases is not None:
+            await self.leases.hold(room_id)
+
     async def _check_and_persist(self, event: NewEvent, txn: bool) -> Written:
         with self.gate.write(event.room_id):
             written = await self._check_and_persist_admitted(event, txn)
@@ -335,6 +430,7 @@ class RoomWrites:
 
     async def _check_and_persist_admitted(self, event: NewEvent, txn: bool) -> Written:
         persister = self._persister_here()
+        await self._hold(event.room_id)
         target = event.state_key if event.type == MEMBER_EVENT else None
         view = await self._views.view(event.room_id, event.sender, target)
         try:
@@ -374,6 +470,7 @@ class RoomWrites:
         room_id = events[0].room_id
         if events[0].type != CREATE_EVENT or any(e.room_id != room_id for e in events):
             raise rooms.BadEvent("a new room starts with m.room.create, all events in the room")
+        await self._hold(room_id)
         if (await self._views.rooms.get(room_id)).exists:
             stored = await self._stored(events[-1].event_id)
             if stored is not None:  # a retried request that was done the first time
@@ -388,6 +485,7 @@ class RoomWrites:
 
     async def _remote_invite_admitted(self, invite: RemoteInvite) -> Written:
         persister = self._persister_here()
+        await self._hold(invite.room_id)
         if invite.room_version not in SUPPORTED_ROOM_VERSIONS:
             raise rooms.IncompatibleRoomVersion(
                 f"room version {invite.room_version!r} is not one of {list(SUPPORTED_ROOM_VERSIONS)}"
@@ -420,6 +518,7 @@ class RoomWrites:
         persister = self._persister_here(backfill=True)
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BACKFILL:
             raise rooms.BadEvent(f"events must be a list of 1 to {MAX_BACKFILL} objects")
+        await self._hold(room_id)
         view = await self._views.view(room_id, sender, None)
         if not view.exists:
             raise rooms.NotFound(f"no room {room_id}")

@@ -39,7 +39,7 @@ import asyncpg
 
 from idgen import MultiWriterIdGenerator
 from pubsub.types import Row
-from workers.handlers.forwarding import Forwarder, OwnerUnavailable
+from workers.handlers.forwarding import Forwarder, OwnerUnavailable, retried_while_unavailable
 from workers.handlers.notifier import Notifier
 from workers.handlers.visibility import wait_visible
 from workers.routing import writer_for_room, writer_for_user
@@ -192,6 +192,8 @@ class UserStreamWrites:
         self._notifier = notifier
         self.ops: dict[str, Operation] = {}
         self.forwarder: Forwarder | None = None
+        #: How long an operation keeps trying a writer that cannot take it now (it restarts).
+        self.owner_wait_s = 0.0
         #: Whether this worker hears a writer of this stream live (see RoomWrites.hears).
         self.hears: Callable[[str], bool] = lambda _writer: True
         self.forwarded = 0
@@ -209,21 +211,26 @@ class UserStreamWrites:
     async def run(
         self, key: str, op: str, args: dict[str, Any], *, idempotent: bool = True
     ) -> dict[str, Any]:
-        """Run `op` for `key` (a user id; a room id for `RoomStreamWrites`) on its writer (an
-        operation that is not `idempotent` is never sent twice). Raises OwnerUnavailable,
-        ForwardRefused, or what the operation raises when it runs here (ValueError for bad
-        arguments)."""
+        """Run `op` for `key` (a user id; a room id for `RoomStreamWrites`) on its writer. Raises
+        OwnerUnavailable, ForwardRefused, or what the operation raises when it runs here
+        (ValueError for bad arguments). While the writer cannot be reached (it restarts), an
+        `idempotent` operation is tried again for up to `owner_wait_s`; one that is not is never
+        sent twice."""
         if not self.writers:
             raise OwnerUnavailable(f"{self.stream} writer", f"stream_writers.{self.stream} is empty", 30)
         owner = self.owner(key)
         if owner == self.name:
             return await self.ops[op](args)
-        if self.forwarder is None:
+        forwarder = self.forwarder
+        if forwarder is None:
             raise OwnerUnavailable(owner, "worker requests are not set up on this worker")
         self.forwarded += 1
         path = f"/_fanout/internal/writes/{quote(self.stream, safe='')}/{quote(op, safe='')}"
-        answer = await self.forwarder.request(
-            owner, f"{self.stream}_{op}", "POST", path, body=args, idempotent=idempotent
+        answer = await retried_while_unavailable(
+            lambda: forwarder.request(
+                owner, f"{self.stream}_{op}", "POST", path, body=args, idempotent=idempotent
+            ),
+            self.owner_wait_s if idempotent else 0.0,
         )
         position = StreamPosition.from_json(answer.get("position"))
         if position is not None and not await wait_visible(

@@ -84,7 +84,9 @@ class ClusterClient:
     """One user's view of the cluster: `token` authenticates every call once `register` ran.
 
     `urls` maps worker names to base URLs; `event_writers` is kept for callers that report on
-    placement, never used for routing."""
+    placement, never used for routing. A call without `via` goes to a random worker of `balanced`
+    when set (what a load balancer would pick from: the test may take workers out of it), else of
+    `urls`."""
 
     def __init__(
         self,
@@ -103,9 +105,12 @@ class ClusterClient:
         self.token = token
         self.device_id: str | None = None
         self.timeline_limit = timeline_limit
+        self.balanced: Mapping[str, str] | None = None
 
     def _url(self, via: str | None) -> str:
-        return self.urls[via] if via is not None else random.choice(list(self.urls.values()))
+        if via is not None:
+            return self.urls[via]
+        return random.choice(list((self.balanced if self.balanced is not None else self.urls).values()))
 
     async def _call(self, method: str, url: str, body: Any = None, **params: Any) -> Any:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}

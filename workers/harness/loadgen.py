@@ -69,6 +69,10 @@ class LoadReport:
     failed: int = 0
     #: Answers with status 500 (writes and syncs): a fault must be answered 503, never 500.
     internal_errors: int = 0
+    #: The longest a room write (send, state, membership, redaction) took to be answered.
+    longest_write_ms: float = 0.0
+    #: The first failed actions: kind and how each failed.
+    failures: list[str] = field(default_factory=list)
     membership_changes: int = 0
     redactions_sent: int = 0
     receipts_sent: int = 0
@@ -114,6 +118,7 @@ class LoadReport:
             "rejected_by_rules": self.rejected,
             "failed_requests": self.failed,
             "internal_errors": self.internal_errors,
+            "longest_write_ms": round(self.longest_write_ms, 1),
             "membership_changes": self.membership_changes,
             "redactions_sent": self.redactions_sent,
             "receipts_sent": self.receipts_sent,
@@ -266,6 +271,7 @@ class LoadDriver:
         user = str(client.user_id)
         owner = client is self.clients[0]
         async with self.locks[user]:
+            started = time.monotonic()
             mine = sorted(self.joined[user])
             others = sorted(set(self.rooms) - self.joined[user])
             room = ""
@@ -316,17 +322,27 @@ class LoadDriver:
                 if e.status < 500:
                     raise
                 self.report.failed += 1
+                self._failure(kind, f"{e.status} {e.errcode}: {e.body}")
                 self.report.internal_errors += e.status == 500
                 if room:
                     self._set(user, room, UNKNOWN)
                 return
-            except (aiohttp.ClientError, TimeoutError):
+            except (aiohttp.ClientError, TimeoutError) as e:
                 # The persister is down or restarting: the outcome is unknown, the database decides.
                 self.report.failed += 1
+                self._failure(kind, f"{type(e).__name__}: {e}")
                 if room:
                     self._set(user, room, UNKNOWN)
                 return
+            finally:
+                if kind in ROOM_WRITES:
+                    took_ms = (time.monotonic() - started) * 1000
+                    self.report.longest_write_ms = max(self.report.longest_write_ms, took_ms)
         self.report.events_sent += 1
+
+    def _failure(self, kind: str, how: str) -> None:
+        if len(self.report.failures) < 20:
+            self.report.failures.append(f"{kind}: {how}"[:300])
 
     async def _client_chore(self, kind: str, client: ClusterClient, mine: list[str]) -> None:
         """What clients do every minute besides sending: a receipt on the last event the user's
@@ -590,6 +606,8 @@ class LoadDriver:
 #: The pause of every fourth reader before each sync.
 SLOW_READER_PAUSE_S = 0.5
 UNKNOWN = "?"
+#: The load's actions that write into a room (timed for `LoadReport.longest_write_ms`).
+ROOM_WRITES = frozenset({"message", "redact", "churn", "state", "join", "leave"})
 #: Churn's moves from each membership: (who acts, what), "me" being the churning user.
 CHURN_MOVES: dict[str | None, list[tuple[str, str]]] = {
     None: [("owner", "invite"), ("me", "join"), ("me", "knock")],

@@ -22,10 +22,17 @@ from aiohttp import web
 
 from idgen.multi_writer import DATABASE_DOWN
 from pubsub.ratelog import RateLimitedLog
-from workers.errors import WorkerError
+from workers.errors import PersisterError, WorkerError
 from workers.handlers import rooms
-from workers.handlers.forwarding import WORKER_AUTH_ERRCODE, ForwardRefused, OwnerUnavailable
-from workers.handlers.persist import PersisterOverloaded, PersisterStopped
+from workers.handlers.forwarding import (
+    NOT_OWNER_ERRCODE,
+    UNPROCESSED_HEADER,
+    WORKER_AUTH_ERRCODE,
+    ForwardRefused,
+    OwnerUnavailable,
+)
+from workers.handlers.persist import PersisterOverloaded
+from workers.handlers.room_leases import NotRoomOwner
 
 log = logging.getLogger(__name__)
 _outages = RateLimitedLog(log)
@@ -61,15 +68,13 @@ class ApiError(WorkerError):
         return web.json_response(body, status=self.status, headers=self.headers)
 
 
-def unavailable(message: str, retry_after_s: int) -> ApiError:
-    """503 with Retry-After (seconds) and retry_after_ms: the client should come back later."""
-    return ApiError(
-        503,
-        "M_UNKNOWN",
-        message,
-        headers={"Retry-After": str(retry_after_s)},
-        retry_after_ms=retry_after_s * 1000,
-    )
+def unavailable(message: str, retry_after_s: int, *, unprocessed: bool = False) -> ApiError:
+    """503 with Retry-After (seconds) and retry_after_ms: the client should come back later.
+    `unprocessed`: the request was refused before anything was done (`UNPROCESSED_HEADER`)."""
+    headers = {"Retry-After": str(retry_after_s)}
+    if unprocessed:
+        headers[UNPROCESSED_HEADER] = "1"
+    return ApiError(503, "M_UNKNOWN", message, headers=headers, retry_after_ms=retry_after_s * 1000)
 
 
 def outage_error(error: BaseException) -> ApiError | None:
@@ -107,10 +112,12 @@ def api_error_for(error: Exception) -> ApiError | None:
         return ApiError(404, "M_NOT_FOUND", str(error))
     if isinstance(error, rooms.Forbidden):
         return ApiError(403, "M_FORBIDDEN", str(error))
+    if isinstance(error, NotRoomOwner):
+        return ApiError(409, NOT_OWNER_ERRCODE, str(error), holder=error.holder)
     if isinstance(error, PersisterOverloaded):
-        return unavailable(f"the room's writer is busy ({error}); retry shortly", 1)
-    if isinstance(error, PersisterStopped):
-        return unavailable(str(error), 2)
+        return unavailable(f"the room's writer is busy ({error}); retry shortly", 1, unprocessed=True)
+    if isinstance(error, PersisterError):  # stopping, or no longer holding its lease
+        return unavailable(str(error), 2, unprocessed=True)  # not queued, or rolled back
     if isinstance(error, OwnerUnavailable):
         return unavailable(str(error), error.retry_after_s)
     if isinstance(error, ForwardRefused):

@@ -9,8 +9,10 @@ Contract (see `workers.handlers.forwarding.Forwarder`):
   seen of every stream, so the owner can wait (bounded) until it has seen as much before acting.
 * Time: the whole call, retries included, takes at most `timeout_s` (or the call's own `timeout_s`).
 * Retries with exponential backoff and jitter: a connection that could not be made is retried
-  always (the owner never saw the request); a request that may have reached the owner (timeout,
-  reset, 502/503/504) only when `idempotent`.
+  always (the owner never saw the request), and so is a 503 marked `UNPROCESSED_HEADER` (the
+  owner refused it before acting); a request that may have reached the owner (timeout, reset,
+  502/503/504) only when `idempotent`. The final `OwnerUnavailable` says whether its last
+  failure proved the request unprocessed.
 * Errors: `OwnerUnavailable` (down, unreachable, 5xx, no URL configured), `ForwardRefused` (4xx).
 * Metrics per endpoint name: requests by outcome, retries, latency histogram.
 """
@@ -28,7 +30,12 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from workers.handlers.forwarding import WORKER_AUTH_ERRCODE, ForwardRefused, OwnerUnavailable
+from workers.handlers.forwarding import (
+    UNPROCESSED_HEADER,
+    WORKER_AUTH_ERRCODE,
+    ForwardRefused,
+    OwnerUnavailable,
+)
 
 log = logging.getLogger(__name__)
 POSITIONS_HEADER = "X-Fanout-Positions"
@@ -181,8 +188,9 @@ class WorkerRequests:
         owner, endpoint, idempotent = call.owner, call.endpoint, call.idempotent
         base = self.instance_map.get(owner)
         if base is None:
-            raise OwnerUnavailable(owner, "no URL for it in instance_map", retry_after_s=10)
+            raise OwnerUnavailable(owner, "no URL for it in instance_map", retry_after_s=10, unprocessed=True)
         reason = "no attempt"
+        unprocessed = True
         for attempt in range(self.attempts):
             if attempt:
                 self.metrics.retries.labels(endpoint).inc()
@@ -207,7 +215,8 @@ class WorkerRequests:
                 ) as resp:
                     if resp.status in RETRY_STATUSES:
                         reason = f"HTTP {resp.status}"
-                        if idempotent:
+                        unprocessed = resp.headers.get(UNPROCESSED_HEADER) == "1"
+                        if idempotent or unprocessed:
                             continue
                         break
                     try:
@@ -227,10 +236,12 @@ class WorkerRequests:
                     return answer
             except aiohttp.ClientConnectorError as e:
                 reason = f"cannot connect: {e.os_error}"
+                unprocessed = True
                 continue  # never reached the owner: safe to retry any request
             except (aiohttp.ClientError, TimeoutError) as e:
                 reason = f"{type(e).__name__}: {e}"
+                unprocessed = False
                 if idempotent:
                     continue
                 break
-        raise OwnerUnavailable(owner, reason)
+        raise OwnerUnavailable(owner, reason, unprocessed=unprocessed)

@@ -164,11 +164,17 @@ _ADVISORY_KEY = (
 
 async def live_workers(conn: Conn) -> list[str]:
     """The instance names (`prefix/name`) whose lease is held now: the workers running on this
-    database (`workers.instance_lease`)."""
+    database (`workers.instance_lease`: an unexpired lease row; a worker of a release before lease
+    rows holds a session advisory lock instead)."""
     if await conn.fetchval("SELECT to_regclass('instance_leases') IS NULL"):
         return []
+    has_expiry = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns"
+        " WHERE table_name = 'instance_leases' AND column_name = 'expires_at')"
+    )
+    by_row = "l.expires_at > now() OR " if has_expiry else ""
     rows = await conn.fetch(
-        "SELECT lease_key FROM instance_leases l WHERE EXISTS (SELECT 1 FROM pg_locks"
+        f"SELECT lease_key FROM instance_leases l WHERE {by_row}EXISTS (SELECT 1 FROM pg_locks"
         f" WHERE {_ADVISORY_KEY} = hashtextextended(l.lease_key, 0)) ORDER BY 1"
     )
     return [r["lease_key"] for r in rows]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.pubsub.conftest import wait_for
 from tests.workers.conftest import MakeWorker
+from workers.handlers.room_leases import RoomLeaseLost
 from workers.handlers.rooms import new_event_id
 from workers.model import NewEvent
 from workers.storage import connect
@@ -17,7 +20,8 @@ async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_o
 ) -> None:
     p1 = await make_worker("p1", ["p1"], persist_batches_in_flight=2)
     r1 = await make_worker("r1", ["p1"])
-    assert p1.persister is not None
+    assert p1.persister is not None and p1.room_leases is not None
+    await p1.room_leases.hold("!room")  # what RoomWrites does before it persists
     own, seen = p1.generators[EVENTS], r1.generators[EVENTS]
     async with connect(database_url) as blocker:
         # An uncommitted row with the same event_id holds the first batch's insert on the unique index.
@@ -51,7 +55,8 @@ async def test_a_batch_postgres_refuses_is_persisted_in_halves_failing_only_the_
     """The HTTP edge refuses what PostgreSQL would; should something still get through (here a NUL
     in a state key, put straight on the persister), only its own request fails."""
     p1 = await make_worker("p1", ["p1"])
-    assert p1.persister is not None
+    assert p1.persister is not None and p1.room_leases is not None
+    await p1.room_leases.hold("!room")
     events = [NewEvent(new_event_id(), "!room", "m.room.message", f"@u{i}", {"n": i}) for i in range(7)]
     events.insert(3, NewEvent(new_event_id(), "!room", "m.room.topic", "@bad", {}, "nul\x00key"))
     futures = [p1.persister.persist(e) for e in events]  # one loop turn: one batch
@@ -71,7 +76,8 @@ async def test_possible_retries_are_answered_from_the_stored_event_without_ids_a
 ) -> None:
     p1 = await make_worker("p1", ["p1"])
     persister = p1.persister
-    assert persister is not None
+    assert persister is not None and p1.room_leases is not None
+    await p1.room_leases.hold("!room")
     sent = [NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"n": i}) for i in range(50)]
     stored = await asyncio.gather(*(persister.persist(e, may_exist=True) for e in sent))
     assert persister.retries_answered == 0  # first tries: looked up in their allocation, not found, persisted
@@ -84,3 +90,23 @@ async def test_possible_retries_are_answered_from_the_stored_event_without_ids_a
         assert [f.result() for f in futures[:50]] == stored
         assert await conn.fetchval("SELECT last_value FROM events_stream_seq") == before + 10
     assert persister.retries_answered == 50
+
+
+async def test_a_batch_of_a_room_this_persister_does_not_hold_does_not_commit(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    """The room lease check in the batch's transaction: a room never taken here, or taken by
+    another persister since, fails the batch (503 unprocessed for the senders) and stores nothing."""
+    p1 = await make_worker("p1", ["p1", "p2"])
+    assert p1.persister is not None and p1.room_leases is not None
+    with pytest.raises(RoomLeaseLost):
+        await p1.persister.persist(NewEvent(new_event_id(), "!never", "m.room.message", "@u", {}))
+    await p1.room_leases.hold("!taken")
+    await p1.persister.persist(NewEvent(new_event_id(), "!taken", "m.room.message", "@u", {"n": 1}))
+    async with connect(database_url) as conn:
+        await conn.execute("UPDATE room_leases SET writer = 'p2', epoch = epoch + 1 WHERE room_id = '!taken'")
+        with pytest.raises(RoomLeaseLost):
+            await p1.persister.persist(NewEvent(new_event_id(), "!taken", "m.room.message", "@u", {"n": 2}))
+        stored = await conn.fetchval("SELECT count(*) FROM events WHERE room_id IN ('!never', '!taken')")
+    assert stored == 1
+    assert "!taken" not in p1.room_leases.held  # forgotten: the next write asks again

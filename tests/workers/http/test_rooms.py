@@ -38,7 +38,7 @@ async def test_a_retried_send_makes_one_event_even_across_a_persister_restart(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
     p1 = await make_worker("p1", ["p1"])
-    reader = await make_worker("r1", ["p1"])
+    reader = await make_worker("r1", ["p1"], writer_wait_s=0)  # a stopped persister: 503 at once
     alice = client_for(http, [p1, reader], ["p1"])
     await alice.register("alice", via="r1")
     room = await alice.create_room("public", via="r1")
