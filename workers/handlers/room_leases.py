@@ -111,6 +111,9 @@ class RoomLeases:
         self.closed = False
         self._taking: dict[str, asyncio.Lock] = {}
         self.taken_from_others = 0
+        #: The room's writer by the stable hash when only it may take the room (workers of the
+        #: previous release run and route by it), else None (`workers.previous_release`).
+        self.hashed_writer: Callable[[str], str | None] = lambda _room: None
 
     async def hold(self, room_id: str) -> None:
         """Return once this writer holds `room_id` and has seen its last event; raises
@@ -119,6 +122,9 @@ class RoomLeases:
             return
         if self.closed:
             raise RoomMoving(f"{self.name} stops: {room_id} is written elsewhere now")
+        hashed = self.hashed_writer(room_id)
+        if hashed not in (None, self.name):
+            raise RoomMoving(f"{room_id} is written by {hashed} while workers of the previous release run")
         lock = self._taking.setdefault(room_id, asyncio.Lock())
         try:
             async with lock:
