@@ -8,6 +8,8 @@ holds the room's lease under the epoch it took:
   lease ended (crashed, frozen, cut off). A take raises the epoch, a key column (unique index on
   (room_id, epoch)), so it waits for the old holder's writes in flight and fences later ones.
   Held by another live writer: `NotRoomOwner` naming it (the caller goes there).
+  While workers of the previous release run (`workers.previous_release`), only the writer a room
+  hashes to takes it (`hashed_writer`); another answers `RoomMoving`, as they route by the hash.
 * After a take from another writer, the new holder waits (bounded) until its own view of that
   writer covers the room's last event. Readers then get the old holder's last events before the
   new holder's first (Redis delivers to each subscriber in publish order), so a room's events
