@@ -76,7 +76,7 @@ class PreviousRelease:
             await asyncio.sleep(self._interval_s)
             try:
                 await self.check()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
                 log.warning("previous-release check failed, live=%s kept: %s", self.live, e or type(e))
 
     async def stop(self) -> None:
