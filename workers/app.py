@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -78,6 +79,7 @@ from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
 from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, redacts_of
 from workers.position_hints import discard_hints_ahead
+from workers.previous_release import PreviousRelease
 from workers.reachability import PostgresProbe
 from workers.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
 from workers.storage import connect, create_pool
@@ -134,6 +136,7 @@ class Worker:
         self.generators: dict[str, MultiWriterIdGenerator] = {}
         self.lease: InstanceLease | None = None
         self.room_leases: RoomLeases | None = None
+        self.previous_release: PreviousRelease | None = None
         self._postgres_probe: PostgresProbe | None = None
         self.rate_limits: RateLimiter | None = None
         #: Set when this process lost its instance name: it must stop (and exit 1).
@@ -309,6 +312,13 @@ class Worker:
             await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
         if self.applied is not None:
             self.applied.start()
+        with self._phase("check_previous_release"):  # before any room is taken or key count cached
+            previous = self.previous_release = PreviousRelease(self.pool, f"{config.channel_prefix}/")
+            keys = self.stored.one_time_keys
+            keys.mixed_release = lambda: previous.live
+            previous.on_change.append(keys.previous_release_changed)
+            await previous.check()
+            previous.start()
         if config.writes(EVENTS):
             with self._phase("start_persisters"):
                 self.room_leases = RoomLeases(
@@ -316,6 +326,9 @@ class Worker:
                     self.notifier, lambda writer: self.replication.handler.is_connected(EVENTS, writer),
                     config.writer_wait_s,
                 )  # fmt: skip
+                self.room_leases.hashed_writer = functools.partial(
+                    previous.hashed_writer, writers=self.writers(EVENTS)
+                )
                 self.persister = EventPersister(
                     self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
                     on_committed=self._committed, on_finished=self._finished,
@@ -423,6 +436,8 @@ class Worker:
         self.room_writes.forwarder = self.ephemeral.requests
         self.room_writes.owner_wait_s = config.writer_wait_s
         self.room_writes.leases = self.room_leases
+        if (previous := self.previous_release) is not None:
+            self.room_writes.placement.by_hash = lambda: previous.live
         if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
             api.deps.reads.requests = self.ephemeral.requests
             api.deps.reads.wait_for_positions = self.ephemeral.wait_for_positions
@@ -712,6 +727,8 @@ class Worker:
             steps.append(("close_rate_limits", self.rate_limits.close))
         if self._postgres_probe is not None:
             steps.append(("stop_probe", self._postgres_probe.stop))
+        if self.previous_release is not None:
+            steps.append(("stop_previous_release_check", self.previous_release.stop))
         steps += [("close_generators", self._close_generators)]
         if hasattr(self, "pool"):
             steps.append(("close_database", self.pool.close))

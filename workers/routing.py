@@ -39,9 +39,11 @@ class RoomPlacement:
     """Where a room's writes go now (rooms are held as leases, `workers.handlers.room_leases`):
     the holder this worker last learned (from a write's answer or a writer naming the holder),
     unless that writer was found unavailable lately; else the stable choice among the writers not
-    found unavailable. A stale answer costs one more hop: the writer asked names the holder."""
+    found unavailable. A stale answer costs one more hop: the writer asked names the holder.
+    While `by_hash()` (workers of the previous release run), only the stable choice among all
+    the writers, as they route."""
 
-    __slots__ = ("_away", "_clock", "_holders", "away_s", "max_rooms", "writers")
+    __slots__ = ("_away", "_clock", "_holders", "away_s", "by_hash", "max_rooms", "writers")
 
     def __init__(
         self,
@@ -56,8 +58,11 @@ class RoomPlacement:
         self.max_rooms = max_rooms
         self._holders: OrderedDict[str, str] = OrderedDict()
         self._away: dict[str, float] = {}
+        self.by_hash: Callable[[], bool] = lambda: False
 
     def owner(self, room_id: str) -> str:
+        if self.by_hash():
+            return writer_for_room(room_id, self.writers)
         now = self._clock()
         holder = self._holders.get(room_id)
         if holder is not None and not self._is_away(holder, now):

@@ -16,9 +16,11 @@ import asyncpg
 import pytest
 
 from tests.cluster.conftest import MakeCluster
+from tests.compat.previous_worker import previous_release_worker
 from tests.workers.worker_process import until_blocked_on_lock
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient, RequestRefused
+from workers.previous_release import CHECK_INTERVAL_S
 from workers.routing import writer_for_room
 
 LEASE_S = 2.0
@@ -150,3 +152,32 @@ async def _until_held_by(conn: asyncpg.Connection[Any], room: str, writer: str) 
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{room} never moved to {writer}")
+
+
+async def test_while_a_previous_release_worker_runs_a_stopped_persisters_rooms_stay(
+    make_cluster: MakeCluster, database_url: str, channel_prefix: str
+) -> None:
+    """Workers of the previous release route by the stable hash: while one runs, a persister's
+    rooms wait for it across its restart instead of moving; once none runs, rooms move again."""
+    async with aiohttp.ClientSession() as session:
+        async with previous_release_worker(database_url, f"{channel_prefix}/old1"):
+            cluster = await make_cluster(
+                persisters=2, sync_workers=1, background_workers=0,
+                extra_config={"writer_wait_s": 30.0, "instance_lease_s": LEASE_S},
+            )  # fmt: skip
+            alice, _, room = await _room(cluster, session)
+            owner = writer_for_room(room, cluster.event_writers)
+            other = next(w for w in cluster.event_writers if w != owner)
+            await alice.send(room, "m.room.message", {"body": "before"}, via="sync1")
+            assert await cluster.stop(names=[owner]) == {owner: 0}
+            during = asyncio.create_task(alice.send(room, "m.room.message", {"body": "during"}, via="sync1"))
+            await asyncio.sleep(1.0)
+            assert not during.done()  # waits for its writer: the room is not taken elsewhere
+            await cluster.start([owner])
+            assert (await during)["event_id"]
+            assert set(await _writers(database_url, room)) == {owner}
+        # The previous release's worker is gone: the next stop hands the room over as usual.
+        await asyncio.sleep(CHECK_INTERVAL_S * 2)
+        assert await cluster.stop(names=[owner]) == {owner: 0}
+        await alice.send(room, "m.room.message", {"body": "after"}, via="sync1")
+    assert (await _writers(database_url, room))[-1] == other

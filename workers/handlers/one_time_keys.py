@@ -15,6 +15,10 @@ row naming the devices whose counts it changed, in its own transaction (that is 
 writer: the device_lists writers write the caches stream); every worker drops those entries when it
 applies the row, the worker that forwarded the request at once. So a worker answers with the counts
 of a change within one replication delay, never a cache that only expires by time.
+
+While workers of the previous release run (`workers.previous_release`), which claim keys without
+that row and whose writers know no `claim_keys`: the counts are read from the database, a claim
+such a writer refuses runs here as theirs do, and the cache is emptied when the last one is gone.
 """
 
 from __future__ import annotations
@@ -22,14 +26,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
 from workers.handlers.caches import CacheRows, LruCache
-from workers.handlers.forwarding import OwnerUnavailable
+from workers.handlers.forwarding import ForwardRefused, OwnerUnavailable
 from workers.handlers.stream_writes import UserStreamWrites, object_arg, text_arg
 from workers.model import KEYS_PER_INVALIDATION
 from workers.storage import Conn
@@ -95,6 +99,12 @@ def claimed_json(claimed: Sequence[ClaimedKey]) -> dict[str, dict[str, dict[str,
     return out
 
 
+def _claim_answer(claimed: Sequence[ClaimedKey]) -> dict[str, Any]:
+    """A writer's answer to `claim_keys` (`OneTimeKeys.claim` reads it)."""
+    rows = [[c.user_id, c.device_id, c.key.algorithm, c.key.key_id, c.key.key_json] for c in claimed]
+    return {"claimed": rows}
+
+
 async def read_counts(conn: Conn, user_id: str, device_id: str) -> KeyCounts:
     return KeyCounts(*await store.key_counts(conn, user_id, device_id))
 
@@ -111,6 +121,12 @@ class OneTimeKeys:
         )
         #: Set on a device_lists writer: the caches-stream rows its uploads and claims write.
         self.cache_rows: CacheRows | None = None
+        #: True while workers of the previous release run: no counts cache, local claims allowed.
+        self.mixed_release: Callable[[], bool] = lambda: False
+
+    def previous_release_changed(self, live: bool) -> None:
+        """Entries cached before or while old workers ran may be stale: empty the cache."""
+        self.counts_cache.invalidate_all()
 
     async def upload(self, user_id: str, device_id: str, one_time_keys: Any, fallback_keys: Any) -> KeyCounts:
         """Store the device's one-time and fallback keys (checked with `parse_keys` first);
@@ -136,7 +152,10 @@ class OneTimeKeys:
         return KeyCounts(counts, fallback)
 
     async def counts(self, user_id: str, device_id: str) -> KeyCounts:
-        """The device's counts, from the cache (a miss reads them)."""
+        """The device's counts, from the cache (a miss reads them); from the database while
+        workers of the previous release run."""
+        if self.mixed_release():
+            return await self._load(counts_key(user_id, device_id))
         return await self.counts_cache.get(counts_key(user_id, device_id))
 
     async def _load(self, key: str) -> KeyCounts:
@@ -152,14 +171,7 @@ class OneTimeKeys:
         by_writer: dict[str, list[list[str]]] = {}
         for user_id, device_id, algorithm in wanted:
             by_writer.setdefault(self.writes.owner(user_id), []).append([user_id, device_id, algorithm])
-        answers = await asyncio.gather(
-            *(
-                # Never sent twice: a claim that committed and was sent again would use up a key.
-                self.writes.run(group[0][0], "claim_keys", {"user_id": group[0][0], "wanted": group},
-                                idempotent=False)
-                for group in by_writer.values()
-            )
-        )  # fmt: skip
+        answers = await asyncio.gather(*(self._claim_on_writer(group) for group in by_writer.values()))
         self.counts_cache.invalidate_many(counts_key(u, d) for u, d, _ in wanted)  # read-your-writes here
         claimed: list[ClaimedKey] = []
         for answer in answers:
@@ -168,6 +180,20 @@ class OneTimeKeys:
                 raise ValueError("the device_lists writer answered a claim without keys")
             claimed += [ClaimedKey(u, d, UploadedKey(a, i, j)) for u, d, a, i, j in rows]
         return claimed
+
+    async def _claim_on_writer(self, group: list[list[str]]) -> dict[str, Any]:
+        try:
+            # Never sent twice: a claim that committed and was sent again would use up a key.
+            return await self.writes.run(
+                group[0][0], "claim_keys", {"user_id": group[0][0], "wanted": group}, idempotent=False
+            )
+        except ForwardRefused as e:
+            if not (self.mixed_release() and "no operation 'claim_keys'" in str(e.body.get("error"))):
+                raise
+        # A writer of the previous release: claim here, as it does (no counts cache is read now).
+        async with self._pool.acquire() as conn:
+            claimed = await store.claim_keys(conn, [(u, d, a) for u, d, a in group])
+        return _claim_answer(claimed)
 
     # -- on the writer ---------------------------------------------------------------------------
 
@@ -201,11 +227,7 @@ class OneTimeKeys:
                 if changed:  # more devices than one row names: the whole cache
                     keys = changed if len(changed) <= KEYS_PER_INVALIDATION else None
                     await pending.write(conn, KEY_COUNTS_CACHE, keys)
-        return {
-            "claimed": [
-                [c.user_id, c.device_id, c.key.algorithm, c.key.key_id, c.key.key_json] for c in claimed
-            ]
-        }
+        return _claim_answer(claimed)
 
     def _rows(self) -> CacheRows:
         if self.cache_rows is None:

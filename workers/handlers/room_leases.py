@@ -8,6 +8,8 @@ holds the room's lease under the epoch it took:
   lease ended (crashed, frozen, cut off). A take raises the epoch, a key column (unique index on
   (room_id, epoch)), so it waits for the old holder's writes in flight and fences later ones.
   Held by another live writer: `NotRoomOwner` naming it (the caller goes there).
+  While workers of the previous release run (`workers.previous_release`), only the writer a room
+  hashes to takes it (`hashed_writer`); another answers `RoomMoving`, as they route by the hash.
 * After a take from another writer, the new holder waits (bounded) until its own view of that
   writer covers the room's last event. Readers then get the old holder's last events before the
   new holder's first (Redis delivers to each subscriber in publish order), so a room's events
@@ -111,6 +113,9 @@ class RoomLeases:
         self.closed = False
         self._taking: dict[str, asyncio.Lock] = {}
         self.taken_from_others = 0
+        #: The room's writer by the stable hash when only it may take the room (workers of the
+        #: previous release run and route by it), else None (`workers.previous_release`).
+        self.hashed_writer: Callable[[str], str | None] = lambda _room: None
 
     async def hold(self, room_id: str) -> None:
         """Return once this writer holds `room_id` and has seen its last event; raises
@@ -119,6 +124,9 @@ class RoomLeases:
             return
         if self.closed:
             raise RoomMoving(f"{self.name} stops: {room_id} is written elsewhere now")
+        hashed = self.hashed_writer(room_id)
+        if hashed not in (None, self.name):
+            raise RoomMoving(f"{room_id} is written by {hashed} while workers of the previous release run")
         lock = self._taking.setdefault(room_id, asyncio.Lock())
         try:
             async with lock:

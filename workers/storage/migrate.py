@@ -180,6 +180,17 @@ async def live_workers(conn: Conn) -> list[str]:
     return [r["lease_key"] for r in rows]
 
 
+async def previous_release_workers(conn: Conn, prefix: str) -> list[str]:
+    """The instance names under `prefix` held now by workers of a release before lease rows: a
+    session advisory lock on the name, which no worker of this release takes."""
+    rows = await conn.fetch(
+        f"SELECT lease_key FROM instance_leases l WHERE starts_with(l.lease_key, $1) AND EXISTS"
+        f" (SELECT 1 FROM pg_locks WHERE {_ADVISORY_KEY} = hashtextextended(l.lease_key, 0)) ORDER BY 1",
+        prefix,
+    )
+    return [r["lease_key"] for r in rows]
+
+
 @contextlib.asynccontextmanager
 async def _migration_lock(conn: Conn) -> AsyncIterator[None]:
     if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK_KEY):

@@ -11,11 +11,14 @@ from typing import Any
 
 import aiohttp
 
+from tests.compat.previous_worker import previous_release_worker
 from tests.workers.conftest import MakeWorker, client_for
 from tests.workers.http.test_stored_streams import refused
 from workers.app import Worker
 from workers.harness.cluster_client import ClusterClient
+from workers.previous_release import CHECK_INTERVAL_S
 from workers.routing import writer_for_user
+from workers.storage import one_time_keys as key_store
 from workers.streams.device_lists import DEVICE_LISTS
 
 WRITERS = ["p1", "p2"]
@@ -130,3 +133,41 @@ async def test_two_workers_claiming_at_once_get_each_key_once(
     assert sorted(one_time) == sorted(one_time_keys(0, keys))  # every key, each exactly once
     assert handed.count(f"{ALG}:F") == claims - keys
     await counted(workers[1], bob, ({ALG: 0}, []))
+
+
+async def test_while_a_previous_release_worker_runs_counts_are_read_from_the_database(
+    make_worker: MakeWorker, http: aiohttp.ClientSession, database_url: str, channel_prefix: str
+) -> None:
+    """The previous release claims in the database without a caches-stream row: while one of its
+    workers holds a name, /sync reads the counts from the database; after, the cache is emptied."""
+    workers = [await make_worker(n, ["p1"]) for n in ("p1", "r1")]
+    reader = workers[1]
+    bob = client_for(http, workers, ["p1"])
+    await bob.register("bob", via="r1")
+    assert bob.user_id and bob.device_id
+    await upload(bob, "p1", one_time_keys=one_time_keys(0, 3))
+    await counted(reader, bob, ({ALG: 3}, []))
+    await asyncio.sleep(1.0)  # the upload's caches-stream row applied on r1 (in-process: milliseconds)
+    assert await sync_counts(reader, bob) == ({ALG: 3}, [])  # cached now
+
+    async def claim_as_previous_release() -> None:
+        async with reader.pool.acquire() as conn:
+            assert bob.user_id and bob.device_id
+            assert len(await key_store.claim_keys(conn, [(bob.user_id, bob.device_id, ALG)])) == 1
+
+    async def mode(live: bool) -> None:
+        assert reader.previous_release is not None
+        deadline = time.monotonic() + CHECK_INTERVAL_S * 3
+        while reader.previous_release.live != live:
+            assert time.monotonic() < deadline, f"compatibility mode still {not live}"
+            await asyncio.sleep(0.05)
+
+    await claim_as_previous_release()
+    assert await sync_counts(reader, bob) == ({ALG: 3}, [])  # the cache does not know of it
+    async with previous_release_worker(database_url, f"{channel_prefix}/old1"):
+        await mode(True)
+        assert await sync_counts(reader, bob) == ({ALG: 2}, [])
+        await claim_as_previous_release()
+        assert await sync_counts(reader, bob) == ({ALG: 1}, [])
+    await mode(False)
+    assert await sync_counts(reader, bob) == ({ALG: 1}, [])  # the stale entry was dropped
