@@ -81,16 +81,19 @@ class Forwarder(Protocol):
     ) -> dict[str, Any]: ...
 
 
-async def retried_while_unavailable(request: Callable[[], Awaitable[T]], within_s: float) -> T:
+async def retried_while_unavailable(
+    request: Callable[[], Awaitable[T]], within_s: float, *, idempotent: bool = True
+) -> T:
     """`request()`, tried again while it fails with `OwnerUnavailable` (the owner restarts or
-    stops), for up to `within_s`; for idempotent requests, or ones the owner left unprocessed."""
+    stops), for up to `within_s`: every such failure of an `idempotent` request, and of one that is
+    not only when the owner certainly left it unprocessed (no connection made, or it said so)."""
     deadline = time.monotonic() + within_s
     pause = RETRY_FIRST_S
     while True:
         try:
             return await request()
-        except OwnerUnavailable:
-            if time.monotonic() + pause > deadline:
+        except OwnerUnavailable as e:
+            if not (idempotent or e.unprocessed) or time.monotonic() + pause > deadline:
                 raise
         await asyncio.sleep(pause)
         pause = min(pause * 2, RETRY_MAX_S)

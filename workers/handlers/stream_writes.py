@@ -214,8 +214,8 @@ class UserStreamWrites:
         """Run `op` for `key` (a user id; a room id for `RoomStreamWrites`) on its writer. Raises
         OwnerUnavailable, ForwardRefused, or what the operation raises when it runs here
         (ValueError for bad arguments). While the writer cannot be reached (it restarts), an
-        `idempotent` operation is tried again for up to `owner_wait_s`; one that is not is never
-        sent twice."""
+        `idempotent` operation is tried again for up to `owner_wait_s`; one that is not only while
+        the writer certainly did not act on it (never sent twice)."""
         if not self.writers:
             raise OwnerUnavailable(f"{self.stream} writer", f"stream_writers.{self.stream} is empty", 30)
         owner = self.owner(key)
@@ -230,7 +230,8 @@ class UserStreamWrites:
             lambda: forwarder.request(
                 owner, f"{self.stream}_{op}", "POST", path, body=args, idempotent=idempotent
             ),
-            self.owner_wait_s if idempotent else 0.0,
+            self.owner_wait_s,
+            idempotent=idempotent,
         )
         position = StreamPosition.from_json(answer.get("position"))
         if position is not None and not await wait_visible(
