@@ -76,9 +76,9 @@ async def _measure_write_path(database_url: str, redis_url: str, events: int, co
     assert worker.persister is not None
     try:
         far = asyncio.get_running_loop().time() + 10**6
-        await drive_persister(worker.persister, "p1", ["p1"], far, max(1000, events // 4), concurrency)
+        await drive_persister(worker, "p1", ["p1"], far, max(1000, events // 4), concurrency)
         _instrument(True)
-        await drive_persister(worker.persister, "p1", ["p1"], far, events, concurrency)
+        await drive_persister(worker, "p1", ["p1"], far, events, concurrency)
         _instrument(False)
     finally:
         await worker.stop()

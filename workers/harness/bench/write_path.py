@@ -13,19 +13,21 @@ import multiprocessing
 import time
 from collections.abc import Sequence
 from queue import Empty
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from workers import event_loop, identifiers
 from workers.config import WorkerConfig
 from workers.handlers import rooms
-from workers.handlers.persist import EventPersister
 from workers.harness.bench._common import progress
 from workers.model import NewEvent
 from workers.routing import writer_for_room
 from workers.storage import connect
 from workers.storage.events import copy_event_rows
+
+if TYPE_CHECKING:
+    from workers.app import Worker
 
 # -- phase 1: the ceiling ------------------------------------------------------------------------
 
@@ -107,20 +109,24 @@ async def _write_path_child(
     assert worker.persister is not None
     persister = worker.persister
     try:
-        return await drive_persister(
-            persister, name, writers, time.monotonic() + seconds, events, concurrency
-        )
+        return await drive_persister(worker, name, writers, time.monotonic() + seconds, events, concurrency)
     finally:
         progress(f"{name}: {persister.events} events in {persister.batches} batches")
         await worker.stop()
 
 
 async def drive_persister(
-    persister: EventPersister, name: str, writers: list[str], deadline: float, events: int, concurrency: int
+    worker: Worker, name: str, writers: list[str], deadline: float, events: int, concurrency: int
 ) -> int:
     """`concurrency` tasks each persisting one message at a time into rooms this writer owns, until
-    `deadline` or `events` sent (0: no limit); returns how many were sent."""
+    `deadline` or `events` sent (0: no limit); returns how many were sent. The rooms' leases are
+    taken first, as the worker's first write to each would take them."""
+    persister = worker.persister
+    assert persister is not None
     owned = bench_rooms(name, writers)
+    if worker.room_leases is not None:
+        for room in owned:
+            await worker.room_leases.hold(room)
     done = 0
 
     async def sender(index: int) -> None:
