@@ -34,7 +34,7 @@ import asyncpg
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches import CacheCounts, SyncCaches
-from workers.handlers.history_visibility import JOINED, all_permissive, current, may_see_event
+from workers.handlers.history_visibility import JOINED, Changes, all_permissive, current, may_see_event
 from workers.handlers.notifier import Notifier
 from workers.handlers.recent_events import EventBodies, Placed, RecentEvents
 from workers.handlers.room_versions import RoomVersions
@@ -320,17 +320,26 @@ class SyncHandler:
             self.observers.visible(max(0.0, now_ms - event.received_ts) / 1000)
 
     async def _initial(self, user_id: str, device_id: str | None, sync_filter: SyncFilter) -> dict[str, Any]:
-        started = time.monotonic()
         """Every joined room with its recent timeline (as far back as its history visibility lets
         the user see) and state, every pending invite and knock, and the rooms the user left: as
         Synapse does, the ones it was kicked or banned from always, the ones it left itself with
-        the filter's `include_leave`; all as of the current token."""
+        the filter's `include_leave`; all as of the current token.
+
+        The rooms' history visibility is read before the connection is taken: a cache miss loads
+        on a connection of its own, and a request holding one while it waits for another would
+        deadlock once as many initial syncs as the pool has connections run at once."""
+        started = time.monotonic()
         now = self.current_token()
         user_rooms = await self._caches.rooms_for_user.get(user_id)
         events = now.get("events")
         positions = {w: events.get_stream_pos_for_instance(w) for w in (*self._writers, *events.instance_map)}
         sections = RoomSections(user_id, sync_filter)
         last: dict[int, tuple[str, tuple[tuple[int, str], ...]]] = {}
+        visibility = {
+            room_id: await self._caches.room_visibility.get(room_id)
+            for room_id, history in user_rooms.history.items()
+            if history and sync_filter.includes(room_id)
+        }
         async with self._pool.acquire() as conn:
             for room_id, history in sorted(user_rooms.history.items()):
                 if not sync_filter.includes(room_id) or not history:
@@ -338,7 +347,7 @@ class SyncHandler:
                 position, membership = history[-1]
                 if membership == "join":
                     recent = await self._recent(
-                        conn, room_id, history, None, positions, events.stream, sections
+                        conn, room_id, history, None, positions, events.stream, sections, visibility[room_id]
                     )
                     sections.add_joined_room(room_id, recent)
                 else:
@@ -349,7 +358,14 @@ class SyncHandler:
                     sections.add_pending(event)
                 elif event.membership == "ban" or event.sender != user_id or sync_filter.include_leave:
                     recent = await self._recent(
-                        conn, room_id, history, position, positions, events.stream, sections
+                        conn,
+                        room_id,
+                        history,
+                        position,
+                        positions,
+                        events.stream,
+                        sections,
+                        visibility[room_id],
                     )
                     sections.add_left_room(room_id, recent)
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
@@ -369,13 +385,13 @@ class SyncHandler:
         positions: dict[str, int],
         default_position: int,
         sections: RoomSections,
+        visibility: Changes,
     ) -> list[Event]:
         """A room's last `limit + 1` events up to `upto` that the user may see (its history
         visibility) and the timeline filter shows, as far as the token reaches, oldest first.
         A room whose history was always `shared` or wider is read from its end; otherwise up to
         `MAX_RECENT` events are read to find the visible ones."""
         wanted = sections.limit + 1
-        visibility = await self._caches.room_visibility.get(room_id)
         open_history = all_permissive(visibility)
         everything = sections.filter.timeline.everything and open_history
         found = await store.room_events(
