@@ -166,3 +166,26 @@ async def test_a_since_from_the_future_is_answered_never_refused_and_tokens_neve
     await alice.send(room, "m.room.message", {"body": "after"}, via="r1")
     later = await alice.sync("r1", clamped, 2000)
     assert [e["content"]["body"] for e in timeline_events(later)] == ["after"]
+
+
+async def test_more_initial_syncs_than_pool_connections_all_answer(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """A reader with cold caches and a pool of 2 answers 6 initial syncs at once: a request never
+    waits for a second connection while it holds one (it did: the rooms' history visibility loaded
+    inside the initial sync's connection, and 10 syncs on a pool of 10 hung for good)."""
+    writer = await make_worker("p1", ["p1"])
+    users = []
+    for i in range(6):
+        user = client_for(http, [writer], ["p1"])
+        await user.register(f"crowd{i}")
+        await user.create_room("public", name=f"room {i}")
+        users.append(user)
+    reader = await make_worker("r1", ["p1"], db_pool_size=2)
+    answers = await asyncio.wait_for(
+        asyncio.gather(
+            *(client_for(http, [reader], ["p1"], user_id=u.user_id, token=u.token).sync("r1") for u in users)
+        ),
+        30,
+    )
+    assert all(len(a["rooms"]["join"]) == 1 for a in answers)
