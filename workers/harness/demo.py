@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from workers import event_loop
+from workers.harness.bench._common import positive_int
 from workers.harness.cluster import LocalCluster
 from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
 from workers.services import given_or_embedded
@@ -189,15 +190,20 @@ def _print_summary(summary: dict[str, Any]) -> None:
     print("\n".join(lines), flush=True)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="fanout demo", description=__doc__.split("\n\n")[0])
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
+    """The servers and the load's size: `fanout demo` and `fanout bench demo` take the same."""
     p.add_argument("--database-url", help="use this database (default: embedded PostgreSQL)")
     p.add_argument("--redis-url", help="use this Redis (default: embedded Valkey)")
-    p.add_argument("--users", type=int, default=24)
-    p.add_argument("--rooms", type=int, default=8)
-    p.add_argument("--actions", type=int, default=3000)
-    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--users", type=positive_int, default=24)
+    p.add_argument("--rooms", type=positive_int, default=8)
+    p.add_argument("--actions", type=positive_int, default=3000)
+    p.add_argument("--concurrency", type=positive_int, default=16)
     p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between POSITIONs")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="fanout demo", description=__doc__.split("\n\n")[0])
+    add_load_arguments(p)
     p.add_argument("--workdir", type=Path, help="where configs, logs and the report go (default: temporary)")
     p.add_argument("--no-audit", action="store_true", help="skip the Spark invalidation audit at the end")
     p.add_argument("--keep", action="store_true", help="after the checks, keep the cluster up until Ctrl-C")

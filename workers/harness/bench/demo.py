@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from workers.harness.bench._common import Figure, positive_int, progress, report
+from workers.harness.bench._common import Figure, progress, report
 from workers.services import given_or_embedded
 
 TARGET_P50_MS = 20.0
@@ -45,16 +45,10 @@ def figures(result: dict[str, Any]) -> list[Figure]:
 
 
 def main(argv: list[str]) -> int:
-    from workers.harness.demo import demo_summary
+    from workers.harness.demo import add_load_arguments, demo_summary
 
     p = argparse.ArgumentParser(prog="fanout bench demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--database-url", help="use this database (default: embedded PostgreSQL)")
-    p.add_argument("--redis-url", help="use this Redis (default: embedded Valkey)")
-    p.add_argument("--users", type=positive_int, default=24)
-    p.add_argument("--rooms", type=positive_int, default=8)
-    p.add_argument("--actions", type=positive_int, default=3000)
-    p.add_argument("--concurrency", type=positive_int, default=16)
-    p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between POSITIONs")
+    add_load_arguments(p)
     args = p.parse_args(argv)
     args.keep = False
     workdir = Path(tempfile.mkdtemp(prefix="fanout-bench-demo-"))
