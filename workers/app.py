@@ -319,6 +319,7 @@ class Worker:
             previous.on_change.append(keys.previous_release_changed)
             await previous.check()
             previous.start()
+            self.stored.follow(self.lease.fence if self.lease else None, lambda: previous.live)
         if config.writes(EVENTS):
             with self._phase("start_persisters"):
                 self.room_leases = RoomLeases(
@@ -708,6 +709,8 @@ class Worker:
                 steps.append(("drain_writes", persister.stop))
         if self.room_leases is not None:
             steps.append(("release_rooms", self._release_rooms))
+        if hasattr(self, "stored"):
+            steps.append(("release_user_streams", self._release_stored))
         if self.room_stats is not None:
             steps.append(("stop_background", self.room_stats.stop))
         if self.retention is not None:
@@ -758,6 +761,15 @@ class Worker:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
             log.warning("rooms not released (PostgreSQL: %s); they move when the instance lease expires",
                         e or type(e).__name__)  # fmt: skip
+
+    async def _release_stored(self) -> None:
+        """Hand the stored streams' users (rooms, for receipts) written here on, once the
+        operations running here ended; not released, they move when the instance lease expires."""
+        try:
+            await self.stored.drain(ROOM_RELEASE_S)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            log.warning("stored-stream keys not released (PostgreSQL: %s); they move when the instance"
+                        " lease expires", e or type(e).__name__)  # fmt: skip
 
     async def _close_generators(self) -> None:
         for generator in self.generators.values():

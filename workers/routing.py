@@ -6,8 +6,9 @@ finished IDs), so a membership change can never land "behind" an event a reader 
 the user-keyed streams (account data, device lists, to-device) it keeps one user's changes in the
 order they were made, while the writers share the users between them.
 
-A room's writer may change while the cluster runs (a persister stops, a room lease moves):
-`RoomPlacement` follows the current holder, with the stable choice as the starting guess.
+A key's writer may change while the cluster runs (a writer stops, a room's or a user's lease
+moves, `workers.handlers.leases`): `RoomPlacement` follows the current holder, with the stable
+choice as the starting guess.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ def writer_for_user(user_id: str, writers: Sequence[str], stream: str) -> str:
 
 
 class RoomPlacement:
-    """Where a room's writes go now (rooms are held as leases, `workers.handlers.room_leases`):
+    """Where a room's writes go now (rooms are held as leases, `workers.handlers.room_leases`), or
+    a stored stream's key's (`choose` its stable choice, `workers.handlers.stream_writes`):
     the holder this worker last learned (from a write's answer or a writer naming the holder),
     unless that writer was found unavailable lately; else the stable choice among the writers not
     found unavailable. A stale answer costs one more hop: the writer asked names the holder.
     While `by_hash()` (workers of the previous release run), only the stable choice among all
     the writers, as they route."""
 
-    __slots__ = ("_away", "_clock", "_holders", "away_s", "by_hash", "max_rooms", "writers")
+    __slots__ = ("_away", "_choose", "_clock", "_holders", "away_s", "by_hash", "max_rooms", "writers")
 
     def __init__(
         self,
@@ -51,8 +53,10 @@ class RoomPlacement:
         clock: Callable[[], float],
         away_s: float = 5.0,
         max_rooms: int = 100_000,
+        choose: Callable[[str, Sequence[str]], str] = writer_for_room,
     ) -> None:
         self.writers = list(writers)
+        self._choose = choose
         self._clock = clock
         self.away_s = away_s
         self.max_rooms = max_rooms
@@ -62,13 +66,13 @@ class RoomPlacement:
 
     def owner(self, room_id: str) -> str:
         if self.by_hash():
-            return writer_for_room(room_id, self.writers)
+            return self._choose(room_id, self.writers)
         now = self._clock()
         holder = self._holders.get(room_id)
         if holder is not None and not self._is_away(holder, now):
             return holder
         present = [w for w in self.writers if not self._is_away(w, now)]
-        return writer_for_room(room_id, present or self.writers)
+        return self._choose(room_id, present or self.writers)
 
     def learned(self, room_id: str, holder: str) -> None:
         self._holders[room_id] = holder

@@ -8,7 +8,9 @@
 Each stream has one ID generator over its tables, its writers (`stream_writers.<stream>`, the
 events writers when unset), a `UserStreamWrites` that runs a user's writes on the user's writer
 (receipts: a `RoomStreamWrites`, a room's on the room's writer), and a `StreamChangeCache` that
-/sync asks before it queries (keyed by user; by room for receipts).
+/sync asks before it queries (keyed by user; by room for receipts). On a writer, the user's (room's)
+lease (`workers.handlers.leases`, `stream_leases`) says it is the one: `follow` gives the writes the
+instance lease to check with it, `drain` hands the keys on at a planned stop.
 
 Rows, local or replicated, go through `apply` before the stream's position advances: it records
 the change in the stream's change cache and says whom to wake (the user of an account-data or
@@ -20,6 +22,7 @@ once the IDs finished (`finished`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,12 +38,18 @@ from workers.handlers.caches import SyncCaches
 from workers.handlers.change_cache import StreamChangeCache
 from workers.handlers.device_lists import DeviceLists, RemoteDevices
 from workers.handlers.forwarding import Forwarder
+from workers.handlers.leases import KeyLeases, stream_table
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.one_time_keys import OneTimeKeys
 from workers.handlers.receipts import Receipts, woken_by
 from workers.handlers.stream_writes import RoomStreamWrites, StreamWriter, UserStreamWrites
 from workers.handlers.sync_stored import StoredSections
 from workers.handlers.to_device import ToDeviceInbox
+from workers.instance_lease import Fence
+from workers.storage import account_data as account_data_store
+from workers.storage import device_lists as device_lists_store
+from workers.storage import receipts as receipts_store
+from workers.storage import to_device as to_device_store
 from workers.streams import account_data, device_lists, receipts, to_device
 
 _Factory = Callable[[asyncpg.Pool, MultiWriterIdGenerator, Sequence[str]], Stream[Any]]
@@ -52,6 +61,13 @@ _STREAMS: dict[str, tuple[list[tuple[str, str, str]], str, _Factory]] = {
     receipts.RECEIPTS: (receipts.TABLES, receipts.SEQUENCE, receipts.receipts_stream),
 }
 NAMES = tuple(_STREAMS)
+#: The statement giving a key's newest row of each stream (`KeyLeases`, `last_write`).
+_LAST_WRITE = {
+    account_data.ACCOUNT_DATA: account_data_store.LAST_WRITE,
+    device_lists.DEVICE_LISTS: device_lists_store.LAST_WRITE,
+    to_device.TO_DEVICE: to_device_store.LAST_WRITE,
+    receipts.RECEIPTS: receipts_store.LAST_WRITE,
+}
 
 
 class StoredStreams:
@@ -70,6 +86,8 @@ class StoredStreams:
         self._writers = writers
         self._fetch_remote = fetch_remote
         self._server_name = config.server_name
+        self._lease_prefix = f"{config.channel_prefix}/"
+        self._writer_wait_s = config.writer_wait_s
         self.generators = generators
         self.changes: dict[str, StreamChangeCache] = {}
         for stream, generator in generators.items():
@@ -132,6 +150,12 @@ class StoredStreams:
             kind = RoomStreamWrites if stream == receipts.RECEIPTS else UserStreamWrites
             writes = kind(stream, self.name, writers, self.generators[stream], writer, notifier)
             writes.hears = lambda instance, s=stream: hears(s, instance)  # type: ignore[misc]
+            if writer is not None:
+                writes.leases = writer.leases = KeyLeases(
+                    self._pool, self.name, self._lease_prefix, self.generators[stream], notifier,
+                    writes.hears, self._writer_wait_s,
+                    table=stream_table(stream), last_write=_LAST_WRITE[stream], what=stream,
+                )  # fmt: skip
             self.writes[stream] = writes
         self.account_data = AccountData(self.writes[account_data.ACCOUNT_DATA], self._pool)
         self.device_lists = DeviceLists(
@@ -197,6 +221,24 @@ class StoredStreams:
     def _own_position(self, stream: str) -> Callable[[], int]:
         generator = self.generators[stream]
         return lambda: generator.get_current_token_for_writer(self.name)
+
+    def follow(self, fence: Fence | None, previous_release: Callable[[], bool]) -> None:
+        """The instance lease every write checks with its key's lease (None: unchecked), and
+        whether workers of the previous release run: keys then stay on their stable choice, where
+        those workers send them."""
+        for writes in self.writes.values():
+            writes.placement.by_hash = previous_release
+            if writes.writer is not None:
+                writes.writer.fence = fence
+            if writes.leases is not None:
+                writes.leases.hashed_writer = lambda key, w=writes: (  # type: ignore[misc]
+                    w.hashed(key, w.writers) if previous_release() else None
+                )
+
+    async def drain(self, within_s: float) -> None:
+        """A planned stop: every stream written here takes no more operations and hands its keys
+        on once those running ended (`UserStreamWrites.drain`)."""
+        await asyncio.gather(*(writes.drain(within_s) for writes in self.writes.values()))
 
     def set_forwarder(self, forwarder: Forwarder, owner_wait_s: float = 0.0) -> None:
         """How writes reach another worker (worker requests), once the HTTP side exists, and how

@@ -67,7 +67,7 @@ class AccountData:
                 await store.put_room(conn, user_id, room_id, kind, content, ids[0], me)
             return [(ids[0], AccountDataRow(user_id, room_id, kind))]
 
-        return written(await self.writes.here().write(1, body, [user_id]))
+        return written(await self.writes.here().write(1, body, [user_id], user_id))
 
     async def _tag(self, args: dict[str, Any]) -> dict[str, Any]:
         user_id, room_id, tag = text_arg(args, "user_id"), text_arg(args, "room_id"), text_arg(args, "tag")
@@ -78,4 +78,4 @@ class AccountData:
             await store.set_tag(conn, user_id, room_id, tag, content, ids[0], me)
             return [(ids[0], AccountDataRow(user_id, room_id, store.TAG_TYPE))]
 
-        return written(await self.writes.here().write(1, body, [user_id]))
+        return written(await self.writes.here().write(1, body, [user_id], user_id))

@@ -137,7 +137,7 @@ class DeviceLists:
             await stream_store.record_change(conn, user_id, servers, ids[0], me)
             return [(ids[0], DeviceListRow(entity)) for entity in (user_id, *servers)]
 
-        position = await self.writes.here().write(1, body, [user_id])
+        position = await self.writes.here().write(1, body, [user_id], user_id)
         return {**written(position), "found": changed}
 
     async def _ensure_device(self, args: dict[str, Any]) -> dict[str, Any]:

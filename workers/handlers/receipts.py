@@ -112,7 +112,7 @@ class Receipts:
                 return []  # a later receipt of the key committed meanwhile
             return [(ids[0], ReceiptRow.of(receipt))]
 
-        return written(await self.writes.here().write(1, body, [receipt.room_id]))
+        return written(await self.writes.here().write(1, body, [receipt.room_id], receipt.room_id))
 
     @staticmethod
     async def _check(conn: Conn, receipt: StoredReceipt) -> tuple[dict[str, Any] | None, int | None]:

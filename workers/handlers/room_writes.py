@@ -31,22 +31,15 @@ from idgen import MultiWriterIdGenerator
 from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers import rooms
-from workers.handlers.forwarding import (
-    NOT_OWNER_ERRCODE,
-    RETRY_FIRST_S,
-    RETRY_MAX_S,
-    Forwarder,
-    ForwardRefused,
-    OwnerUnavailable,
-)
+from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.notifier import Notifier
-from workers.handlers.persist import EventPersister, PersisterStopped
+from workers.handlers.persist import EventPersister
 from workers.handlers.room_deletions import RoomDeletions
-from workers.handlers.room_leases import NotRoomOwner, RoomLeaseLost, RoomLeases, RoomMoving, holder_of
+from workers.handlers.room_leases import RoomLeases
 from workers.handlers.room_purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
 from workers.handlers.room_versions import REDACTION_EVENT
+from workers.handlers.routed import routed
 from workers.handlers.visibility import wait_visible
-from workers.instance_lease import LeaseLost
 from workers.model import CREATE_EVENT, MEMBER_EVENT, SUPPORTED_ROOM_VERSIONS, Event, NewEvent
 from workers.routing import RoomPlacement, writer_for_room
 from workers.storage import events as store
@@ -54,8 +47,6 @@ from workers.storage import rooms as room_store
 from workers.storage.purge import BLOCKED_ROOM
 
 MAX_BACKFILL = 500
-#: Writers named as the holder that a write follows at once, before it waits.
-MAX_HOPS = 3
 T = TypeVar("T")
 MAX_INVITE_STATE = 50
 
@@ -274,56 +265,17 @@ class RoomWrites:
         *,
         retry: bool,
     ) -> T:
-        """Run the write on the room's owner: `here` when that is this worker, else `forward`.
-
-        A writer that does not hold the room names its holder: the write goes there at once. While
-        the owner cannot take the write (it stops or restarts: unreachable, or it refused the
-        write unprocessed; the room is moving to another writer), the write is tried again, on
-        whoever owns the room then, for up to `owner_wait_s`; a write that may have reached the
-        owner is tried again only when `retry` (idempotent). So a persister's planned stop or
-        restart delays its rooms' writes instead of failing them."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        pause = RETRY_FIRST_S
-        hops = 0
-        waited = False
-        while True:
-            owner = self.placement.owner(room_id)
-            holder: str | None = None
-            try:
-                result = await (here() if owner == self.name else forward(owner))
-            except NotRoomOwner as e:
-                holder, failure = e.holder, OwnerUnavailable(owner, str(e), unprocessed=True)
-            except ForwardRefused as e:
-                if e.body.get("errcode") != NOT_OWNER_ERRCODE:
-                    raise
-                holder, failure = holder_of(e.body), OwnerUnavailable(owner, str(e), unprocessed=True)
-            except OwnerUnavailable as e:
-                if not (retry or e.unprocessed):
-                    raise
-                self.placement.unavailable(owner)
-                failure = e
-            except (PersisterStopped, LeaseLost) as e:  # this worker stops: others take its rooms
-                self.placement.unavailable(self.name)
-                failure = OwnerUnavailable(owner, str(e), unprocessed=True)
-            except (RoomMoving, RoomLeaseLost) as e:
-                failure = OwnerUnavailable(owner, str(e), unprocessed=True)
-            else:
-                self.placement.learned(room_id, owner)
-                if waited:
-                    self.owner_waits += 1
-                    self.longest_owner_wait_s = max(self.longest_owner_wait_s, loop.time() - started)
-                return result
-            if holder is not None and holder != owner and hops < MAX_HOPS:
-                self.placement.learned(room_id, holder)
-                hops += 1
-                if self.placement.owner(room_id) == holder:
-                    continue  # the holder is not known to be away: ask it now
-            if loop.time() - started + pause > self.owner_wait_s:
-                raise failure
-            waited = True
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RETRY_MAX_S)
+        """Run the write on the room's owner: `here` when that is this worker, else `forward`;
+        followed to the room's holder and retried for up to `owner_wait_s`
+        (`workers.handlers.routed`)."""
+        attempt = lambda owner: here() if owner == self.name else forward(owner)  # noqa: E731
+        result, waited_s = await routed(
+            self.placement, room_id, self.name, attempt, retry=retry, within_s=self.owner_wait_s
+        )
+        if waited_s is not None:
+            self.owner_waits += 1
+            self.longest_owner_wait_s = max(self.longest_owner_wait_s, waited_s)
+        return result
 
     async def _forward_written(
         self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool

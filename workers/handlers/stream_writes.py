@@ -1,13 +1,19 @@
 """Writes of the user-keyed stored streams (account data, device lists, to-device), from any worker.
 
-Each of these streams has its writers (`stream_writers.<stream>`). A user's writes go to one of
-them, chosen by a stable hash of the user id (`workers.routing.writer_for_user`): one user's
-changes keep the order they were made in, and the writers share the users.
+Each of these streams has its writers (`stream_writers.<stream>`). A user's writes (a room's, for
+receipts) go to one of them at a time, the holder of the (stream, user) lease
+(`workers.handlers.leases`, the rooms' mechanism): one user's changes keep the order they were made
+in, and the writers share the users. The first write takes the lease on the stable-hash writer
+(`workers.routing.writer_for_user`) among the writers not known to be down; a writer's planned stop
+releases its users once its writes in flight ended (`UserStreamWrites.drain`), a crashed writer's
+users move once its instance lease expired, and the new holder waits until it has seen the user's
+last row from the old one before it writes.
 
 On the writer, `StreamWriter.write` runs one write:
 1. allocate the stream IDs from the stream's generator (shared sequence, `stream_positions`);
-2. one transaction: `body(conn, ids)` writes the rows and returns the stream rows `(id, row)` it
-   wrote (one per entity that changed: a user, a remote server);
+2. one transaction: the write's key still held under its epoch and the instance name still this
+   process's (one statement, `KeyLeases.check`); `body(conn, ids)` writes the rows and returns the
+   stream rows `(id, row)` it wrote (one per entity that changed: a user, a remote server);
 3. `committed(stream, rows)`: the worker applies them to its own caches and stages their RDATA;
 4. leave the ID block (the IDs finish, the position is upserted), then `finished(...)`: the
    worker publishes and wakes its own readers (once its position covers the write).
@@ -20,16 +26,19 @@ that 3. cannot apply (it reads the database, whose link may have just broken) st
 readers are made to fetch its IDs from the database instead of its staged rows.
 
 Anywhere else, `UserStreamWrites.run` forwards the operation to the user's writer (a worker
-request to `/_fanout/internal/writes/{stream}/{op}`) and waits until this worker's token covers
-the write before answering (`workers.handlers.visibility`). Every operation is idempotent (a
-retried PUT writes the same value; sendToDevice carries a transaction id), so a forwarded request
-may be retried.
+request to `/_fanout/internal/writes/{stream}/{op}`), following a writer that names another holder
+and waiting out a move (`workers.handlers.routed`), and waits until this worker's token covers
+the write before answering (`workers.handlers.visibility`). Every operation but a key claim is
+idempotent (a retried PUT writes the same value; sendToDevice carries a transaction id), so a
+forwarded request may be retried.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +48,14 @@ import asyncpg
 
 from idgen import MultiWriterIdGenerator
 from pubsub.types import Row
-from workers.handlers.forwarding import Forwarder, OwnerUnavailable, retried_while_unavailable
+from workers.handlers.forwarding import Forwarder, OwnerUnavailable
+from workers.handlers.leases import KeyLeases
 from workers.handlers.notifier import Notifier
+from workers.handlers.persist import PersisterStopped
+from workers.handlers.routed import routed
 from workers.handlers.visibility import wait_visible
-from workers.routing import writer_for_room, writer_for_user
+from workers.instance_lease import Fence
+from workers.routing import RoomPlacement, writer_for_room, writer_for_user
 from workers.storage import Conn
 from workers.storage.commit_outcome import CURRENT_XID_SQL, committed, outcome_unknown, xid_committed
 
@@ -104,11 +117,20 @@ class StreamWriter:
         self._finished = finished
         self._uncertain = uncertain
         self.writes = 0
+        #: The leases of the keys written here and the instance name's, both checked inside each
+        #: write's transaction (None: not checked).
+        self.leases: KeyLeases | None = None
+        self.fence: Fence | None = None
+        #: Writes whose COMMIT's outcome stayed unknown: their keys move only at lease expiry.
+        self.unknown_outcomes = 0
 
-    async def write(self, count: int, body: WriteBody, users: Sequence[str]) -> StreamPosition:
+    async def write(
+        self, count: int, body: WriteBody, users: Sequence[str], key: str | None = None
+    ) -> StreamPosition:
         """Allocate `count` IDs, run `body` in one transaction, publish its rows; where it landed.
 
-        `users`: whose data the write may change. When the answer to COMMIT was lost, the outcome
+        `key`: the lease the write needs (the user or room it was routed by); `users`: whose data
+        the write may change. When the answer to COMMIT was lost, the outcome
         is learned before returning (committed: as though nothing failed; not: the error is
         raised). Stopped before it is known, this worker treats them as changed, and readers are
         made to fetch the write's ids from the database (a needless query at worst)."""
@@ -123,12 +145,14 @@ class StreamWriter:
                         session = await conn.fetchrow(CURRENT_XID_SQL)
                         assert session is not None  # a SELECT without FROM has one row
                         xid, pid = session["xid"], session["pid"]
+                        await self._check(conn, key)
                         rows = await body(conn, ids)
             except BaseException as e:
                 failure = e
                 # `rows` set: the body ran, so the failure came at COMMIT (or at the release after it).
                 if rows is not None and outcome_unknown(e):
                     if not isinstance(e, Exception):  # cancelled (shutdown): no time to find out
+                        self.unknown_outcomes += 1
                         woken = await self._unknown(max(ids), users)
                     elif await self._committed_after_all(pid, xid, max(ids), users):
                         failure = None
@@ -148,12 +172,19 @@ class StreamWriter:
         self.writes += 1
         return StreamPosition(self.name, max(ids))
 
+    async def _check(self, conn: Conn, key: str | None) -> None:
+        if self.leases is not None and key is not None:
+            await self.leases.check(conn, [key], self.fence)
+        elif self.fence is not None:
+            await self.fence.check(conn)
+
     async def _committed_after_all(self, pid: int, xid: int, stream_id: int, users: Sequence[str]) -> bool:
         """The answer to COMMIT was lost: whether the write committed, learned from the database
         before the IDs finish (`commit_outcome.committed`). Interrupted, the outcome stays unknown."""
         try:
             return await committed(self._pool, pid, xid_committed(xid), f"a {self.stream} write")
         except BaseException:
+            self.unknown_outcomes += 1
             await self._unknown(stream_id, users)
             raise
 
@@ -167,7 +198,7 @@ class StreamWriter:
 
 
 class UserStreamWrites:
-    """Runs a user's write of one stream on the writer that owns the user, from any worker.
+    """Runs a user's write of one stream on the writer that holds the user, from any worker.
 
     `ops` are the operations the writer runs (registered by the stream's handler); each answers a
     JSON object, with `"position"` (`StreamPosition.to_json`) when it wrote something. Every
@@ -192,15 +223,30 @@ class UserStreamWrites:
         self._notifier = notifier
         self.ops: dict[str, Operation] = {}
         self.forwarder: Forwarder | None = None
+        #: Where each key's writes go now: its holder as last learned, else the stable choice.
+        self.placement = RoomPlacement(self.writers, time.monotonic, choose=self.hashed)
+        #: The keys this worker holds, on a writer of the stream (None: not leased).
+        self.leases: KeyLeases | None = None
         #: How long an operation keeps trying a writer that cannot take it now (it restarts).
         self.owner_wait_s = 0.0
         #: Whether this worker hears a writer of this stream live (see RoomWrites.hears).
         self.hears: Callable[[str], bool] = lambda _writer: True
         self.forwarded = 0
         self.late_answers = 0
+        #: Operations that had to wait for their writer, and the longest such wait.
+        self.owner_waits = 0
+        self.longest_owner_wait_s = 0.0
+        self._running = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def hashed(self, key: str, writers: Sequence[str]) -> str:
+        """The stable choice among `writers` for `key`: where its lease is first taken."""
+        return writer_for_user(key, writers, self.stream)
 
     def owner(self, key: str) -> str:
-        return writer_for_user(key, self.writers, self.stream)
+        """Where `key`'s writes go now (`RoomPlacement`)."""
+        return self.placement.owner(key)
 
     def here(self) -> StreamWriter:
         """The writer, on a worker that writes this stream (OwnerUnavailable elsewhere)."""
@@ -218,20 +264,27 @@ class UserStreamWrites:
         the writer certainly did not act on it (never sent twice)."""
         if not self.writers:
             raise OwnerUnavailable(f"{self.stream} writer", f"stream_writers.{self.stream} is empty", 30)
-        owner = self.owner(key)
-        if owner == self.name:
-            return await self.ops[op](args)
-        forwarder = self.forwarder
-        if forwarder is None:
+
+        async def attempt(owner: str) -> dict[str, Any]:
+            if owner == self.name:
+                return await self.run_here(key, op, args)
+            return await self._forward(owner, op, args, idempotent)
+
+        answer, waited_s = await routed(
+            self.placement, key, self.name, attempt, retry=idempotent, within_s=self.owner_wait_s
+        )
+        if waited_s is not None:
+            self.owner_waits += 1
+            self.longest_owner_wait_s = max(self.longest_owner_wait_s, waited_s)
+        return answer
+
+    async def _forward(self, owner: str, op: str, args: dict[str, Any], idempotent: bool) -> dict[str, Any]:
+        if self.forwarder is None:
             raise OwnerUnavailable(owner, "worker requests are not set up on this worker")
         self.forwarded += 1
         path = f"/_fanout/internal/writes/{quote(self.stream, safe='')}/{quote(op, safe='')}"
-        answer = await retried_while_unavailable(
-            lambda: forwarder.request(
-                owner, f"{self.stream}_{op}", "POST", path, body=args, idempotent=idempotent
-            ),
-            self.owner_wait_s,
-            idempotent=idempotent,
+        answer = await self.forwarder.request(
+            owner, f"{self.stream}_{op}", "POST", path, body=args, idempotent=idempotent
         )
         position = StreamPosition.from_json(answer.get("position"))
         if position is not None and not await wait_visible(
@@ -242,16 +295,55 @@ class UserStreamWrites:
 
     async def serve(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         """A forwarded operation, on the writer. ValueError for an unknown operation or bad
-        arguments; OwnerUnavailable when this worker does not own the user."""
-        run = self.ops.get(op)
-        if run is None:
+        arguments; what `run_here` raises."""
+        if op not in self.ops:
             raise ValueError(f"the {self.stream} stream has no operation {op!r}")
         key = args.get(self.key_arg)
         if not isinstance(key, str):
             raise ValueError(f"{self.key_arg} is missing")
-        if self.owner(key) != self.name:
-            raise OwnerUnavailable(self.name, f"{key}'s {self.stream} writer is {self.owner(key)}")
-        return await run(args)
+        return await self.run_here(key, op, args)
+
+    async def run_here(self, key: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Run `op` on this writer once it holds `key`'s lease: `NotOwner` naming the holder,
+        `KeyMoving` while the key moves here, `PersisterStopped` once this writer stops (`drain`).
+        Without leases, only the key's stable choice runs it (OwnerUnavailable elsewhere)."""
+        leases = self.leases
+        if leases is None:
+            owner = self.hashed(key, self.writers)
+            if owner != self.name:
+                raise OwnerUnavailable(self.name, f"{key}'s {self.stream} writer is {owner}")
+            return await self.ops[op](args)
+        if leases.closed:
+            raise PersisterStopped(f"{self.name} stops: its {self.stream} writes go to the other writers")
+        self._running += 1
+        self._idle.clear()
+        try:
+            await leases.hold(key)
+            return await self.ops[op](args)
+        finally:
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
+
+    async def drain(self, within_s: float) -> bool:
+        """A planned stop: take no more operations, wait (up to `within_s`) for those running here,
+        then release every key held here unless a write's outcome stayed unknown (those keys move
+        when the instance lease expires). Whether the keys were released."""
+        leases = self.leases
+        if leases is None:
+            return False
+        leases.closed = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), within_s)
+        if self._running or (self.writer is not None and self.writer.unknown_outcomes):
+            log.warning(
+                "%s: %d operations running, %d of unknown outcome: its keys move when the instance"
+                " lease expires", self.stream, self._running,
+                self.writer.unknown_outcomes if self.writer is not None else 0,
+            )  # fmt: skip
+            return False
+        await leases.release_all()
+        return True
 
 
 class RoomStreamWrites(UserStreamWrites):
@@ -261,8 +353,8 @@ class RoomStreamWrites(UserStreamWrites):
 
     key_arg = "room_id"
 
-    def owner(self, key: str) -> str:
-        return writer_for_room(key, self.writers)
+    def hashed(self, key: str, writers: Sequence[str]) -> str:
+        return writer_for_room(key, writers)
 
 
 def text_arg(args: dict[str, Any], key: str, *, optional: bool = False) -> Any:

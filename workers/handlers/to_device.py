@@ -119,7 +119,7 @@ class ToDeviceInbox:
             recipients = sorted({u for u, _, _ in inbox}) + sorted(outbox)
             return [(stream_id, ToDeviceRow(entity)) for entity in recipients]
 
-        return written(await self.writes.here().write(1, body, local_users))
+        return written(await self.writes.here().write(1, body, local_users, sender))
 
 
 def _server_of(user_id: str) -> str:

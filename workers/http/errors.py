@@ -31,8 +31,8 @@ from workers.handlers.forwarding import (
     ForwardRefused,
     OwnerUnavailable,
 )
+from workers.handlers.leases import NotOwner
 from workers.handlers.persist import PersisterOverloaded
-from workers.handlers.room_leases import NotRoomOwner
 
 log = logging.getLogger(__name__)
 _outages = RateLimitedLog(log)
@@ -112,7 +112,7 @@ def api_error_for(error: Exception) -> ApiError | None:
         return ApiError(404, "M_NOT_FOUND", str(error))
     if isinstance(error, rooms.Forbidden):
         return ApiError(403, "M_FORBIDDEN", str(error))
-    if isinstance(error, NotRoomOwner):
+    if isinstance(error, NotOwner):
         return ApiError(409, NOT_OWNER_ERRCODE, str(error), holder=error.holder)
     if isinstance(error, PersisterOverloaded):
         return unavailable(f"the room's writer is busy ({error}); retry shortly", 1, unprocessed=True)

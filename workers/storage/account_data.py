@@ -15,6 +15,20 @@ from typing import Any
 from workers.storage import Conn
 from workers.storage.windows import Window
 
+#: ($1 user): the user's newest row of the stream, (instance_name, stream_id) (`workers.handlers.leases`).
+LAST_WRITE = """
+SELECT instance_name, stream_id FROM (
+    (SELECT instance_name, stream_id FROM account_data WHERE user_id = $1
+     ORDER BY stream_id DESC LIMIT 1)
+    UNION ALL
+    (SELECT instance_name, stream_id FROM room_account_data WHERE user_id = $1
+     ORDER BY stream_id DESC LIMIT 1)
+    UNION ALL
+    (SELECT instance_name, stream_id FROM room_tags_revisions WHERE user_id = $1
+     ORDER BY stream_id DESC LIMIT 1)
+) AS rows ORDER BY stream_id DESC LIMIT 1
+"""
+
 TAG_TYPE = "m.tag"
 #: One stream row: (stream id, user id, room id or None, account data type).
 AccountDataChange = tuple[int, str, str | None, str]

@@ -12,6 +12,12 @@ import time
 from workers.storage import Conn
 from workers.storage.windows import Window
 
+#: ($1 user): the user's newest row of the stream, (instance_name, stream_id) (`workers.handlers.leases`).
+LAST_WRITE = (
+    "SELECT instance_name, stream_id FROM device_lists_stream WHERE user_id = $1"
+    " ORDER BY stream_id DESC LIMIT 1"
+)
+
 
 async def record_change(
     conn: Conn, user_id: str, destinations: list[str], stream_id: int, instance: str

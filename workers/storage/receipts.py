@@ -15,6 +15,11 @@ from typing import Any
 from workers.storage import Conn
 from workers.storage.windows import Window
 
+#: ($1 room): the room's newest receipt row, (instance_name, stream_id) (`workers.handlers.leases`).
+LAST_WRITE = (
+    "SELECT instance_name, stream_id FROM receipts WHERE room_id = $1 ORDER BY stream_id DESC LIMIT 1"
+)
+
 #: The unthreaded receipt's `thread_id` in the table (a thread id is never empty).
 NO_THREAD = ""
 

@@ -14,6 +14,16 @@ from typing import Any
 from workers.storage import Conn
 from workers.storage.windows import Window
 
+#: ($1 sender): the sender's newest send still waiting somewhere, (instance_name, stream_id), with
+#: no instance_name when its messages were all delivered (`workers.handlers.leases`).
+LAST_WRITE = """
+SELECT coalesce(
+    (SELECT instance_name FROM device_inbox i WHERE i.stream_id = t.stream_id LIMIT 1),
+    (SELECT instance_name FROM device_federation_outbox o WHERE o.stream_id = t.stream_id LIMIT 1)
+) AS instance_name, t.stream_id
+FROM device_inbox_txns t WHERE t.user_id = $1 ORDER BY t.stream_id DESC LIMIT 1
+"""
+
 
 async def claim_txn(conn: Conn, user_id: str, device_id: str, txn_id: str, stream_id: int) -> bool:
     """Record a send's transaction id; False when it was done before (write nothing then)."""
