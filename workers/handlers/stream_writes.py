@@ -11,9 +11,9 @@ last row from the old one before it writes.
 
 On the writer, `StreamWriter.write` runs one write:
 1. allocate the stream IDs from the stream's generator (shared sequence, `stream_positions`);
-2. one transaction: the write's key still held under its epoch and the instance name still this
-   process's (one statement, `KeyLeases.check`); `body(conn, ids)` writes the rows and returns the
-   stream rows `(id, row)` it wrote (one per entity that changed: a user, a remote server);
+2. one transaction: `body(conn, ids)` writes the rows and returns the stream rows `(id, row)` it
+   wrote (one per entity that changed: a user, a remote server); last, the write's key still held
+   under its epoch and the instance name still this process's (one statement, `KeyLeases.check`);
 3. `committed(stream, rows)`: the worker applies them to its own caches and stages their RDATA;
 4. leave the ID block (the IDs finish, the position is upserted), then `finished(...)`: the
    worker publishes and wakes its own readers (once its position covers the write).
@@ -145,8 +145,9 @@ class StreamWriter:
                         session = await conn.fetchrow(CURRENT_XID_SQL)
                         assert session is not None  # a SELECT without FROM has one row
                         xid, pid = session["xid"], session["pid"]
-                        await self._check(conn, key)
-                        rows = await body(conn, ids)
+                        written_rows = await body(conn, ids)
+                        await self._check(conn, key)  # last: the lease rows are held only until COMMIT
+                        rows = written_rows
             except BaseException as e:
                 failure = e
                 # `rows` set: the body ran, so the failure came at COMMIT (or at the release after it).
