@@ -44,7 +44,8 @@ async def _lease(database_url: str, user: str) -> tuple[str, int, bool] | None:
 async def _stored(database_url: str, user: str) -> tuple[str, str]:
     async with connect(database_url) as conn:
         row = await conn.fetchrow(
-            "SELECT content, instance_name FROM account_data WHERE user_id = $1 AND account_data_type = 'm.test'",
+            "SELECT content, instance_name FROM account_data"
+            " WHERE user_id = $1 AND account_data_type = 'm.test'",
             user,
         )
     assert row is not None
