@@ -62,10 +62,10 @@ class AccountData:
 
         async def body(conn: Any, ids: list[int]) -> list[tuple[int, Any]]:
             if room_id is None:
-                await store.put_global(conn, user_id, kind, content, ids[0], me)
+                changed = await store.put_global(conn, user_id, kind, content, ids[0], me)
             else:
-                await store.put_room(conn, user_id, room_id, kind, content, ids[0], me)
-            return [(ids[0], AccountDataRow(user_id, room_id, kind))]
+                changed = await store.put_room(conn, user_id, room_id, kind, content, ids[0], me)
+            return [(ids[0], AccountDataRow(user_id, room_id, kind))] if changed else []
 
         return written(await self.writes.here().write(1, body, [user_id], user_id))
 

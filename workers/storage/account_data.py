@@ -36,27 +36,34 @@ AccountDataChange = tuple[int, str, str | None, str]
 
 async def put_global(
     conn: Conn, user_id: str, kind: str, content: dict[str, Any], stream_id: int, instance: str
-) -> None:
-    await conn.execute(
+) -> bool:
+    """Set it at `stream_id`; False when it holds `content` already (a retried PUT whose first try
+    committed, perhaps on another writer: not written, nor delivered, twice)."""
+    status = await conn.execute(
         "INSERT INTO account_data (user_id, account_data_type, content, stream_id, instance_name)"
         " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (user_id, account_data_type) DO UPDATE"
         " SET content = EXCLUDED.content, stream_id = EXCLUDED.stream_id,"
-        " instance_name = EXCLUDED.instance_name WHERE account_data.stream_id < EXCLUDED.stream_id",
+        " instance_name = EXCLUDED.instance_name WHERE account_data.stream_id < EXCLUDED.stream_id"
+        " AND account_data.content <> EXCLUDED.content",
         user_id, kind, json.dumps(content), stream_id, instance,
     )  # fmt: skip
+    return status != "INSERT 0 0"
 
 
 async def put_room(
     conn: Conn, user_id: str, room_id: str, kind: str, content: dict[str, Any], stream_id: int, instance: str
-) -> None:
-    await conn.execute(
+) -> bool:
+    """As `put_global`, for a room's account data."""
+    status = await conn.execute(
         "INSERT INTO room_account_data (user_id, room_id, account_data_type, content, stream_id,"
         " instance_name) VALUES ($1, $2, $3, $4, $5, $6)"
         " ON CONFLICT (user_id, room_id, account_data_type) DO UPDATE"
         " SET content = EXCLUDED.content, stream_id = EXCLUDED.stream_id,"
-        " instance_name = EXCLUDED.instance_name WHERE room_account_data.stream_id < EXCLUDED.stream_id",
+        " instance_name = EXCLUDED.instance_name WHERE room_account_data.stream_id < EXCLUDED.stream_id"
+        " AND room_account_data.content <> EXCLUDED.content",
         user_id, room_id, kind, json.dumps(content), stream_id, instance,
     )  # fmt: skip
+    return status != "INSERT 0 0"
 
 
 async def set_tag(
