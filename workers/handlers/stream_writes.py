@@ -49,12 +49,12 @@ import asyncpg
 from idgen import MultiWriterIdGenerator
 from pubsub.types import Row
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
-from workers.handlers.leases import KeyLeases
+from workers.handlers.leases import KeyLeaseLost, KeyLeases
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import PersisterStopped
 from workers.handlers.routed import routed
 from workers.handlers.visibility import wait_visible
-from workers.instance_lease import Fence
+from workers.instance_lease import Fence, LeaseLost
 from workers.routing import RoomPlacement, writer_for_room, writer_for_user
 from workers.storage import Conn
 from workers.storage.commit_outcome import CURRENT_XID_SQL, committed, outcome_unknown, xid_committed
@@ -150,6 +150,8 @@ class StreamWriter:
                         rows = written_rows
             except BaseException as e:
                 failure = e
+                if isinstance(e, (KeyLeaseLost, LeaseLost)):
+                    log.warning("a %s write did not commit: %s", self.stream, e)
                 # `rows` set: the body ran, so the failure came at COMMIT (or at the release after it).
                 if rows is not None and outcome_unknown(e):
                     if not isinstance(e, Exception):  # cancelled (shutdown): no time to find out
