@@ -106,8 +106,11 @@ class WriterPlan:
     #: (room, old writer, new writer): rooms not yet written since leases exist, whose first
     #: writer changes.
     unleased_moving: tuple[tuple[str, str, str], ...]
-    #: (user, old writer, new writer): users whose stored-stream writer changes when those streams
-    #: follow the events writers (no `stream_writers.<stream>` of their own).
+    #: (stream, key, holder): users (rooms, for receipts) whose stored-stream writes are held by a
+    #: writer that leaves, when those streams follow the events writers; they move when it stops.
+    keys_moving: tuple[tuple[str, str, str], ...]
+    #: (user, old writer, new writer): users without a stored-stream lease whose first writer
+    #: changes, when those streams follow the events writers (no `stream_writers.<stream>`).
     users_moving: tuple[tuple[str, str, str], ...]
 
     @property
@@ -125,9 +128,12 @@ def plan_writers(
     holders: Mapping[str, str],
     unleased_rooms: Iterable[str],
     users: Iterable[str],
+    key_holders: Mapping[tuple[str, str], str] | None = None,
 ) -> WriterPlan:
     """What moves when the events writers change from `old` to `new`: `holders` are the rooms'
-    current lease holders (released rooms left out), `unleased_rooms` the rooms without a lease."""
+    current lease holders (released rooms left out), `unleased_rooms` the rooms without a lease,
+    `users` the users without a stored-stream lease, `key_holders` the stored streams' held keys
+    ((stream, key) -> holder)."""
     if not old or not new:
         raise ValueError("a writer list must name at least one writer")
     leaving = set(old) - set(new)
@@ -140,6 +146,7 @@ def plan_writers(
             for room in sorted(unleased_rooms)
             if (a := writer_for_room(room, old)) != (b := writer_for_room(room, new))
         ),
+        tuple(sorted((*key, holder) for key, holder in (key_holders or {}).items() if holder in leaving)),
         tuple(
             (user, a, b)
             for user in sorted(users)

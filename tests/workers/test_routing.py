@@ -50,16 +50,19 @@ def test_placement_forgets_the_oldest_holders_past_its_bound() -> None:
 def test_a_writer_plan_lists_what_moves() -> None:
     users = [f"@u{i}:hs" for i in range(40)]
     rooms = [f"!r{i}:hs" for i in range(40)]
+    held = {("account_data", "@held1:hs"): "p3", ("receipts", "!held1:hs"): "p1"}
     plan = plan_writers(
-        ["p1", "p2", "p3"], ["p1", "p2"], {"!held1:hs": "p3", "!held2:hs": "p1"}, rooms, users
+        ["p1", "p2", "p3"], ["p1", "p2"], {"!held1:hs": "p3", "!held2:hs": "p1"}, rooms, users, held
     )
     assert plan.added == [] and plan.removed == ["p3"]
     assert plan.rooms_moving == (("!held1:hs", "p3"),)  # held by the writer that leaves
+    assert plan.keys_moving == (("account_data", "@held1:hs", "p3"),)
     assert {a for _, a, _ in plan.unleased_moving} <= {"p1", "p2", "p3"}
     assert all(writer_for_room(r, ["p1", "p2", "p3"]) == a for r, a, _ in plan.unleased_moving)
     assert all(writer_for_room(r, ["p1", "p2"]) == b for r, _, b in plan.unleased_moving)
     assert plan.unleased_moving and plan.users_moving  # a third of 40 hash to p3
     unchanged = plan_writers(["p1", "p2"], ["p1", "p2"], {"!a": "p1"}, rooms, users)
     assert unchanged.rooms_moving == unchanged.unleased_moving == unchanged.users_moving == ()
+    assert unchanged.keys_moving == ()
     with pytest.raises(ValueError):
         plan_writers(["p1"], [], {}, [], [])

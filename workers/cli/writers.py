@@ -3,8 +3,9 @@
 OLD and NEW are comma-separated instance names in configured order. Read from the cluster's
 database (`--config FILE`, a worker's configuration, or `--database-url`): the rooms held by a
 writer that leaves (they move to the others when it stops), the rooms without a lease whose
-first writer changes, and the users whose stored-stream writer changes when those streams follow
-the events writers. Rooms held by writers that stay do not move. The procedure is in
+first writer changes, and, when the stored streams follow the events writers, the same for their
+users (rooms, for receipts): those held by a writer that leaves, and the users without a lease
+whose first writer changes. Keys held by writers that stay do not move. The procedure is in
 docs/operations.md ("Adding, removing and restarting writers").
 """
 
@@ -48,10 +49,11 @@ async def _plan(database_url: str, old: list[str], new: list[str]) -> WriterPlan
             "SELECT room_id FROM rooms r"
             " WHERE NOT EXISTS (SELECT 1 FROM room_leases l WHERE l.room_id = r.room_id)"
         )
-        users = await conn.fetch("SELECT user_id FROM users")
+        users = await conn.fetch("SELECT user_id FROM users EXCEPT SELECT entity FROM stream_leases")
+        keys = await conn.fetch("SELECT stream, entity, writer FROM stream_leases WHERE NOT released")
     return plan_writers(
         old, new, {r["room_id"]: r["writer"] for r in held}, [r["room_id"] for r in unleased],
-        [r["user_id"] for r in users],
+        [r["user_id"] for r in users], {(r["stream"], r["entity"]): r["writer"] for r in keys},
     )  # fmt: skip
 
 
@@ -63,15 +65,12 @@ def describe(plan: WriterPlan, limit: int) -> list[str]:
         *(f"  {room} (held by {holder})" for room, holder in plan.rooms_moving[:limit]),
         f"rooms without a lease whose first writer changes: {len(plan.unleased_moving)}",
         *(f"  {room} {a} -> {b}" for room, a, b in plan.unleased_moving[:limit]),
-        f"users whose stored-stream writer changes (streams without writers of their own):"
-        f" {len(plan.users_moving)}",
-        *(f"  {user} {a} -> {b}" for user, a, b in plan.users_moving[:limit]),
+        "stored streams without writers of their own (they follow the events writers):",
+        f"  users (rooms, for receipts) that move when the removed writers stop: {len(plan.keys_moving)}",
+        *(f"    {stream} {key} (held by {holder})" for stream, key, holder in plan.keys_moving[:limit]),
+        f"  users without a lease whose first writer changes: {len(plan.users_moving)}",
+        *(f"    {user} {a} -> {b}" for user, a, b in plan.users_moving[:limit]),
     ]
-    if plan.users_moving:
-        lines.append(
-            "  keep those streams where they are: set stream_writers.account_data, .device_lists,"
-            " .to_device and .receipts to the old list before the change"
-        )
     return lines
 
 

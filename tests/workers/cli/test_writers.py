@@ -35,6 +35,10 @@ async def test_the_plan_of_a_removed_writer(database_url: str) -> None:
             "INSERT INTO users (user_id, created_ts) VALUES ($1, 0)", [(u,) for u in users]
         )
         await conn.execute("INSERT INTO room_leases (room_id, writer, epoch) VALUES ('!held:hs', 'p3', 1)")
+        await conn.execute(
+            "INSERT INTO stream_leases (stream, entity, writer, epoch) VALUES ('to_device', $1, 'p3', 1)",
+            users[0],
+        )
     finally:
         await conn.close()
     done = await asyncio.to_thread(_plan, ",".join(old), ",".join(new), "--database-url", database_url)
@@ -46,8 +50,9 @@ async def test_the_plan_of_a_removed_writer(database_url: str) -> None:
     moving = [r for r in rooms if writer_for_room(r, old) != writer_for_room(r, new)]
     assert f"rooms without a lease whose first writer changes: {len(moving)}" in out
     assert all(f"  {r} {writer_for_room(r, old)} -> {writer_for_room(r, new)}" in out for r in moving)
-    changed = [u for u in users if writer_for_user(u, old, "x") != writer_for_user(u, new, "x")]
-    assert f"(streams without writers of their own): {len(changed)}" in out
+    assert f"move when the removed writers stop: 1\n    to_device {users[0]} (held by p3)" in out
+    changed = [u for u in users[1:] if writer_for_user(u, old, "x") != writer_for_user(u, new, "x")]
+    assert f"users without a lease whose first writer changes: {len(changed)}" in out
 
 
 def test_a_bad_writer_list_exits_2(database_url: str) -> None:
