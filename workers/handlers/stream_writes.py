@@ -350,9 +350,9 @@ class UserStreamWrites:
 
 
 class RoomStreamWrites(UserStreamWrites):
-    """The same for a stream written per room (receipts): a room's writes go to one writer, chosen
-    as a room's events writer is (`writer_for_room` over the stream's writers), so with the same
-    writers a room's receipts are written where its events are."""
+    """The same for a stream written per room (receipts): a room's writes go to one writer, the
+    holder of the room's receipts lease, first taken where a room's events lease is
+    (`writer_for_room` over the stream's writers)."""
 
     key_arg = "room_id"
 
