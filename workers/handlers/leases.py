@@ -163,6 +163,9 @@ class KeyLeases:
         self._wait_s = wait_s
         self._table = table
         self._last_write = last_write
+        #: The write path's statements, built once.
+        self._check = table.check(1)
+        self._check_fenced = table.check_fenced
         #: What the keys are, for messages and logs ("room", "account_data of").
         self.what = what
         self.held: dict[str, int] = {}
@@ -217,10 +220,10 @@ class KeyLeases:
         statement, `LeaseLost` unless this process still holds its instance name."""
         table = self._table
         if fence is None:
-            rows = await conn.fetch(table.check(1), *table.args(list(keys), self.name))
+            rows = await conn.fetch(self._check, *table.args(list(keys), self.name))
         else:
             args = table.args(fence.key, fence.idle_ms, list(keys), self.name)
-            rows = await conn.fetch(table.check_fenced, *args)
+            rows = await conn.fetch(self._check_fenced, *args)
             fence.compare(rows[0]["instance_epoch"])
         found = {r["key"]: r["epoch"] for r in rows}
         lost = [key for key in keys if key not in self.held or found.get(key) != self.held[key]]
