@@ -102,23 +102,27 @@ RETURNING r.epoch
         """($1 key): the holder's name."""
         return f"SELECT writer FROM {self.table} WHERE {self.key_column} = $1{self._scoped(2)}"
 
-    def check(self, first: int) -> str:
-        """(${first} keys, ${first + 1} writer): the keys held under that name, locked."""
-        return (
+    def check(self, *, fenced: bool, session: bool) -> str:
+        """The write's check, one statement: the keys ($1 or, `fenced`, $3: the keys; then the
+        writer) held under that name, locked, one row each (one row with no key when none is);
+        `fenced`: with the instance lease's check (`Fence.CHECK`: $1, $2), its epoch on every row;
+        `session`: with the transaction's id and backend (`commit_outcome.CURRENT_XID_SQL`)."""
+        first = 3 if fenced else 1
+        held = (
             f"SELECT {self.key_column} AS key, epoch FROM {self.table}"
             f" WHERE {self.key_column} = ANY(${first}::text[]) AND writer = ${first + 1}"
             f" AND NOT released{self._scoped(first + 2)} FOR KEY SHARE"
         )
-
-    @property
-    def check_fenced(self) -> str:
-        """`check(3)` and the instance lease's check (`Fence.CHECK`: $1, $2) in one round trip:
-        the instance epoch on every row, and one row with no key when none is held."""
-        return f"""
-WITH me AS ({Fence.CHECK}), held AS ({self.check(3)})
-SELECT (SELECT epoch FROM me) AS instance_epoch, held.key, held.epoch
-FROM (SELECT 1) AS one LEFT JOIN held ON true
-"""
+        ctes, columns = [f"held AS ({held})"], ["held.key", "held.epoch"]
+        if fenced:
+            ctes.insert(0, f"me AS ({Fence.CHECK})")
+            columns.append("(SELECT epoch FROM me) AS instance_epoch")
+        if session:
+            columns.append("txid_current() AS xid, pg_backend_pid() AS pid")
+        return (
+            f"WITH {', '.join(ctes)} SELECT {', '.join(columns)}"
+            " FROM (SELECT 1) AS one LEFT JOIN held ON true"
+        )
 
     @property
     def release(self) -> str:
@@ -163,9 +167,12 @@ class KeyLeases:
         self._wait_s = wait_s
         self._table = table
         self._last_write = last_write
-        #: The write path's statements, built once.
-        self._check = table.check(1)
-        self._check_fenced = table.check_fenced
+        #: The write path's checks, built once: (fenced, session) -> statement.
+        self._checks = {
+            (fenced, session): table.check(fenced=fenced, session=session)
+            for fenced in (False, True)
+            for session in (False, True)
+        }
         #: What the keys are, for messages and logs ("room", "account_data of").
         self.what = what
         self.held: dict[str, int] = {}
@@ -214,16 +221,17 @@ class KeyLeases:
             log.info("lease taken %s %s from=%s epoch=%d", self.what, key, writer, epoch)
         self.held[key] = int(epoch)
 
-    async def check(self, conn: Conn, keys: Collection[str], fence: Fence | None = None) -> None:
+    async def check(
+        self, conn: Conn, keys: Collection[str], fence: Fence | None = None, *, session: bool = False
+    ) -> asyncpg.Record:
         """Inside the write's transaction: raise `lost` unless every key is still held under its
         epoch (until the transaction ends, a take of any of them waits); with `fence`, in the same
-        statement, `LeaseLost` unless this process still holds its instance name."""
-        table = self._table
-        if fence is None:
-            rows = await conn.fetch(self._check, *table.args(list(keys), self.name))
-        else:
-            args = table.args(fence.key, fence.idle_ms, list(keys), self.name)
-            rows = await conn.fetch(self._check_fenced, *args)
+        statement, `LeaseLost` unless this process still holds its instance name. Its first row:
+        with `session`, the transaction's `xid` and backend `pid` (for a lost COMMIT's answer)."""
+        lease = (fence.key, fence.idle_ms) if fence is not None else ()
+        statement = self._checks[(fence is not None, session)]
+        rows = await conn.fetch(statement, *self._table.args(*lease, list(keys), self.name))
+        if fence is not None:
             fence.compare(rows[0]["instance_epoch"])
         found = {r["key"]: r["epoch"] for r in rows}
         lost = [key for key in keys if key not in self.held or found.get(key) != self.held[key]]
@@ -231,6 +239,8 @@ class KeyLeases:
             for key in lost:
                 self.held.pop(key, None)
             raise self.lost(f"the lease of {self.what} {', '.join(sorted(lost))} is no longer held here")
+        first: asyncpg.Record = rows[0]
+        return first
 
     async def release_all(self) -> None:
         """Mark every key held under this name released: the next write takes it elsewhere."""

@@ -18,12 +18,13 @@ On the writer, `StreamWriter.write` runs one write:
 4. leave the ID block (the IDs finish, the position is upserted), then `finished(...)`: the
    worker publishes and wakes its own readers (once its position covers the write).
 A failed transaction leaves its IDs as harmless gaps. When the answer to COMMIT is lost, the writer
-learns the outcome before the IDs finish: the transaction reads its id (`txid_current()`, one
-small query: a write's rows may be overwritten later, so they cannot say whether this write
-committed), and `workers.storage.commit_outcome` ends the old backend and asks `txid_status`. A
-committed write goes on as in 3.; one that did not fails (503 for the client). A committed write
-that 3. cannot apply (it reads the database, whose link may have just broken) still answers 200:
-readers are made to fetch its IDs from the database instead of its staged rows.
+learns the outcome before the IDs finish: the transaction reads its id (`txid_current()`, in
+the statement of 2. that checks the lease: a write's rows may be overwritten later, so they cannot
+say whether this write committed), and `workers.storage.commit_outcome` ends the old backend
+and asks `txid_status`. A committed write goes on as in 3.; one that did not fails (503 for the
+client). A committed write that 3. cannot apply (it reads the database, whose link may have just
+broken) still answers 200: readers are made to fetch its IDs from the database instead of its
+staged rows.
 
 Anywhere else, `UserStreamWrites.run` forwards the operation to the user's writer (a worker
 request to `/_fanout/internal/writes/{stream}/{op}`), following a writer that names another holder
@@ -142,11 +143,8 @@ class StreamWriter:
             try:
                 async with self._pool.acquire() as conn:
                     async with conn.transaction():
-                        session = await conn.fetchrow(CURRENT_XID_SQL)
-                        assert session is not None  # a SELECT without FROM has one row
-                        xid, pid = session["xid"], session["pid"]
                         written_rows = await body(conn, ids)
-                        await self._check(conn, key)  # last: the lease rows are held only until COMMIT
+                        xid, pid = await self._check(conn, key)
                         rows = written_rows
             except BaseException as e:
                 failure = e
@@ -175,11 +173,18 @@ class StreamWriter:
         self.writes += 1
         return StreamPosition(self.name, max(ids))
 
-    async def _check(self, conn: Conn, key: str | None) -> None:
+    async def _check(self, conn: Conn, key: str | None) -> tuple[int, int]:
+        """The write's last statement before COMMIT (the lease rows are held only until then): its
+        key's lease and the instance name still held, and the transaction's (xid, backend pid)."""
+        session: asyncpg.Record | None
         if self.leases is not None and key is not None:
-            await self.leases.check(conn, [key], self.fence)
-        elif self.fence is not None:
-            await self.fence.check(conn)
+            session = await self.leases.check(conn, [key], self.fence, session=True)
+        else:
+            if self.fence is not None:
+                await self.fence.check(conn)
+            session = await conn.fetchrow(CURRENT_XID_SQL)
+        assert session is not None  # a SELECT without FROM (or from a LEFT JOIN on it) has a row
+        return session["xid"], session["pid"]
 
     async def _committed_after_all(self, pid: int, xid: int, stream_id: int, users: Sequence[str]) -> bool:
         """The answer to COMMIT was lost: whether the write committed, learned from the database
