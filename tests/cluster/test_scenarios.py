@@ -29,7 +29,8 @@ from tests.workers.conftest import MakeWorker, make_worker
 from workers.harness import chaos
 from workers.harness.cluster import LocalCluster, WorkerSpec
 from workers.harness.faultproxy import FaultProxy, target_of, through
-from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
+from workers.harness.load_check import LoadReport
+from workers.harness.loadgen import LoadDriver, LoadPlan
 from workers.harness.redis_cluster_faults import migrate_slot, owner_of, wait_for_new_owner
 from workers.redis_cluster_server import RedisClusterServers
 

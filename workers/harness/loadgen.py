@@ -20,12 +20,10 @@ import asyncio
 import dataclasses
 import json
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -33,7 +31,7 @@ from workers.harness.cluster_client import ClusterClient, RequestRefused
 from workers.harness.history import (
     stream_token,
 )
-from workers.harness.load_check import verify_load
+from workers.harness.load_check import LoadReport, verify_load
 from workers.harness.sync_reader import SyncReader
 from workers.storage import connect
 
@@ -53,95 +51,6 @@ class LoadPlan:
     expect_ephemeral: bool = False
     #: Readers whose /sync is refused start over with an initial sync (counted) instead of failing.
     start_over: bool = False
-
-
-@dataclass
-class LoadReport:
-    actions: int = 0
-    events_sent: int = 0
-    rejected: int = 0
-    failed: int = 0
-    #: Answers with status 500 (writes and syncs): a fault must be answered 503, never 500.
-    internal_errors: int = 0
-    #: The longest a room write (send, state, membership, redaction) took to be answered.
-    longest_write_ms: float = 0.0
-    #: The first failed actions: kind and how each failed.
-    failures: list[str] = field(default_factory=list)
-    membership_changes: int = 0
-    redactions_sent: int = 0
-    receipts_sent: int = 0
-    receipts_seen: int = 0
-    keys_uploaded: int = 0
-    keys_claimed: int = 0
-    #: Sync answers that listed a room under `leave` and under `invite` or `knock` at once.
-    left_and_pending_seen: int = 0
-    pending_seen: int = 0
-    seconds: float = 0.0
-    syncs: int = 0
-    latency_ms: list[float] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    invalidation_rows: int = 0
-    per_key_invalidations: int = 0
-    events_checked: int = 0
-    typing_sent: int = 0
-    presence_sent: int = 0
-    typing_seen: int = 0
-    presence_seen: int = 0
-    account_data_sent: int = 0
-    to_device_sent: int = 0
-    device_changes_sent: int = 0
-    account_data_seen: int = 0
-    to_device_seen: int = 0
-    device_changes_seen: int = 0
-
-    @property
-    def events_per_s(self) -> float:
-        return self.events_sent / self.seconds if self.seconds else 0.0
-
-    def percentile(self, q: float) -> float:
-        if not self.latency_ms:
-            return float("nan")
-        if len(self.latency_ms) == 1:
-            return self.latency_ms[0]
-        return statistics.quantiles(self.latency_ms, n=100, method="inclusive")[int(q) - 1]
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "actions": self.actions,
-            "events_sent": self.events_sent,
-            "rejected_by_rules": self.rejected,
-            "failed_requests": self.failed,
-            "internal_errors": self.internal_errors,
-            "longest_write_ms": round(self.longest_write_ms, 1),
-            "membership_changes": self.membership_changes,
-            "redactions_sent": self.redactions_sent,
-            "receipts_sent": self.receipts_sent,
-            "receipts_seen": self.receipts_seen,
-            "one_time_keys_uploaded": self.keys_uploaded,
-            "one_time_keys_claimed": self.keys_claimed,
-            "invites_and_knocks_seen": self.pending_seen,
-            "left_and_pending_seen": self.left_and_pending_seen,
-            "seconds": round(self.seconds, 2),
-            "events_per_s": round(self.events_per_s, 1),
-            "syncs": self.syncs,
-            "latency_p50_ms": round(self.percentile(50), 1),
-            "latency_p99_ms": round(self.percentile(99), 1),
-            "latency_samples": len(self.latency_ms),
-            "typing_updates_sent": self.typing_sent,
-            "typing_notifications_seen": self.typing_seen,
-            "presence_updates_sent": self.presence_sent,
-            "presence_events_seen": self.presence_seen,
-            "account_data_writes": self.account_data_sent,
-            "account_data_seen": self.account_data_seen,
-            "to_device_sent": self.to_device_sent,
-            "to_device_seen": self.to_device_seen,
-            "device_changes": self.device_changes_sent,
-            "device_list_notices_seen": self.device_changes_seen,
-            "invalidation_messages": self.invalidation_rows,
-            "per_key_invalidation_messages": self.per_key_invalidations,
-            "verified": not self.problems,
-            "problems": self.problems[:20],
-        }
 
 
 class LoadDriver:
