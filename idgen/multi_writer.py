@@ -618,6 +618,12 @@ class MultiWriterIdGenerator:
         """Record that `instance_name` reached `new_id` (signed, as received in RDATA or POSITION)."""
         self._book.advance(instance_name, self._sign * new_id)
 
+    def set_writers(self, writers: Sequence[str]) -> None:
+        """Follow a change of the stream's writers while running (`StreamPositions.set_writers`:
+        remove a writer only once it can write no more)."""
+        self._book.set_writers(writers)
+        self._writers = tuple(writers)
+
     # -- misc --------------------------------------------------------------------------------------
 
     @property
