@@ -234,7 +234,7 @@ class LiveWriters:
             return
         if worker.previous_release is not None:
             leases.hashed_writer = functools.partial(worker.previous_release.hashed_writer, writers=events)
-        leases.moved = {room: w for room, w in leases.moved.items() if w in events}
+        leases.moved = {room: w for room, w in leases.moved.items() if writer_for_room(room, events) == w}
         if self._rooms is not None:
             self._rooms.cancel()
         step = self._step_down() if worker.name not in events else self._hand_on(events)

@@ -127,9 +127,11 @@ class RoomLeases:
         """Return once this writer holds `room_id` and has seen its last event; raises
         `NotRoomOwner` or `RoomMoving`."""
         moved_to = self.moved.get(room_id)
-        if moved_to is not None:  # handed on by `release`: a stale-routed write follows it
+        if moved_to is not None:  # handed on by `release` and not taken there yet: follow it
             if self.hears(moved_to):
-                raise NotRoomOwner(room_id, moved_to)
+                async with self._pool.acquire() as conn:
+                    if await conn.fetchval(_HOLDER, room_id) == self.name:
+                        raise NotRoomOwner(room_id, moved_to)
             del self.moved[room_id]
         if room_id in self.held:
             return
