@@ -34,7 +34,7 @@ Start-up load, and where we differ from Synapse:
 * Without `track_positions_table` (the caches stream) persisted-upto starts at the tables' maximum.
 
 Assumptions: instance names are unique among running processes, and a restarted instance's previous
-process is dead. Remove a writer from `writers` only after stopping it.
+process is dead. Remove a writer from `writers` (`set_writers`, at run time) only once it can write no more.
 
 One module, over 400 lines with this contract: allocation, completion and the start-up load share
 the positions' invariants and the lane, and reading them apart would hide how they meet.

@@ -33,22 +33,55 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import asyncpg
 from prometheus_client import CollectorRegistry, Counter
 
+from idgen import MultiWriterIdGenerator
+from pubsub.client import ReplicationClient
 from pubsub.tasks import cancel_and_wait
 from workers.config import ConfigError, WorkerConfig, load_config
+from workers.ephemeral import Ephemeral
+from workers.handlers.applied import AppliedRangesRecorder
+from workers.handlers.messages import Messages
+from workers.handlers.persist import EventPersister
+from workers.handlers.room_leases import RoomLeases
+from workers.handlers.room_writes import RoomWrites
 from workers.instance_lease import fence_out
+from workers.previous_release import PreviousRelease
 from workers.routing import writer_for_room
 from workers.stored import NAMES as STORED_STREAMS
+from workers.stored import StoredStreams
 from workers.streams.caches import CACHES
 from workers.streams.device_lists import DEVICE_LISTS
 from workers.streams.events import BACKFILL, EVENTS
 
-if TYPE_CHECKING:
-    from workers.app import Worker
+
+class WorkerParts(Protocol):
+    """What a reload changes and uses of `workers.app.Worker`."""
+
+    name: str
+    config: WorkerConfig
+    generators: dict[str, MultiWriterIdGenerator]
+    replication: ReplicationClient
+    ephemeral: Ephemeral
+    room_writes: RoomWrites
+    messages: Messages | None
+    stored: StoredStreams
+    room_leases: RoomLeases | None
+    previous_release: PreviousRelease | None
+    applied: AppliedRangesRecorder | None
+    persister: EventPersister | None
+    backfill_persister: EventPersister | None
+
+    @property
+    def pool(self) -> asyncpg.Pool: ...
+
+    def writers(self, stream: str) -> list[str]: ...
+
+    async def release_rooms(self) -> None: ...
+
 
 log = logging.getLogger(__name__)
 #: The settings a running worker takes from a reloaded file.
@@ -199,7 +232,7 @@ class LiveWriters:
     """Applies reload plans to a running worker and carries out what follows (rooms handed on,
     removed writers retired); `stop()` ends what is still running."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerParts) -> None:
         self.worker = worker
         self._retiring: dict[str, asyncio.Task[None]] = {}
         self._rooms: asyncio.Task[None] | None = None
