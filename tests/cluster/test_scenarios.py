@@ -108,9 +108,11 @@ async def under_load(
     assert report.internal_errors == 0, "a fault was answered 500 (it must be 503)"
     assert report.events_sent > 0 and report.events_checked > 0
     if planned:
-        # The one failure docs/operations.md still admits: a write that is not idempotent whose
-        # forwarded request lost its connection as a stopping persister closed its listener.
-        dropped = sum("Server disconnected" in f for f in report.failures)
+        # Room writes are repeated by their event id, so none may fail. The one failure
+        # docs/operations.md still admits: a one-time-key claim (it consumes a key, so it is not
+        # repeated) whose forwarded request lost its connection as a stopping writer closed its
+        # listener.
+        dropped = sum(f.startswith("keys_claim:") for f in report.failures)
         failed = f"{report.failed} actions answered 5xx or not at all"
         assert report.failed == dropped, (failed, report.failures)
     return report

@@ -40,6 +40,7 @@ from workers.handlers.notifier import Notifier
 from workers.handlers.visibility import WriterPositions, wait_visible
 from workers.instance_lease import Fence
 from workers.storage import Conn
+from workers.storage.events import Guard
 
 log = logging.getLogger(__name__)
 #: The longest one write waits here to see the room's last event (its caller may try again).
@@ -71,6 +72,16 @@ FROM (SELECT 1) AS one LEFT JOIN held ON true
 """
 _RELEASE = "UPDATE room_leases SET released = true WHERE writer = $1 AND NOT released"
 _RELEASE_ROOMS = _RELEASE + " AND room_id = ANY($2::text[])"
+#: `check`'s test as one condition for the write's own statement (`Guard`, from $10): every room
+#: held here under its epoch ($10 rooms, $11 epochs, $12 this writer, $13 how many) and, with
+#: `_FENCE_HELD`, the instance lease under its epoch ($14 key, $15 epoch); the rows stay locked
+#: FOR KEY SHARE until the statement commits, as `check`'s do until COMMIT.
+_ROOMS_HELD = (
+    "(SELECT count(*) FROM (SELECT 1 FROM room_leases WHERE (room_id, epoch) IN"
+    " (SELECT * FROM unnest($10::text[], $11::bigint[])) AND writer = $12 AND NOT released"
+    " FOR KEY SHARE) AS held) = $13"
+)
+_FENCE_HELD = " AND (SELECT epoch FROM instance_leases WHERE lease_key = $14 FOR KEY SHARE) = $15"
 
 
 class NotRoomOwner(WorkerError):
@@ -200,6 +211,30 @@ class RoomLeases:
         for room in rooms:
             self.held.pop(room, None)
         return len(rooms)
+
+    def guard(self, rooms: Collection[str], fence: Fence | None = None) -> Guard | None:
+        """`check` as a condition of the write's own statement (`insert_event_rows_if`), or None
+        when a room is not held here (the write cannot commit: `check` says why)."""
+        held = self.held
+        if any(room not in held for room in rooms):
+            return None
+        names = list(rooms)
+        args: tuple[object, ...] = (names, [held[room] for room in names], self.name, len(names))
+        if fence is None:
+            return Guard(_ROOMS_HELD, args)
+        return Guard(_ROOMS_HELD + _FENCE_HELD, (*args, fence.key, fence.epoch))
+
+    async def why_not_held(
+        self, conn: Conn, rooms: Collection[str], fence: Fence | None = None
+    ) -> PersisterError:
+        """After a guarded write wrote nothing: the error `check` raises now (it forgets the lost
+        rooms), or `RoomLeaseLost` when the leases changed back meanwhile."""
+        try:
+            async with conn.transaction():
+                await self.check(conn, rooms, fence)
+        except PersisterError as e:
+            return e
+        return RoomLeaseLost(f"room lease of {', '.join(sorted(rooms))} changed while writing")
 
     async def release_all(self) -> None:
         """Mark every room held under this name released: the next write takes it elsewhere."""
