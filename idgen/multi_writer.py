@@ -20,7 +20,7 @@ Start-up (the positions read, checked and repaired, and where we differ from Syn
 `idgen.startup`.
 
 Assumptions: instance names are unique among running processes, and a restarted instance's previous
-process is dead. Remove a writer from `writers` only after stopping it.
+process is dead. Remove a writer from `writers` (`set_writers`, at run time) only once it can write no more.
 
 Allocation and completion stay in one module: they share the positions' invariants and the lane,
 and reading them apart would hide how they meet.
@@ -503,6 +503,12 @@ class MultiWriterIdGenerator:
     def advance(self, instance_name: str, new_id: int) -> None:
         """Record that `instance_name` reached `new_id` (signed, as received in RDATA or POSITION)."""
         self._book.advance(instance_name, self._sign * new_id)
+
+    def set_writers(self, writers: Sequence[str]) -> None:
+        """Follow a change of the stream's writers while running (`StreamPositions.set_writers`:
+        remove a writer only once it can write no more)."""
+        self._book.set_writers(writers)
+        self._writers = tuple(writers)
 
     # -- misc --------------------------------------------------------------------------------------
 

@@ -21,13 +21,16 @@ holds the room's lease under the epoch it took:
 * `release_all()` on a planned stop, once the persister drained and no commit outcome is left
   unknown: every held room is marked released (epoch unchanged: nothing of ours is in flight), and
   the next write to it, on another writer, takes it.
+* `release(moves)` after a change of the writers (`workers.reload`): the rooms whose stable choice
+  is now another live writer are handed to it the same way, once their admitted writes finished;
+  a stale-routed write to one is answered `NotRoomOwner` naming that writer, not taken back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import asyncpg
@@ -68,6 +71,7 @@ SELECT (SELECT epoch FROM me) AS instance_epoch, held.room_id, held.epoch
 FROM (SELECT 1) AS one LEFT JOIN held ON true
 """
 _RELEASE = "UPDATE room_leases SET released = true WHERE writer = $1 AND NOT released"
+_RELEASE_ROOMS = _RELEASE + " AND room_id = ANY($2::text[])"
 #: `check`'s test as one condition for the write's own statement (`Guard`, from $10): every room
 #: held here under its epoch ($10 rooms, $11 epochs, $12 this writer, $13 how many) and, with
 #: `_FENCE_HELD`, the instance lease under its epoch ($14 key, $15 epoch); the rows stay locked
@@ -127,10 +131,19 @@ class RoomLeases:
         #: The room's writer by the stable hash when only it may take the room (workers of the
         #: previous release run and route by it), else None (`workers.previous_release`).
         self.hashed_writer: Callable[[str], str | None] = lambda _room: None
+        #: Rooms `release` handed to another writer (their stable choice now): room -> writer.
+        self.moved: dict[str, str] = {}
 
     async def hold(self, room_id: str) -> None:
         """Return once this writer holds `room_id` and has seen its last event; raises
         `NotRoomOwner` or `RoomMoving`."""
+        moved_to = self.moved.get(room_id)
+        if moved_to is not None:  # handed on by `release` and not taken there yet: follow it
+            if self.hears(moved_to):
+                async with self._pool.acquire() as conn:
+                    if await conn.fetchval(_HOLDER, room_id) == self.name:
+                        raise NotRoomOwner(room_id, moved_to)
+            del self.moved[room_id]
         if room_id in self.held:
             return
         if self.closed:
@@ -179,6 +192,25 @@ class RoomLeases:
             for room in lost:
                 self.held.pop(room, None)
             raise RoomLeaseLost(f"room lease of {', '.join(sorted(lost))} is no longer held here")
+
+    async def release(self, moves: Mapping[str, str], busy: Callable[[str], bool], wait_s: float) -> int:
+        """Hand held rooms to the writers `moves` names (room -> writer, each room's stable choice
+        after a change of the writers): from now on a write to one is answered `NotRoomOwner`
+        naming its writer, the writes already admitted finish (`busy(room)` until then, for at
+        most `wait_s`; one still running after that fails its lease check), then the rooms are
+        marked released (epoch unchanged) for the new writer's first write to take. Returns how
+        many were released."""
+        rooms = [room for room in moves if room in self.held]
+        self.moved.update((room, moves[room]) for room in rooms)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while any(busy(room) for room in rooms) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        async with self._pool.acquire() as conn:
+            await conn.execute(_RELEASE_ROOMS, self.name, rooms)
+        for room in rooms:
+            self.held.pop(room, None)
+        return len(rooms)
 
     def guard(self, rooms: Collection[str], fence: Fence | None = None) -> Guard | None:
         """`check` as a condition of the write's own statement (`insert_event_rows_if`), or None
