@@ -3,14 +3,15 @@
 | module | holds |
 |---|---|
 | `positions.py` | `StreamPositions`: pure bookkeeping of in-flight IDs, positions, persisted-upto |
-| `multi_writer.py` | `MultiWriterIdGenerator`: the asyncpg edge (sequence, `stream_positions`, start-up) |
+| `multi_writer.py` | `MultiWriterIdGenerator`: the asyncpg edge (allocation, completion, position upserts) |
+| `startup.py` | a generator's start-up read: positions checked against the sequence and tables, repaired |
 | `_lane.py` | the few pool connections a generator keeps while busy |
 | `tokens.py` | `MultiWriterStreamToken` (a vector clock) and `SyncToken` (one per stream), and their texts |
 | `instance_map.py` | `InstanceMap`: the small integers tokens use instead of instance names |
 | `errors.py` | `IdGenError` and below, each saying what to do |
 
-`idgen` never imports `pubsub`, `workers` or `analytics`; only `multi_writer.py`, `_lane.py` and
-`instance_map.py` touch the database.
+`idgen` never imports `pubsub`, `workers` or `analytics`; only `multi_writer.py`, `startup.py`,
+`_lane.py` and `instance_map.py` touch the database.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from idgen.errors import (
     UnknownInstanceError,
 )
 from idgen.instance_map import InstanceMap
-from idgen.multi_writer import MultiWriterIdGenerator, Probe, StreamTable
+from idgen.multi_writer import MultiWriterIdGenerator, Probe
 from idgen.positions import StreamPositions
+from idgen.startup import StreamTable
 from idgen.tokens import MultiWriterStreamToken, SyncToken
 
 __all__ = [

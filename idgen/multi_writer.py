@@ -16,28 +16,14 @@ The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rul
   never a scan), the sequence state, the `stream_positions` rows of the stream, and for a writer one
   upsert of its own position (plus deleting rows of instances no longer configured as writers).
 
-Start-up load, and where we differ from Synapse:
-
-* Positions come from `stream_positions` only; we never read stream rows above a stale minimum (Synapse's
-  5-minute start-up). That is sound because a row only ever holds a position the writer had reached
-  (a claim that stays true however late it lands), and every writer upserts its position at
-  start-up before it allocates anything. So a writer without a visible
-  row allocates only after our read, above every value we read: it may safely be assumed at
-  persisted-upto. A row that is stale (a crash between commit and upsert) only holds positions back
-  until that writer restarts; it never lets a position pass an ID still being written.
-* persisted-upto at start = min(the sequence's max allocated, read *before* the rows; every configured
-  writer's row). This writer's own position = the sequence's max allocated (it has allocated nothing yet).
-* The first ID of a plain `CREATE SEQUENCE` is 1, and an empty stream's persisted-upto is 0: we read the
-  sequence's `is_called`, so there is no Synapse "streams start at 2" rule and no `nextval` recipe needed.
-* Consistency: a sequence behind a stream table is moved forward (setval, warning naming both); a
-  `stream_positions` row ahead of the sequence (read *after* the rows, after any repair) refuses start-up.
-* Without `track_positions_table` (the caches stream) persisted-upto starts at the tables' maximum.
+Start-up (the positions read, checked and repaired, and where we differ from Synapse):
+`idgen.startup`.
 
 Assumptions: instance names are unique among running processes, and a restarted instance's previous
-process is dead. Remove a writer from `writers` only after stopping it.
+process is dead. Remove a writer from `writers` (`set_writers`, at run time) only once it can write no more.
 
-One module, over 400 lines with this contract: allocation, completion and the start-up load share
-the positions' invariants and the lane, and reading them apart would hide how they meet.
+Allocation and completion stay in one module: they share the positions' invariants and the lane,
+and reading them apart would hide how they meet.
 """
 
 from __future__ import annotations
@@ -50,16 +36,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
 from idgen._lane import Lane
-from idgen.errors import InconsistentSequenceError, NotAWriterError
+from idgen.errors import NotAWriterError
 from idgen.positions import StreamPositions
-
-if TYPE_CHECKING:
-    from idgen._lane import Connection
+from idgen.startup import StartupRead, StreamTable, load_positions, sequence_max
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +73,6 @@ def _ident(name: str) -> str:
     if not _IDENT.match(name):
         raise ValueError(f"{name!r} is not a plain lower-case SQL identifier")
     return name
-
-
-@dataclass(frozen=True, slots=True)
-class StreamTable:
-    """A table holding rows of a stream: its name, the writer's instance column and the ID column."""
-
-    table: str
-    instance_column: str
-    id_column: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,101 +254,12 @@ class MultiWriterIdGenerator:
             f"WITH p AS ({self._sql_upsert}) SELECT nextval('{seq}') FROM generate_series(1, $4)"
         )
         async with pool.acquire() as conn:
-            self._book = await self._load(conn)
+            self._book, stored = await load_positions(
+                conn, StartupRead(stream_name, instance_name, self._sequence, self._tables, self._writers,
+                                  self._sign, track_positions_table, self._sql_upsert),
+            )  # fmt: skip
+        self._stored = stored
         return self
-
-    # -- start-up ----------------------------------------------------------------------------------
-
-    async def _sequence_max(self, conn: Connection) -> int:
-        value = await conn.fetchval(
-            f"SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {self._sequence}"
-        )
-        return int(value)
-
-    async def _tables_max(self, conn: Connection) -> list[int]:
-        """The largest internal (positive) ID in each table, 0 when empty."""
-        agg = "MAX" if self._sign == 1 else "MIN"
-        parts = ", ".join(f"(SELECT {agg}({t.id_column}) FROM {t.table})" for t in self._tables)
-        row = await conn.fetchrow(f"SELECT {parts}")
-        assert row is not None
-        return [max(self._sign * int(v), 0) if v is not None else 0 for v in row]
-
-    async def _load(self, conn: Connection) -> StreamPositions:
-        sign = self._sign
-        table_max = await self._tables_max(conn)
-        seq_before = await self._sequence_max(conn)
-        behind = [(t, m) for t, m in zip(self._tables, table_max, strict=True) if m > seq_before]
-        if behind:
-            for t, m in behind:
-                log.warning(
-                    "sequence is behind a stream table, moving it forward: sequence=%s table=%s "
-                    "sequence_max=%d table_max=%d stream=%s",
-                    self._sequence,
-                    t.table,
-                    seq_before,
-                    m,
-                    self._stream_name,
-                )
-            await conn.fetchval(f"SELECT setval('{self._sequence}', $1)", max(m for _, m in behind))
-            seq_before = await self._sequence_max(conn)
-        rows: list[asyncpg.Record] = []
-        if self._track:
-            rows = await conn.fetch(
-                "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = $1",
-                self._stream_name,
-            )
-        # Read after the rows: every value in them was allocated before this read.
-        seq_after = await self._sequence_max(conn)
-        stored = {r["instance_name"]: sign * int(r["stream_id"]) for r in rows}
-        if stored and max(stored.values()) > seq_after:
-            name, pos = max(stored.items(), key=lambda item: item[1])
-            raise InconsistentSequenceError(
-                f"stream {self._stream_name!r}: stream_positions says instance {name!r} reached "
-                f"{sign * pos}, but sequence {self._sequence!r} has only handed out up to {sign * seq_after} "
-                "(sequence values were lost, e.g. by a failover, or two generators share this stream name). "
-                f"Fix: stop every process writing this stream, run SELECT setval('{self._sequence}', {pos}); "
-                f"(or DELETE FROM stream_positions WHERE stream_name = '{self._stream_name}';), then restart."
-            )
-        is_writer = not self._writers or self._instance in self._writers
-        if self._track:
-            others = {n: p for n, p in stored.items() if n in self._writers and n != self._instance}
-            persisted = min([seq_before, *others.values()])
-            own = seq_after
-        else:
-            others = {}
-            persisted = min(max(table_max), seq_after)
-            own = persisted
-        book = StreamPositions(
-            self._instance,
-            self._writers,
-            persisted_upto=persisted,
-            positions=others,
-            own_position=own if is_writer else None,
-        )
-        if self._track and is_writer:
-            stale = [n for n in stored if n not in self._writers]
-            if stale:
-                log.info(
-                    "forgetting positions of removed writers: stream=%s instances=%s",
-                    self._stream_name,
-                    stale,
-                )
-                await conn.execute(
-                    "DELETE FROM stream_positions WHERE stream_name = $1 AND instance_name = ANY($2::text[])",
-                    self._stream_name,
-                    stale,
-                )
-            value = book.own_position()
-            await conn.execute(self._sql_upsert, self._stream_name, self._instance, sign * value)
-            self._stored = value
-        log.debug(
-            "id generator loaded: stream=%s instance=%s persisted_upto=%d positions=%s",
-            self._stream_name,
-            self._instance,
-            sign * book.persisted_upto,
-            book.positions(),
-        )
-        return book
 
     # -- allocation --------------------------------------------------------------------------------
 
@@ -596,10 +482,10 @@ class MultiWriterIdGenerator:
         conn = self._lane.acquire_spare()
         if conn is None:
             async with self._pool.acquire() as pooled:
-                value = await self._sequence_max(pooled)
+                value = await sequence_max(pooled, self._sequence)
         else:
             try:
-                value = await self._sequence_max(conn)
+                value = await sequence_max(conn, self._sequence)
             except BaseException:
                 self._lane.discard(conn)
                 raise
@@ -617,6 +503,12 @@ class MultiWriterIdGenerator:
     def advance(self, instance_name: str, new_id: int) -> None:
         """Record that `instance_name` reached `new_id` (signed, as received in RDATA or POSITION)."""
         self._book.advance(instance_name, self._sign * new_id)
+
+    def set_writers(self, writers: Sequence[str]) -> None:
+        """Follow a change of the stream's writers while running (`StreamPositions.set_writers`:
+        remove a writer only once it can write no more)."""
+        self._book.set_writers(writers)
+        self._writers = tuple(writers)
 
     # -- misc --------------------------------------------------------------------------------------
 

@@ -210,6 +210,22 @@ class StreamPositions:
             self._max_seen = position
         self._update(())
 
+    def set_writers(self, writers: Iterable[str]) -> None:
+        """The configured writers changed while this process runs (a config reload). A writer
+        added and not heard yet counts at today's persisted-upto (the "new writer" rule: it has
+        allocated nothing yet, so every ID at or below that is finished without it). A writer
+        removed stops counting: call this only once it can write no more (its name is fenced).
+        This instance's own role never changes here."""
+        new = frozenset(writers)
+        if self._writers and not new:
+            raise ValueError("a stream with writers cannot become open (writers=[]) while running")
+        added = {w for w in new - self._writers if w != self._instance and w not in self._positions}
+        if added and not self._unheard:
+            self._unheard_floor = self._persisted_upto
+        self._unheard = (self._unheard & new) | added
+        self._writers = new | ({self._instance} if self._is_writer and self._writers else frozenset())
+        self._update(())
+
     # -- internals ---------------------------------------------------------------------------------
 
     def _update(self, finished_now: Collection[int]) -> None:

@@ -123,7 +123,14 @@ class ReplicationHandler:
         self._own_prefixes = self._echo_prefixes + own_line_prefixes(instance_name, self._other_streams)
         # (stream, writer) of every other writer of a read stream, as bytes: `handle_lines` checks
         # and queues their RDATA inline.
-        self._rdata_routes: dict[tuple[bytes, bytes], _Route] = {
+        self._rdata_routes: dict[tuple[bytes, bytes], _Route] = self._routes()
+        metrics.gauge_source = self._gauge_values
+        self._background: set[asyncio.Task[None]] = set()
+        self._ratelog = RateLimitedLog(log)
+        self._started_at = 0.0
+
+    def _routes(self) -> dict[tuple[bytes, bytes], _Route]:
+        return {
             (name.encode(), writer.encode()): (
                 state,
                 writer,
@@ -133,12 +140,26 @@ class ReplicationHandler:
             )
             for name, state in self._states.items()
             for writer in state.stream.writers
-            if writer != instance_name and NAME_PATTERN.fullmatch(writer)
+            if writer != self.instance_name and NAME_PATTERN.fullmatch(writer)
         }
-        metrics.gauge_source = self._gauge_values
-        self._background: set[asyncio.Task[None]] = set()
-        self._ratelog = RateLimitedLog(log)
-        self._started_at = 0.0
+
+    def set_writers(self, stream: str, writers: Iterable[str]) -> None:
+        """The writers of a read `stream` changed (a config reload): lines of an added writer are
+        accepted from now on (its RDATA waits for its first POSITION, as after a reconnect), a
+        removed writer's are refused. The stream's generator is the caller's to update."""
+        state = self._states[stream]
+        state.stream.writers = frozenset(writers)
+        if self._started_at:
+            for writer in state.stream.writers:
+                state.last_heard.setdefault(writer, asyncio.get_running_loop().time())
+        self._rdata_routes = self._routes()
+
+    def settle(self, stream: str, writer: str, token: int) -> None:
+        """`writer` writes `stream` no more (its name is fenced) and got no ID above `token`:
+        apply its rows up to `token` from the database, as its POSITION there would make us."""
+        state = self._states[stream]
+        state.queue.append((self.generation, Position(stream, writer, token, token)))
+        state.wake.set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 

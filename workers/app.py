@@ -81,6 +81,7 @@ from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, 
 from workers.position_hints import discard_hints_ahead
 from workers.previous_release import PreviousRelease
 from workers.reachability import PostgresProbe
+from workers.reload import ConfigReload, LiveWriters, writers_of
 from workers.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
 from workers.storage import connect, create_pool
 from workers.storage import events as event_store
@@ -139,6 +140,9 @@ class Worker:
         self.previous_release: PreviousRelease | None = None
         self._postgres_probe: PostgresProbe | None = None
         self.rate_limits: RateLimiter | None = None
+        self.messages: Messages | None = None
+        self._reload: ConfigReload | None = None
+        self.live_writers = LiveWriters(self)
         #: Set when this process lost its instance name: it must stop (and exit 1).
         self.lease_lost = asyncio.Event()
         self.metrics = WorkerMetrics(self.registry, lambda: self.notifier.waiting)
@@ -156,14 +160,7 @@ class Worker:
         log.info("phase=%s took=%.3fs instance=%s", name, time.monotonic() - started, self.name)
 
     def writers(self, stream: str) -> list[str]:
-        if stream in (BACKFILL,):
-            return self.config.writers_of(EVENTS)
-        if stream == CACHES:  # a device_lists writer records the access tokens it ends there
-            own = self.config.writers_of(CACHES) or self.config.writers_of(EVENTS)
-            return own + [w for w in self.writers(DEVICE_LISTS) if w not in own]
-        if stream in STORED_STREAMS:
-            return self.config.writers_of(stream) or self.config.writers_of(EVENTS)
-        return self.config.writers_of(stream)
+        return writers_of(self.config, stream)
 
     async def start(self) -> None:
         """Start every part in order; on failure, whatever started is stopped by `stop()`.
@@ -389,6 +386,11 @@ class Worker:
             self.room_writes.deletions = RoomDeletions(self.pool, self.name, self.room_writes.end)
             await self.room_writes.deletions.interrupted()
         reads = config.serve_reads
+        if reads:
+            self.messages = Messages(
+                self.pool, self.caches, self.writers(EVENTS), self.sync.decode, self.sync.current_token,
+                self.room_versions,
+            )  # fmt: skip
         self.rate_limits = RateLimiter(
             limiter_client(config), config.channel_prefix, RateLimitSettings.from_config(config), self.pool,
             self.registry,
@@ -401,16 +403,7 @@ class Worker:
                 ),
                 writes=self.room_writes,
                 sync=self.sync if reads else None,
-                messages=Messages(
-                    self.pool,
-                    self.caches,
-                    self.writers(EVENTS),
-                    self.sync.decode,
-                    self.sync.current_token,
-                    self.room_versions,
-                )
-                if reads
-                else None,
+                messages=self.messages,
                 metrics=self.registry,
                 health=self.health,
                 accepting=lambda: self._accepting,
@@ -615,6 +608,21 @@ class Worker:
         async with self.pool.acquire() as conn:
             return await event_store.visibility_changes(conn, room_id)
 
+    # -- configuration reload (SIGHUP) ----------------------------------------------------------
+
+    def reload(self, path: str) -> None:
+        """Read the configuration file again and apply what changes online (`workers.reload`)."""
+        if not self._ready or self._stopping:
+            log.warning(
+                "config reload ignored: the worker is %s", "stopping" if self._stopping else "starting"
+            )
+            return
+        if self._reload is None:
+            self._reload = ConfigReload(path, self.config, self.registry)
+        plan = self._reload.read()
+        if plan is not None:
+            self.live_writers.apply(plan)
+
     # -- health and shutdown -------------------------------------------------------------------
 
     def _all_caches(self) -> list[CacheStats]:
@@ -701,14 +709,14 @@ class Worker:
         if hasattr(self, "sync"):  # start-up may have failed before the handler existed
             self.sync.closing = True
         self.notifier.notify_all()
-        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [("stop_reload", self.live_writers.stop)]
         if getattr(self, "room_writes", None) is not None and self.room_writes.deletions is not None:
             steps.append(("finish_room_deletions", self.room_writes.deletions.stop))
         for persister in (self.persister, self.backfill_persister):
             if persister is not None:
                 steps.append(("drain_writes", persister.stop))
         if self.room_leases is not None:
-            steps.append(("release_rooms", self._release_rooms))
+            steps.append(("release_rooms", self.release_rooms))
         if hasattr(self, "stored"):
             steps.append(("release_user_streams", self._release_stored))
         if self.room_stats is not None:
@@ -748,7 +756,7 @@ class Worker:
                         log.error("task %r stack=%s", task.get_name(), task.get_stack(limit=8))
         log.info("stopped instance=%s", self.name)
 
-    async def _release_rooms(self) -> None:
+    async def release_rooms(self) -> None:
         """Hand this persister's rooms on, once its writes drained and no commit outcome is left
         unknown (such a batch may still commit: its rooms move only when this lease expires)."""
         assert self.room_leases is not None

@@ -205,7 +205,7 @@ async def _connect(database_url: str, lease_s: float) -> asyncpg.Connection[Any]
     return await asyncpg.connect(database_url, statement_cache_size=0, timeout=max(1.0, lease_s / 3))
 
 
-async def take(conn: asyncpg.Connection[Any], key: str, lease_s: float) -> int:
+async def take(conn: Conn, key: str, lease_s: float) -> int:
     """Take the lease `key` for this process: its new epoch, or `NameHeld` saying who holds it.
     A holder on this host whose process is gone loses it at once."""
     me, host = os.getpid(), socket.gethostname()
@@ -220,6 +220,18 @@ async def take(conn: asyncpg.Connection[Any], key: str, lease_s: float) -> int:
             holder = _describe(await conn.fetchrow(_HOLDER, key))
             raise NameHeld(f"instance name {name!r} (prefix {prefix!r}) is held by {holder}")
     return int(epoch)
+
+
+async def fence_out(conn: Conn, key: str, lease_s: float) -> bool:
+    """Take and at once release the lease `key` when nobody holds it (a writer that was removed
+    and stopped): its last holder's epoch is gone, so that process can commit nothing more even
+    if it was only frozen. False while it is held."""
+    try:
+        epoch = await take(conn, key, lease_s)
+    except NameHeld:
+        return False
+    await conn.execute(_RELEASE, key, epoch)
+    return True
 
 
 def _alive(pid: int) -> bool:

@@ -81,6 +81,14 @@ class RoomPlacement:
             self._holders.popitem(last=False)
         self._away.pop(holder, None)
 
+    def set_writers(self, writers: Sequence[str]) -> None:
+        """The events writers changed (a config reload): the stable choice is over `writers` now,
+        and a holder learned that is no longer one of them is forgotten."""
+        self.writers = list(writers)
+        kept = set(writers)
+        for room_id in [r for r, holder in self._holders.items() if holder not in kept]:
+            del self._holders[room_id]
+
     def unavailable(self, writer: str) -> None:
         """`writer` could not take a write (stopping, restarting): route around it for a while."""
         self._away[writer] = self._clock() + self.away_s

@@ -32,7 +32,8 @@ from tests.conftest import Servers
 from workers.harness import backup
 from workers.harness.cluster import LocalCluster
 from workers.harness.history import stream_token
-from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
+from workers.harness.load_check import LoadReport
+from workers.harness.loadgen import LoadDriver, LoadPlan
 from workers.services import start_postgres
 from workers.streams import account_data, device_lists, receipts, to_device
 

@@ -101,7 +101,11 @@ async def test_a_write_of_a_frozen_persister_whose_room_moved_does_not_commit(
     """persister's join is held inside its transaction (a table lock the test holds) while the
     persister is frozen past its instance lease; a send moves the room to the other persister.
     Nobody took the frozen one's name, so it runs on once resumed, but its join must fail its
-    room-lease check and never commit (it would land behind the new holder's events)."""
+    room-lease check and never commit (it would land behind the new holder's events). The
+    forwarding worker may repeat the join on the new holder (it carries its event id): that copy
+    is the only one that may commit, and the frozen one's then meets it (lease check or unique
+    event id) and commits nothing. `tests/workers/handlers/test_persist.py` covers the lease
+    check alone."""
     cluster = await make_cluster(
         persisters=2, sync_workers=1, background_workers=0,
         extra_config={"writer_wait_s": 15.0, "instance_lease_s": LEASE_S, "worker_request_timeout_s": 2.0},
@@ -129,19 +133,22 @@ async def test_a_write_of_a_frozen_persister_whose_room_moved_does_not_commit(
             finally:
                 process.send_signal(signal.SIGCONT)
             outcome = (await asyncio.gather(join, return_exceptions=True))[0]
-            assert isinstance(outcome, RequestRefused) and outcome.status == 503, outcome
             await asyncio.sleep(1.0)  # the resumed persister's batch has failed by now
-        joins = await admin.fetchval(
-            "SELECT count(*) FROM events WHERE room_id = $1 AND type = 'm.room.member' AND state_key = $2",
+        joined_by = await admin.fetch(
+            "SELECT instance_name FROM events WHERE room_id = $1 AND type = 'm.room.member'"
+            " AND state_key = $2",
             room, bob.user_id,
         )  # fmt: skip
-        assert joins == 0
+        if isinstance(outcome, BaseException):
+            assert isinstance(outcome, RequestRefused) and outcome.status == 503, outcome
+            assert joined_by == []
+        else:
+            assert [r["instance_name"] for r in joined_by] == [other]
         writer = await admin.fetchval(
             "SELECT instance_name FROM events WHERE event_id = $1", sent["event_id"]
         )
         assert writer == other
         assert process.poll() is None  # its name was never taken: it serves on
-        assert "is no longer held here" in cluster.log_tail(owner, 200)
     finally:
         await admin.close()
 

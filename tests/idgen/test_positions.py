@@ -281,3 +281,36 @@ def test_model_persisted_upto_never_passes_an_unfinished_id(
                 other.advance(w, books[w].own_position())
     for name, book in books.items():
         assert book.persisted_upto == m.next_id - 1, name
+
+
+def test_a_writer_added_while_running_holds_persisted_upto_until_heard() -> None:
+    book = StreamPositions("reader", ["a", "b"], persisted_upto=10, positions={"a": 10, "b": 10})
+    book.set_writers(["a", "b", "c"])
+    book.advance("a", 20)
+    book.advance("b", 20)
+    assert book.persisted_upto == 10, "c was not heard: it counts where the stream was when added"
+    book.advance("c", 15)
+    assert book.persisted_upto == 15
+    book.advance("c", 25)
+    assert book.persisted_upto == 20
+
+
+def test_a_removed_writer_stops_holding_the_minimum() -> None:
+    book = StreamPositions(
+        "reader", ["a", "b", "c"], persisted_upto=10, positions={"a": 10, "b": 10, "c": 10}
+    )
+    book.advance("a", 30)
+    book.advance("b", 30)
+    assert book.persisted_upto == 10, "c (stopped) holds the minimum while it is a writer"
+    book.set_writers(["a", "b"])
+    assert book.persisted_upto == 30
+    assert book.position_of("c") == 30
+
+
+def test_an_own_writer_role_survives_its_removal_from_the_list() -> None:
+    book = StreamPositions("a", ["a", "b"], persisted_upto=5, positions={"b": 5}, own_position=5)
+    book.set_writers(["b"])
+    assert book.is_writer
+    allocate(book, 6)
+    book.finish([6])
+    assert book.own_position() == 6

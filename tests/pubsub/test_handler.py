@@ -461,3 +461,24 @@ def test_positions_only_must_name_read_streams() -> None:
 
 async def _never(*_: object) -> None:
     raise AssertionError("no rows are applied")
+
+
+async def test_writers_changed_while_running(make: Callable[..., Harness]) -> None:
+    """A writer added is heard from then on (its RDATA after its first POSITION); one that can
+    write no more is settled from the table up to the end given; a removed one is refused."""
+    h = make()
+    h.send("POSITION s w3 0 1")
+    await h.settle()
+    assert h.rejected("not_a_writer") == 1
+    h.handler.set_writers("s", ["w1", "w2", "w3"])
+    h.send("POSITION s w3 0 0", rd("w3", 2, "x"))
+    await h.settle()
+    assert h.applied == [("w3", 2, ["x"])]
+    h.table.add("w3", 5, Row(payload="y"))  # committed, its RDATA lost, then w3 stopped
+    h.handler.settle("s", "w3", 5)
+    await h.settle()
+    assert h.applied[-1] == ("w3", 5, ["y"]) and h.position("w3") == 5
+    h.handler.set_writers("s", ["w1", "w2"])
+    h.send(rd("w3", 6, "z", prev=5))
+    await h.settle()
+    assert h.rejected("not_a_writer") == 2 and h.applied[-1][1] == 5

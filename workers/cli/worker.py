@@ -1,4 +1,5 @@
-"""`fanout worker --config FILE`: run one worker process until SIGTERM or SIGINT."""
+"""`fanout worker --config FILE`: run one worker process until SIGTERM or SIGINT; SIGHUP reads
+FILE again and applies the writers and the instance map it names (`workers.reload`)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from workers.log_format import configure_logging
 from workers.startup_errors import describe
 
 
-async def run(config: WorkerConfig) -> int:
+async def run(config: WorkerConfig, path: str | None = None) -> int:
     """Start, serve until a signal, stop; a failed start stops what started and re-raises."""
     worker = Worker(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if path is not None:
+        loop.add_signal_handler(signal.SIGHUP, worker.reload, path)
     try:
         await worker.start()
         print(f"ready http://{config.http_host}:{worker.http_port}", flush=True)
@@ -45,7 +48,7 @@ def main(argv: list[str]) -> int:
     try:
         config = load_config(args.config)
         configure_logging(config)
-        return event_loop.run(run(config), use_uvloop=config.event_loop == "uvloop")
+        return event_loop.run(run(config, args.config), use_uvloop=config.event_loop == "uvloop")
     except Exception as e:
         failure = describe(e)
         if failure is None:

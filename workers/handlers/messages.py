@@ -53,7 +53,8 @@ class Messages:
         self._pool = pool
         self._versions = room_versions
         self._caches = caches
-        self._writers = list(event_writers)
+        #: The events writers (a config reload replaces the list).
+        self.writers = list(event_writers)
         self._decode = decode
         self._current = current
 
@@ -66,7 +67,7 @@ class Messages:
 
     async def _sync_position(self, room_id: str, token: SyncToken) -> int:
         events = token.get("events")
-        positions = {w: events.get_stream_pos_for_instance(w) for w in self._writers}
+        positions = {w: events.get_stream_pos_for_instance(w) for w in self.writers}
         async with self._pool.acquire() as conn:
             last = await store.room_events(
                 conn, room_id, after=0, positions=positions, default_position=events.stream,

@@ -18,10 +18,11 @@ Order on the writer, for every batch:
 3. leave the ID generators' blocks: the IDs count as finished, `stream_positions` is upserted;
 4. `on_finished`: publish RDATA and wake local readers;
 5. resolve the callers' futures.
-With a `fence` (the instance lease's) and `room_leases`, every batch runs in a transaction whose
-last statements before COMMIT check that this process still holds its name (`Fence.check`) and
-each room of the batch (`RoomLeases.check`): a process that lost its name or a room commits
-nothing more there.
+With a `fence` (the instance lease's) and `room_leases`, every batch checks, inside what commits
+it, that this process still holds its name (`Fence.check`) and each room of the batch
+(`RoomLeases.check`): a process that lost its name or a room commits nothing more there. A batch
+of a few messages is one statement, its insert guarded by that check (`RoomLeases.guard`: one
+round trip); any other runs in a transaction whose last statement before COMMIT is the check.
 A send with a client transaction id (`persist(..., may_exist=True)`) is looked up in its batch's
 ID allocation (`idgen.Probe`, the same statement as `nextval`): a retry of an answered send takes
 no stream ID, so no follower sees a gap to catch up on, and is answered with the stored event.
@@ -55,7 +56,15 @@ from workers.handlers.room_versions import RoomVersions
 from workers.instance_lease import Fence, LeaseLost
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
 from workers.storage.commit_outcome import BACKEND_PID_SQL, committed, outcome_unknown, row_exists
-from workers.storage.events import events_by_ids, insert_batch, needs_transaction
+from workers.storage.events import (
+    INSERT_MAX_ROWS,
+    Guard,
+    event_rows,
+    events_by_ids,
+    insert_batch,
+    insert_event_rows_if,
+    needs_transaction,
+)
 from workers.storage.named_pool import NamedPool
 
 log = logging.getLogger(__name__)
@@ -70,6 +79,11 @@ BatchCallback = Callable[
 
 class PersisterOverloaded(PersisterError):
     """The queue is full: the client should retry later (HTTP 503)."""
+
+
+def guard_rooms(events: Sequence[Event]) -> list[str]:
+    """The rooms of a batch, once each, in order."""
+    return list(dict.fromkeys(e.room_id for e in events))
 
 
 class PersisterStopped(PersisterError):
@@ -333,7 +347,13 @@ class EventPersister:
             try:
                 async with self._pool.acquire() as conn:
                     pid = conn.get_server_pid()
-                    if self._fence is not None or self._room_leases is not None:
+                    guard = self._guard(events, invalidations)
+                    if guard is not None:
+                        committing = True  # one statement: it commits as it runs
+                        if not await insert_event_rows_if(conn, event_rows(events, stored), guard):
+                            assert self._room_leases is not None
+                            raise await self._room_leases.why_not_held(conn, guard_rooms(events), self._fence)
+                    elif self._fence is not None or self._room_leases is not None:
                         async with conn.transaction():
                             if self._pooled:  # the backend is the pooler's pick: ask it
                                 pid = await conn.fetchval(BACKEND_PID_SQL)
@@ -370,6 +390,20 @@ class EventPersister:
             if not future.done():
                 future.set_result(event)
         return stored_already
+
+    def _guard(self, events: Sequence[Event], invalidations: Sequence[object]) -> Guard | None:
+        """The room leases' check as a condition of the batch's one statement, when the batch is
+        one statement (a few messages, no state, no invalidation) on a direct connection (through
+        a pooler the commit-outcome lookup needs the backend named in a transaction)."""
+        leases = self._room_leases
+        if (
+            leases is None
+            or self._pooled
+            or len(events) > INSERT_MAX_ROWS
+            or needs_transaction(events, invalidations)
+        ):
+            return None
+        return leases.guard(guard_rooms(events), self._fence)
 
     async def _committed_after_all(
         self, error: BaseException, pid: int, events: Sequence[Event], cache_ids: Sequence[int]

@@ -68,6 +68,10 @@ class RoomGate:
                 if idle is not None:
                     idle.set()
 
+    def writing(self, room_id: str) -> bool:
+        """Whether writes to `room_id` are admitted and not finished."""
+        return room_id in self._writing
+
     @contextlib.asynccontextmanager
     async def exclusive(self, room_id: str) -> AsyncIterator[None]:
         """Hold `room_id` for a purge: no new writes; wait for those admitted. One purge at a time."""

@@ -12,7 +12,10 @@ Idempotency: a send with a client transaction id gets an event id derived from (
 device, txn) (`rooms.txn_event_id`). A retry that arrives while the first try is in flight shares
 its result; one that arrives after it was stored gets the stored event back, also after a persister
 restart: the persister looks such sends up before it takes stream IDs (`persist(may_exist=True)`),
-so a retry costs no stream ID and no follower catches up for it.
+so a retry costs no stream ID and no follower catches up for it. Every other room write gets its
+event id here too, before it is forwarded, so the forwarding worker may repeat it (on the same
+owner, or on the next holder of a room that moved): the owner answers a repeat with the stored
+event, whether the room's rules would refuse it now or the insert meets the unique event id.
 """
 
 from __future__ import annotations
@@ -217,8 +220,8 @@ class RoomWrites:
         body = {"event": event_to_json(event), "txn": txn}
         return await self._routed(
             event.room_id, lambda: self.send_here(event, txn=txn),
-            lambda owner: self._forward_written(owner, "room_send", event.room_id, "send", body, retry=txn),
-            retry=txn,
+            lambda owner: self._forward_written(owner, "room_send", event.room_id, "send", body, retry=True),
+            retry=True,
         )  # fmt: skip
 
     async def create(self, events: list[NewEvent]) -> Written:
@@ -326,8 +329,9 @@ class RoomWrites:
         self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool
     ) -> dict[str, Any]:
         """One worker request to the room's owner. `retry`: the request may be repeated after it
-        may have reached the owner (a send with a transaction id and a create are idempotent; a
-        membership change or a backfill is not, and fails with OwnerUnavailable instead)."""
+        may have reached the owner (a send, a create and a remote invite carry their event ids, so
+        the owner answers a repeat with the stored event; a backfill gets its ids on the owner and
+        fails with OwnerUnavailable instead)."""
         if self.forwarder is None:
             raise OwnerUnavailable(owner, "worker requests are not set up on this worker")
         self.forwarded += 1
@@ -390,10 +394,9 @@ class RoomWrites:
             if event.type == REDACTION_EVENT:
                 await self._check_redaction(event, view)
         except RoomRuleError:
-            if txn:
-                stored = await self._stored(event.event_id)
-                if stored is not None:  # a retry of a send the rules allowed then
-                    return Written.of(stored)
+            stored = await self._stored(event.event_id)
+            if stored is not None:  # a repeat of a write the rules allowed then
+                return Written.of(stored)
             raise
         return Written.of(await persister.persist(event, may_exist=txn))
 

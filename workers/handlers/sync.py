@@ -136,7 +136,6 @@ class SyncHandler:
         self._caches = caches
         self._notifier = notifier
         self._generators = generators
-        self._writers = tuple(generators["events"].writers)
         self._instance_map = instance_map
         self._catch_up_wait_s = catch_up_wait_s
         self._max_events = max_events
@@ -332,7 +331,8 @@ class SyncHandler:
         now = self.current_token()
         user_rooms = await self._caches.rooms_for_user.get(user_id)
         events = now.get("events")
-        positions = {w: events.get_stream_pos_for_instance(w) for w in (*self._writers, *events.instance_map)}
+        writers = (*self._generators["events"].writers, *events.instance_map)
+        positions = {w: events.get_stream_pos_for_instance(w) for w in writers}
         sections = RoomSections(user_id, sync_filter)
         last: dict[int, tuple[str, tuple[tuple[int, str], ...]]] = {}
         visibility = {
@@ -529,7 +529,7 @@ class SyncHandler:
         low, high = since.get("events"), now.get("events")
         if not user_rooms.rooms:
             return [], now
-        writers = set(low.instance_map) | set(high.instance_map) | set(self._writers)
+        writers = set(low.instance_map) | set(high.instance_map) | set(self._generators["events"].writers)
         windows = {
             w: (low.get_stream_pos_for_instance(w), high.get_stream_pos_for_instance(w))
             for w in writers

@@ -1,7 +1,8 @@
 """The harness around the worker: what runs a cluster, drives it and checks it, never what serves.
 
 `cluster.py` launches real worker processes, `cluster_client.py` talks to them as a user would,
-`loadgen.py` drives load, `sync_reader.py` is one user's recording /sync loop, `history.py`
+`loadgen.py` drives load, `load_check.py` checks it at the end, `sync_reader.py` is one user's
+recording /sync loop, `history.py`
 checks what clients saw (exactly once, in order, tokens monotone), `demo.py` is `fanout demo`,
 `upgrade.py` is `fanout upgrade-check` (the previous release, built by `upgrade_build.py`,
 upgraded worker by worker under load) and `bench/` holds the benchmarks. A production worker

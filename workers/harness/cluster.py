@@ -8,7 +8,8 @@ talk to any of them). A worker's `command` may be another install's `fanout` (th
 runs the previous release's beside this tree's). `write_only_persisters=True` makes the persisters
 `serve_reads: false`, as a deployment that keeps clients' reads off its writers would.
 `redis_cluster` (node URLs) puts the workers on a Redis Cluster with sharded pub/sub, each stream
-on its own channel.
+on its own channel. `reload()` rewrites the running workers' configurations (a persister added to
+or taken from `workers`, or its `writes_events` changed) and SIGHUPs them, as an operator would.
 """
 
 from __future__ import annotations
@@ -214,6 +215,31 @@ class LocalCluster:
         if spec.process is not None and spec.process.poll() is None:
             spec.process.kill()
             spec.process.wait()
+
+    async def reload(self, timeout_s: float = 15.0) -> None:
+        """Write every running worker's configuration again (the events writers are the workers
+        with `writes_events`, the instance map every worker) and SIGHUP it; return once each has
+        logged that it applied the change (`workers.reload`)."""
+        running = [s for s in self.workers.values() if s.process is not None and s.process.poll() is None]
+        marks = {}
+        for spec in running:
+            self._write_config(spec)
+            marks[spec.name] = self.log_path(spec.name).stat().st_size
+            assert spec.process is not None
+            spec.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout_s
+        for spec in running:
+            while b"config reload: " not in self._log_since(spec.name, marks[spec.name]):
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"{spec.name} did not apply its new configuration:\n{self.log_tail(spec.name)}"
+                    )
+                await asyncio.sleep(0.05)
+
+    def _log_since(self, name: str, offset: int) -> bytes:
+        with open(self.log_path(name), "rb") as log:
+            log.seek(offset)
+            return log.read()
 
     async def restart(self, name: str, timeout_s: float = 60.0) -> None:
         self.kill(name)

@@ -29,7 +29,8 @@ import aiohttp
 from workers import event_loop
 from workers.harness.bench._common import positive_int
 from workers.harness.cluster import LocalCluster
-from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
+from workers.harness.load_check import LoadReport
+from workers.harness.loadgen import LoadDriver, LoadPlan
 from workers.services import given_or_embedded
 from workers.storage import connect
 from workers.storage.migrate import migrate_url

@@ -20,28 +20,20 @@ import asyncio
 import dataclasses
 import json
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from workers.harness.cluster_client import ClusterClient, RequestRefused
 from workers.harness.history import (
-    StoredChange,
-    StoredEvent,
-    check_history,
-    check_one_time_keys,
-    check_receipts,
-    check_stored_streams,
     stream_token,
 )
+from workers.harness.load_check import LoadReport, verify_load
 from workers.harness.sync_reader import SyncReader
-from workers.model import CURRENT_STATE_CACHE
-from workers.storage import Conn, connect
+from workers.storage import connect
 
 Progress = Callable[[int, int, str], None]
 
@@ -59,108 +51,6 @@ class LoadPlan:
     expect_ephemeral: bool = False
     #: Readers whose /sync is refused start over with an initial sync (counted) instead of failing.
     start_over: bool = False
-
-
-@dataclass
-class LoadReport:
-    actions: int = 0
-    events_sent: int = 0
-    rejected: int = 0
-    failed: int = 0
-    #: Answers with status 500 (writes and syncs): a fault must be answered 503, never 500.
-    internal_errors: int = 0
-    #: The longest a room write (send, state, membership, redaction) took to be answered.
-    longest_write_ms: float = 0.0
-    #: The first failed actions: kind and how each failed.
-    failures: list[str] = field(default_factory=list)
-    membership_changes: int = 0
-    redactions_sent: int = 0
-    receipts_sent: int = 0
-    receipts_seen: int = 0
-    keys_uploaded: int = 0
-    keys_claimed: int = 0
-    #: Sync answers that listed a room under `leave` and under `invite` or `knock` at once.
-    left_and_pending_seen: int = 0
-    pending_seen: int = 0
-    seconds: float = 0.0
-    syncs: int = 0
-    latency_ms: list[float] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    invalidation_rows: int = 0
-    per_key_invalidations: int = 0
-    events_checked: int = 0
-    typing_sent: int = 0
-    presence_sent: int = 0
-    typing_seen: int = 0
-    presence_seen: int = 0
-    account_data_sent: int = 0
-    to_device_sent: int = 0
-    device_changes_sent: int = 0
-    account_data_seen: int = 0
-    to_device_seen: int = 0
-    device_changes_seen: int = 0
-
-    @property
-    def events_per_s(self) -> float:
-        return self.events_sent / self.seconds if self.seconds else 0.0
-
-    def percentile(self, q: float) -> float:
-        if not self.latency_ms:
-            return float("nan")
-        if len(self.latency_ms) == 1:
-            return self.latency_ms[0]
-        return statistics.quantiles(self.latency_ms, n=100, method="inclusive")[int(q) - 1]
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "actions": self.actions,
-            "events_sent": self.events_sent,
-            "rejected_by_rules": self.rejected,
-            "failed_requests": self.failed,
-            "internal_errors": self.internal_errors,
-            "longest_write_ms": round(self.longest_write_ms, 1),
-            "membership_changes": self.membership_changes,
-            "redactions_sent": self.redactions_sent,
-            "receipts_sent": self.receipts_sent,
-            "receipts_seen": self.receipts_seen,
-            "one_time_keys_uploaded": self.keys_uploaded,
-            "one_time_keys_claimed": self.keys_claimed,
-            "invites_and_knocks_seen": self.pending_seen,
-            "left_and_pending_seen": self.left_and_pending_seen,
-            "seconds": round(self.seconds, 2),
-            "events_per_s": round(self.events_per_s, 1),
-            "syncs": self.syncs,
-            "latency_p50_ms": round(self.percentile(50), 1),
-            "latency_p99_ms": round(self.percentile(99), 1),
-            "latency_samples": len(self.latency_ms),
-            "typing_updates_sent": self.typing_sent,
-            "typing_notifications_seen": self.typing_seen,
-            "presence_updates_sent": self.presence_sent,
-            "presence_events_seen": self.presence_seen,
-            "account_data_writes": self.account_data_sent,
-            "account_data_seen": self.account_data_seen,
-            "to_device_sent": self.to_device_sent,
-            "to_device_seen": self.to_device_seen,
-            "device_changes": self.device_changes_sent,
-            "device_list_notices_seen": self.device_changes_seen,
-            "invalidation_messages": self.invalidation_rows,
-            "per_key_invalidation_messages": self.per_key_invalidations,
-            "verified": not self.problems,
-            "problems": self.problems[:20],
-        }
-
-
-async def invalidation_counts(conn: Conn) -> tuple[int, int]:
-    """(caches-stream messages of current-state changes, the invalidations they stand for, one per
-    key and cache): a row covers each of its rooms' two caches plus each member's room list."""
-    row = await conn.fetchrow(
-        "SELECT count(*) AS rows, coalesce(sum(cardinality(keys)"
-        " + (SELECT count(*) FROM unnest(keys) k WHERE k LIKE '!%')), 0) AS per_key"
-        " FROM cache_invalidation_stream_by_instance WHERE cache_func = $1",
-        CURRENT_STATE_CACHE,
-    )
-    assert row is not None
-    return int(row["rows"]), int(row["per_key"])
 
 
 class LoadDriver:
@@ -492,98 +382,8 @@ class LoadDriver:
             for task in readers:
                 task.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
-        await self._verify(instance_ids)
+        await verify_load(self, instance_ids)
         return self.report
-
-    async def _verify(self, instance_ids: dict[str, int]) -> None:
-        async with connect(self.database_url) as conn:
-            rows = await conn.fetch(
-                "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
-                " json::jsonb->'content'->>'membership' AS membership,"
-                " json::jsonb->'content'->>'history_visibility' AS visibility"
-                " FROM events ORDER BY stream_ordering"
-            )
-            self.report.invalidation_rows, self.report.per_key_invalidations = await invalidation_counts(conn)
-            changes = await conn.fetch(
-                "SELECT 'account_data' AS stream, user_id, account_data_type AS key, stream_id, instance_name"
-                " FROM account_data WHERE account_data_type LIKE 'io.fanout.load.%'"
-                " UNION ALL SELECT 'device_lists', user_id, '', stream_id, instance_name"
-                " FROM device_lists_stream"
-            )
-        stored = [StoredEvent(**dict(r)) for r in rows]
-        stored_changes = [StoredChange(**dict(r)) for r in changes]
-        for reader in self.readers + self.probes:
-            self.report.syncs += len(reader.records)
-            user = str(reader.client.user_id)
-            self.report.problems += check_history(user, reader.records, stored, instance_ids)
-            sent = self.to_device.get((user, str(reader.client.device_id)), [])
-            self.report.problems += check_stored_streams(
-                user, reader.records, stored_changes, sent, instance_ids
-            )
-            self.report.account_data_seen += sum(len(r.account_data) for r in reader.records)
-            self.report.to_device_seen += sum(len(r.to_device) for r in reader.records)
-            self.report.device_changes_seen += sum(len(r.device_changed) for r in reader.records)
-        self.report.redactions_sent = len(self.redactions)
-        self.report.problems += await self._check_redactions()
-        for event_id, ts in (await self._message_times()).items():
-            arrivals = [p.arrivals.get(event_id) for p in self.probes]
-            if all(a is not None for a in arrivals):
-                self.report.latency_ms.append(max(0.0, (max(a for a in arrivals if a) - ts / 1000) * 1000))
-        readers = self.readers + self.probes
-        self.report.events_checked = sum(
-            len({i for r in reader.records for i in r.event_ids}) for reader in readers
-        )
-        self.report.typing_seen = sum(r.typing_seen for r in readers)
-        self.report.internal_errors += sum(r.internal_errors for r in readers)
-        for reader in readers:
-            user, device = str(reader.client.user_id), str(reader.client.device_id)
-            watched = self.rooms if reader in self.probes else ()
-            self.report.problems += check_receipts(user, reader.records, self.receipts, watched)
-            self.report.receipts_seen += sum(len(r.receipts) for r in reader.records)
-            if (user, device) in self.keys_uploaded and (user, device) not in self.keys_uncertain:
-                self.report.problems += check_one_time_keys(
-                    user, reader.records, self.keys_uploaded[(user, device)],
-                    self.keys_claimed.get((user, device), []),
-                )  # fmt: skip
-        for record in (r for reader in readers for r in reader.records):
-            pending = {room for section, room in record.sections or () if section in ("invite", "knock")}
-            self.report.pending_seen += len(pending)
-            self.report.left_and_pending_seen += sum(
-                1 for section, room in record.sections or () if section == "leave" and room in pending
-            )
-        self.report.presence_seen = sum(r.presence_seen for r in readers)
-        if self.plan.expect_ephemeral:
-            # Ephemeral by nature (a typing start may be over before anyone syncs), so no exactly-once:
-            # but what was sent must have reached someone.
-            if self.report.typing_sent and not self.report.typing_seen:
-                self.report.problems.append(
-                    f"{self.report.typing_sent} typing updates sent, none seen in /sync"
-                )
-            if self.report.presence_sent and not self.report.presence_seen:
-                self.report.problems.append(f"{self.report.presence_sent} presence updates sent, none seen")
-
-    async def _check_redactions(self) -> list[str]:
-        """Every redacted message, read by the rooms' owner (joined throughout) through every sync
-        worker, is pruned (no content left) and names its redaction in `unsigned.redacted_because`."""
-        problems: list[str] = []
-        owner = self.clients[0]
-        for target, (room, redaction) in sorted(self.redactions.items()):
-            answered = 0
-            for worker in self.sync_workers:
-                try:
-                    event = await owner.event(room, target, via=worker)
-                except RequestRefused as e:
-                    problems.append(f"redacted {target} could not be read on {worker}: {e}")
-                    continue
-                except (aiohttp.ClientError, TimeoutError):
-                    continue  # a fault scenario took this worker away (or moved it): the others tell
-                answered += 1
-                because = event.get("unsigned", {}).get("redacted_because", {}).get("event_id")
-                if event.get("content") != {} or because != redaction:
-                    problems.append(f"{worker} serves redacted {target} unpruned (or without its redaction)")
-            if not answered:
-                problems.append(f"redacted {target} could not be read on any sync worker")
-        return problems
 
     def dump_histories(self, path: Path) -> None:
         """Every reader's recorded syncs, for diagnosing a failed verification."""
@@ -592,15 +392,6 @@ class LoadDriver:
             for r in self.readers + self.probes
         }
         path.write_text(json.dumps(data))
-
-    async def _message_times(self) -> dict[str, int]:
-        """event_id -> received_ts (ms, set by the persister) of every live message."""
-        async with connect(self.database_url) as conn:
-            rows = await conn.fetch(
-                "SELECT event_id, received_ts FROM events"
-                " WHERE type = 'm.room.message' AND stream_ordering > 0"
-            )
-        return {r["event_id"]: r["received_ts"] for r in rows}
 
 
 #: The pause of every fourth reader before each sync.

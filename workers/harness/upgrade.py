@@ -41,7 +41,8 @@ import aiohttp
 from workers import event_loop
 from workers.harness import chaos
 from workers.harness.cluster import LocalCluster
-from workers.harness.loadgen import LoadDriver, LoadPlan, LoadReport
+from workers.harness.load_check import LoadReport
+from workers.harness.loadgen import LoadDriver, LoadPlan
 from workers.harness.upgrade_build import BuildError, PreviousRelease, build_previous_release
 from workers.services import given_or_embedded
 from workers.storage import connect

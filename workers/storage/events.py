@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -107,14 +108,7 @@ async def insert_batch(
     highest stream ordering, whatever order the transactions commit in.
     """
     if events:
-        await copy_event_rows(
-            conn,
-            [
-                (e.stream_ordering, e.instance_name, e.event_id, e.room_id, e.type, e.state_key,
-                 e.sender, text, e.received_ts)
-                for e, text in zip(events, stored_json, strict=True)
-            ],
-        )  # fmt: skip
+        await copy_event_rows(conn, event_rows(events, stored_json))
     # Within one statement a key may appear once: keep the last (highest ordering) per key.
     # Rows go in key order, so concurrent batches (and persisters) lock them in one order and
     # cannot deadlock on each other.
@@ -219,6 +213,15 @@ _INSERT_EVENT_ROWS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """A condition a write's own statement checks (`insert_event_rows_if`): SQL whose parameters
+    are numbered from $10 (the rows take $1 to $9), and their values."""
+
+    condition: str
+    args: tuple[object, ...]
+
+
 async def copy_event_rows(conn: Conn, rows: Sequence[tuple[object, ...]]) -> None:
     """Write `events` rows (tuples in `EVENT_COLUMNS` order). Many rows: one binary COPY, half the
     client CPU per row of `INSERT ... SELECT * FROM unnest($1::events[])`, whose array encoding
@@ -232,6 +235,27 @@ async def copy_event_rows(conn: Conn, rows: Sequence[tuple[object, ...]]) -> Non
         await conn.copy_records_to_table("events", records=rows, columns=EVENT_COLUMNS)
         return
     await conn.execute(_INSERT_EVENT_ROWS, *map(list, zip(*rows, strict=True)))
+
+
+def event_rows(events: Sequence[Event], stored_json: Sequence[str]) -> list[tuple[object, ...]]:
+    """`events` as rows in `EVENT_COLUMNS` order, with their stored JSON."""
+    return [
+        (e.stream_ordering, e.instance_name, e.event_id, e.room_id, e.type, e.state_key,
+         e.sender, text, e.received_ts)
+        for e, text in zip(events, stored_json, strict=True)
+    ]  # fmt: skip
+
+
+async def insert_event_rows_if(conn: Conn, rows: Sequence[tuple[object, ...]], guard: Guard) -> bool:
+    """Write a few `events` rows (at most `INSERT_MAX_ROWS`) in one statement, only if `guard`
+    holds within it; whether they were written. One round trip where a transaction that checks
+    the guard takes four (BEGIN, the insert, the check, COMMIT)."""
+    if not rows or len(rows) > INSERT_MAX_ROWS:
+        raise ValueError(f"a guarded insert writes 1 to {INSERT_MAX_ROWS} rows, not {len(rows)}")
+    status = await conn.execute(
+        f"{_INSERT_EVENT_ROWS} WHERE {guard.condition}", *map(list, zip(*rows, strict=True)), *guard.args
+    )
+    return status != "INSERT 0 0"
 
 
 def needs_transaction(events: Sequence[Event], invalidations: Sequence[object]) -> bool:

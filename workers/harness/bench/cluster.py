@@ -53,7 +53,7 @@ from workers.harness.bench.visible import Observer, Split
 from workers.harness.bench.write_path import in_processes
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient
-from workers.harness.loadgen import invalidation_counts
+from workers.harness.load_check import invalidation_counts
 from workers.routing import writer_for_room
 from workers.services import given_or_embedded
 from workers.storage import connect
