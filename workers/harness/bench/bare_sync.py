@@ -54,7 +54,9 @@ class BadRequest(ValueError):
 
 class BareRooms:
     """The bare server's rooms: what a poll and a send answer (JSON bodies as bytes), whichever
-    HTTP server carries them. One per server process; not thread-safe (one event loop)."""
+    HTTP server carries them. One per server process; not thread-safe (one event loop). A held
+    poll waits on a bare future and one timer, as fanout's `Waiter` does (no task per poll), so
+    what the bare server costs beyond that is its HTTP server's."""
 
     def __init__(self) -> None:
         self.position = 0
@@ -62,7 +64,8 @@ class BareRooms:
         self._events: dict[str, collections.deque[tuple[int, dict[str, object]]]] = collections.defaultdict(
             lambda: collections.deque(maxlen=KEPT)
         )
-        self._wake: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
+        #: The held polls' futures by room (a dict as an ordered set: a poll leaves it in O(1)).
+        self._waiting: dict[str, dict[asyncio.Future[None], None]] = collections.defaultdict(dict)
 
     def _answer(self, room: str, since: int) -> bytes:
         fresh = [event for at, event in self._events.get(room, ()) if at > since]
@@ -84,12 +87,18 @@ class BareRooms:
             raise BadRequest("bad since or timeout") from None
         if since < self.position and any(at > since for at, _ in self._events.get(room, ())):
             return self._answer(room, since)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        waiting = self._waiting[room]
+        waiting[waiter] = None
+        timer = loop.call_later(timeout_s, _release, waiter)
         self.held += 1
         try:
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._wake[room].wait(), timeout_s)
+            await waiter
         finally:
             self.held -= 1
+            timer.cancel()
+            waiting.pop(waiter, None)
         return self._answer(room, since)
 
     def send(self, room: str, event_type: str, body: bytes) -> bytes:
@@ -109,9 +118,8 @@ class BareRooms:
             "content": content,
         }
         self._events[room].append((self.position, event))
-        woken = self._wake.pop(room, None)
-        if woken is not None:
-            woken.set()
+        for waiter in self._waiting.pop(room, {}):
+            _release(waiter)
         return json.dumps({"event_id": event_id}).encode()
 
     def health(self) -> bytes:
@@ -119,6 +127,11 @@ class BareRooms:
 
     def metrics(self) -> bytes:
         return f"fanout_sync_waiting {self.held}\n".encode()
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def bad_request(error: BadRequest) -> bytes:
