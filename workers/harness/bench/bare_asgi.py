@@ -95,8 +95,9 @@ def asgi_app() -> App:
 def serve(port: int, server: str) -> None:
     """Serve a fresh `asgi_app()` on 127.0.0.1:`port` with `server` until terminated (SIGTERM).
     Each server runs one worker on uvloop, HTTP/1.1 only, no access log, a backlog of 4,096,
-    as the aiohttp bare server does. uvicorn logs only what is critical: stopping it cancels the
-    polls still held, which it logs as an error."""
+    as the aiohttp bare server does. Stopping either ends the polls still held, which uvicorn
+    logs as an error and granian as a warning: uvicorn logs only what is critical, granian only
+    errors."""
     if server == "uvicorn":
         import uvicorn
 
@@ -114,7 +115,7 @@ def serve(port: int, server: str) -> None:
         Server(
             f"{__name__}:asgi_app", address="127.0.0.1", port=port, interface=Interfaces.ASGINL, workers=1,
             loop=Loops.uvloop, http=HTTPModes.http1, websockets=False, backlog=4096,
-            backpressure=MAX_HELD, log_level=LogLevels.warning, factory=True, workers_kill_timeout=1,
+            backpressure=MAX_HELD, log_level=LogLevels.error, factory=True, workers_kill_timeout=1,
         ).serve()  # fmt: skip
     else:
         raise ValueError(f"no such ASGI server: {server}")

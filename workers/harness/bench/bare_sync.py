@@ -235,7 +235,9 @@ def bare_server(server: str = "aiohttp") -> Iterator[BareServer]:
     process it started: it runs in a session of its own) after."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "workers.harness.bench.bare_sync", str(port), server], start_new_session=True
+        [sys.executable, "-m", "workers.harness.bench.bare_sync", str(port), server],
+        stdout=sys.stderr.fileno(),  # the benchmark's stdout is its JSON result; granian logs there
+        start_new_session=True,
     )
     try:
         pid = _serving_pid(f"http://127.0.0.1:{port}", process)
