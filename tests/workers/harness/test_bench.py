@@ -118,10 +118,16 @@ def test_bench_scale_counts_every_event_on_one_server_and_on_the_cluster() -> No
 def test_bench_crowd_and_live_count_every_poll_and_send(tmp_path: Path) -> None:
     """`fanout bench all --quick` runs both scenarios at a tiny size: every poll held and
     re-issued, every reader woken in every round, every send answered and seen, the CPU split
-    per worker process; both against fanout and against the bare server."""
+    per worker process; both against fanout and against the bare server (the crowd's on aiohttp,
+    uvicorn+httptools and granian, each measured in its own serving process)."""
     document, table = _bench_all_quick(tmp_path, "crowd,live", 600)
     results = document["results"]
-    for run in results["crowd"].values():  # --polls 200, 5 rooms of 4, 2 rounds, 2 s poll timeout
+    crowd = results["crowd"]
+    assert set(crowd) == {"fanout", "ceiling", "ceiling_uvicorn", "ceiling_granian"}
+    assert [crowd[k]["server"] for k in ("ceiling", "ceiling_uvicorn", "ceiling_granian")] == [
+        "aiohttp", "uvicorn", "granian",
+    ]  # fmt: skip
+    for run in crowd.values():  # --polls 200, 5 rooms of 4, 2 rounds, 2 s poll timeout
         assert run["polls"] == run["held"] == 200 and run["failed_requests"] == 0
         assert run["expected_woken"] == run["woken"] == 2 * 5 * 3
         assert run["idle_answers"] >= 200 and run["repoll_cpu_ms"] > 0  # a 3 s window: each re-polled
@@ -138,6 +144,10 @@ def test_bench_crowd_and_live_count_every_poll_and_send(tmp_path: Path) -> None:
             assert run["seen_after_200"]["p50_ms"] <= run["seen_after_start"]["p50_ms"]
             assert set(run["cpu_s_per_1000"]) == processes | {"all"}
     assert "| crowd | send 200 -> wake, p99 |" in table and "| crowd | readers woken" in table
+    for server in ("bare uvicorn+httptools", "bare granian"):
+        row = f"| crowd | {server} vs bare aiohttp:"
+        assert f"{row} CPU per re-poll |" in table
+        assert f"{row} readers woken | 30 | - | 30 | 1.00 | = 30 | yes |" in table
     assert "| live | send 200 -> seen p99, 20/s offered |" in table
     assert "| live | CPU-s per 1,000 events, every worker, max |" in table
 

@@ -1,4 +1,4 @@
-"""A bare aiohttp server speaking just enough of /sync and send to be the long-poll benchmarks' ceiling.
+"""A bare server speaking just enough of /sync and send to be the long-poll benchmarks' ceiling.
 
 What the benchmarks' client processes do against fanout, they do against this server in the same
 run: the difference is what fanout's Matrix layer costs. It keeps no users and no database:
@@ -9,10 +9,15 @@ run: the difference is what fanout's Matrix layer costs. It keeps no users and n
   ends (then an empty answer). `next_batch` is the position of the last send.
 * `PUT /_matrix/client/v3/rooms/{room}/send/{type}/{txnId}`: appends the JSON body as an event's
   content (the last `KEPT` per room are kept) and wakes the room's held polls.
-* `/health`, and `/metrics` with `fanout_sync_waiting` (polls held), as a sync worker serves them.
+* `/health` (with the pid of the process serving), and `/metrics` with `fanout_sync_waiting`
+  (polls held), as a sync worker serves them.
 
-`BareServer` runs it as a process of its own (`python -m workers.harness.bench.bare_sync PORT`)
-on the event loop the workers use, with the file-descriptor limit raised like the clients'.
+`BareRooms` holds that behaviour apart from any HTTP server, so the same rooms can be carried by
+aiohttp (fanout's server, here) or by an ASGI server (`bare_asgi.py`: uvicorn with httptools,
+granian): what each server's own per-request work costs, measured with the same clients.
+`bare_server(name)` runs one as a process of its own (`python -m workers.harness.bench.bare_sync
+PORT SERVER`) on the event loop the workers use, with the file-descriptor limit raised like the
+clients'.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -34,64 +42,132 @@ from workers.services import free_port
 
 #: Events kept per room: enough for any poll that is behind by less than that many sends.
 KEPT = 1000
+#: The HTTP servers the bare rooms run on, by name: the label each is reported under.
+SERVERS = {"aiohttp": "bare aiohttp", "uvicorn": "bare uvicorn+httptools", "granian": "bare granian"}
+#: Polls one server may hold: granian refuses requests beyond its `backpressure` (1,024 by default).
+MAX_HELD = 65_536
 
 
-def bare_app() -> web.Application:
-    position = [0]
-    events: dict[str, collections.deque[tuple[int, dict[str, object]]]] = collections.defaultdict(
-        lambda: collections.deque(maxlen=KEPT)
-    )
-    wake: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
-    held = [0]
+class BadRequest(ValueError):
+    """A request the bare server answers with 400 (its message is the body's `error`)."""
 
-    def answer(room: str, since: int) -> web.Response:
-        fresh = [event for at, event in events.get(room, ()) if at > since]
-        body: dict[str, object] = {"next_batch": str(position[0])}
+
+class BareRooms:
+    """The bare server's rooms: what a poll and a send answer (JSON bodies as bytes), whichever
+    HTTP server carries them. One per server process; not thread-safe (one event loop). A held
+    poll waits on a bare future and one timer, as fanout's `Waiter` does (no task per poll), so
+    what the bare server costs beyond that is its HTTP server's."""
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.held = 0
+        self._events: dict[str, collections.deque[tuple[int, dict[str, object]]]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=KEPT)
+        )
+        #: The held polls' futures by room (a dict as an ordered set: a poll leaves it in O(1)).
+        self._waiting: dict[str, dict[asyncio.Future[None], None]] = collections.defaultdict(dict)
+
+    def _answer(self, room: str, since: int) -> bytes:
+        fresh = [event for at, event in self._events.get(room, ()) if at > since]
+        body: dict[str, object] = {"next_batch": str(self.position)}
         if fresh:
             body["rooms"] = {"join": {room: {"timeline": {"events": fresh, "limited": False}}}}
-        return web.json_response(body)
+        return json.dumps(body).encode()
 
-    async def sync(request: web.Request) -> web.Response:
-        token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    async def sync(self, authorization: str, since_text: str | None, timeout_text: str | None) -> bytes:
+        """A poll's answer: at once when its room has events after `since`, else once a send
+        wakes it or its timeout ends. Raises `BadRequest` for a `since` or `timeout` that is
+        not an integer."""
+        token = authorization.removeprefix("Bearer ")
         room = token.removeprefix("room:") if token.startswith("room:") else ""
         try:
-            since = int(request.query.get("since", "0"))
-            timeout_s = int(request.query.get("timeout", "0")) / 1000
+            since = int(since_text or "0")
+            timeout_s = int(timeout_text or "0") / 1000
         except ValueError:
-            return web.json_response({"errcode": "M_INVALID_PARAM", "error": "bad since"}, status=400)
-        if since < position[0] and any(at > since for at, _ in events.get(room, ())):
-            return answer(room, since)
-        held[0] += 1
+            raise BadRequest("bad since or timeout") from None
+        if since < self.position and any(at > since for at, _ in self._events.get(room, ())):
+            return self._answer(room, since)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        waiting = self._waiting[room]
+        waiting[waiter] = None
+        timer = loop.call_later(timeout_s, _release, waiter)
+        self.held += 1
         try:
-            with suppress(TimeoutError):
-                await asyncio.wait_for(wake[room].wait(), timeout_s)
+            await waiter
         finally:
-            held[0] -= 1
-        return answer(room, since)
+            self.held -= 1
+            timer.cancel()
+            waiting.pop(waiter, None)
+        return self._answer(room, since)
 
-    async def send(request: web.Request) -> web.Response:
-        room = request.match_info["room"]
-        content = json.loads(await request.read())
-        position[0] += 1
-        event_id = f"$bare{position[0]}"
+    def send(self, room: str, event_type: str, body: bytes) -> bytes:
+        """Append an event with `body` (JSON) as its content to `room` and wake its polls; the
+        answer's body. Raises `BadRequest` when the body is not JSON."""
+        try:
+            content = json.loads(body)
+        except ValueError:
+            raise BadRequest("the body is not JSON") from None
+        self.position += 1
+        event_id = f"$bare{self.position}"
         event = {
             "event_id": event_id,
-            "type": request.match_info["type"],
+            "type": event_type,
             "sender": "@bare:localhost",
             "origin_server_ts": int(time.time() * 1000),
             "content": content,
         }
-        events[room].append((position[0], event))
-        woken = wake.pop(room, None)
-        if woken is not None:
-            woken.set()
-        return web.json_response({"event_id": event_id})
+        self._events[room].append((self.position, event))
+        for waiter in self._waiting.pop(room, {}):
+            _release(waiter)
+        return json.dumps({"event_id": event_id}).encode()
+
+    def health(self) -> bytes:
+        return json.dumps({"ready": True, "pid": os.getpid()}).encode()
+
+    def metrics(self) -> bytes:
+        return f"fanout_sync_waiting {self.held}\n".encode()
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def bad_request(error: BadRequest) -> bytes:
+    """The body of a 400 answer."""
+    return json.dumps({"errcode": "M_INVALID_PARAM", "error": str(error)}).encode()
+
+
+def bare_app() -> web.Application:
+    """The bare rooms on aiohttp, as fanout's workers serve."""
+    rooms = BareRooms()
+
+    def json_body(body: bytes, status: int = 200) -> web.Response:
+        return web.Response(body=body, status=status, content_type="application/json")
+
+    async def sync(request: web.Request) -> web.Response:
+        query = request.query
+        try:
+            body = await rooms.sync(
+                request.headers.get("Authorization", ""), query.get("since"), query.get("timeout")
+            )
+        except BadRequest as e:
+            return json_body(bad_request(e), 400)
+        return json_body(body)
+
+    async def send(request: web.Request) -> web.Response:
+        try:
+            body = rooms.send(request.match_info["room"], request.match_info["type"], await request.read())
+        except BadRequest as e:
+            return json_body(bad_request(e), 400)
+        return json_body(body)
 
     async def health(request: web.Request) -> web.Response:
-        return web.json_response({"ready": True})
+        return json_body(rooms.health())
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=f"fanout_sync_waiting {held[0]}\n")
+        return web.Response(body=rooms.metrics(), content_type="text/plain")
 
     app = web.Application()
     app.router.add_get(CLIENT + "/sync", sync)
@@ -101,47 +177,81 @@ def bare_app() -> web.Application:
     return app
 
 
-def serve(port: int) -> int:
-    raise_fd_limit()
-
+def _serve_aiohttp(port: int) -> None:
     async def run() -> None:
         runner = web.AppRunner(bare_app(), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
-        print("ready", flush=True)
         await asyncio.Event().wait()
 
     event_loop.run(run())
+
+
+def serve(port: int, server: str) -> int:
+    """Serve the bare rooms on `port` with `server` (a key of `SERVERS`) until terminated."""
+    raise_fd_limit()
+    if server == "aiohttp":
+        _serve_aiohttp(port)
+    else:
+        from workers.harness.bench import bare_asgi
+
+        bare_asgi.serve(port, server)
     return 0
 
 
-class BareServer:
-    """The bare server's process: `url` to talk to it, `pid` to read its RSS and CPU."""
+def installed(server: str) -> bool:
+    """Whether `server` can run here (uvicorn and granian are in the `bench` extra only)."""
+    if server == "aiohttp":
+        return True
+    from workers.harness.bench import bare_asgi
 
-    def __init__(self, process: subprocess.Popen[str], port: int) -> None:
+    return bare_asgi.installed(server)
+
+
+class BareServer:
+    """A bare server's process: `url` to talk to it, `pid` (the process that serves, which for
+    granian is its worker, not the process started) to read its RSS and CPU."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, pid: int) -> None:
         self.process = process
         self.url = f"http://127.0.0.1:{port}"
-        self.pid = process.pid
+        self.pid = pid
+
+
+def _serving_pid(url: str, process: subprocess.Popen[bytes], within_s: float = 60) -> int:
+    deadline = time.monotonic() + within_s
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as answer:
+                return int(json.loads(answer.read())["pid"])
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"the bare server did not start (exit status {process.poll()})")
 
 
 @contextmanager
-def bare_server() -> Iterator[BareServer]:
-    """Start the bare server, yield it once it listens, stop it after."""
+def bare_server(server: str = "aiohttp") -> Iterator[BareServer]:
+    """Start the bare server on `server`, yield it once it answers, stop it (and any worker
+    process it started: it runs in a session of its own) after."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "workers.harness.bench.bare_sync", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", "workers.harness.bench.bare_sync", str(port), server],
+        stdout=sys.stderr.fileno(),  # the benchmark's stdout is its JSON result; granian logs there
+        start_new_session=True,
     )
     try:
-        assert process.stdout is not None
-        if process.stdout.readline().strip() != "ready":
-            raise RuntimeError("the bare server did not start")
-        yield BareServer(process, port)
+        pid = _serving_pid(f"http://127.0.0.1:{port}", process)
+        yield BareServer(process, port, pid)
     finally:
         process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1])))
+    sys.exit(serve(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "aiohttp"))

@@ -22,8 +22,13 @@ process (/proc):
 
 The ceiling: the same client processes and sends against the bare server of `bare_sync.py`
 holding the same polls: what holding, re-polling and waking that many polls costs without
-fanout. The command raises its file-descriptor limit to the hard limit (the clients and the
-workers it starts inherit it) and refuses to run when that is too low for the polls.
+fanout. It runs on aiohttp (fanout's server: the ceiling column), and, before it, on each of
+`--bare-servers` (default uvicorn with httptools, and granian; `bare_asgi.py`) that is installed
+(the `bench` extra): each such row reads beside the bare aiohttp server, so its ratio is how much
+of aiohttp's own per-request cost that server would leave.
+
+The command raises its file-descriptor limit to the hard limit (the clients and the workers it
+starts inherit it) and refuses to run when that is too low for the polls.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from workers.harness.bench._common import (
     process_usage,
     progress,
 )
-from workers.harness.bench.bare_sync import bare_server
+from workers.harness.bench.bare_sync import SERVERS, bare_server, installed
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked, wait_held
 from workers.harness.bench.profile import Profiles, profile
 from workers.harness.bench.room_setup import populate
@@ -187,12 +192,28 @@ async def fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> di
         return await measure(base, cluster.url("persister1"), pid, targets, polls, args, profile_dir)
 
 
-async def ceiling(args: argparse.Namespace) -> dict[str, Any]:
-    with bare_server() as bare:
+async def ceiling(args: argparse.Namespace, server: str = "aiohttp") -> dict[str, Any]:
+    with bare_server(server) as bare:
         rooms = [f"!bare{i}:localhost" for i in range(args.rooms)]
         members = [[(f"room:{room}", "0")] * args.members for room in rooms]
         polls = _polls(members, [("idle", "0")], args.polls)
-        return await measure(bare.url, bare.url, bare.pid, [(r, "sender") for r in rooms], polls, args)
+        measured = await measure(bare.url, bare.url, bare.pid, [(r, "sender") for r in rooms], polls, args)
+        return {"server": server, **measured}
+
+
+def other_ceilings(args: argparse.Namespace) -> dict[str, Any]:
+    """The bare server on each of `--bare-servers` that is installed, by `ceiling_<server>`; a
+    line says which are not (and are left out)."""
+    from workers import event_loop
+
+    found = {}
+    for server in args.bare_servers:
+        if not installed(server):
+            progress(f"{SERVERS[server]}: not installed (pip install 'fanout[bench]'); left out")
+            continue
+        progress(f"ceiling: the same clients against the {SERVERS[server]} server")
+        found[f"ceiling_{server}"] = event_loop.run(ceiling(args, server))
+    return found
 
 
 def idle_users(args: argparse.Namespace) -> int:
@@ -228,6 +249,23 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             f"<= {TARGET_WAKE_P99_MS:.0f} ms", ours["p99_ms"] <= TARGET_WAKE_P99_MS,
         ),
         Figure("crowd", "send 200 -> wake, max", ours["max_ms"], "ms", bare["max_ms"]),
+        *(figure for server in SERVERS if f"ceiling_{server}" in result
+          for figure in server_floor(result[f"ceiling_{server}"], bare)),
+    ]  # fmt: skip
+
+
+def server_floor(other: dict[str, Any], aiohttp: dict[str, Any]) -> list[Figure]:
+    """The bare server on another HTTP server, each figure beside the bare aiohttp server's."""
+    label = f"{SERVERS[other['server']]} vs bare aiohttp"
+    return [
+        Figure("crowd", f"{label}: RSS holding {other['polls']:,} polls", other["rss_max_mb"], "MB",
+               aiohttp["rss_max_mb"]),
+        Figure("crowd", f"{label}: CPU per re-poll", other["repoll_cpu_ms"], "ms", aiohttp["repoll_cpu_ms"]),
+        Figure("crowd", f"{label}: CPU per reader woken", other["wake_cpu_ms"], "ms", aiohttp["wake_cpu_ms"]),
+        Figure("crowd", f"{label}: readers woken", other["woken"], "", aiohttp["woken"],
+               f"= {other['expected_woken']:,}", other["woken"] == other["expected_woken"]),
+        Figure("crowd", f"{label}: send 200 -> wake, p50", other["p50_ms"], "ms", aiohttp["p50_ms"]),
+        Figure("crowd", f"{label}: send 200 -> wake, p99", other["p99_ms"], "ms", aiohttp["p99_ms"]),
     ]  # fmt: skip
 
 
@@ -248,6 +286,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--round-gap", type=float, default=3.0, help="seconds between rounds")
     p.add_argument("--client-processes", type=positive_int, default=4)
     p.add_argument(
+        "--bare-servers",
+        type=_bare_servers,
+        default=["uvicorn", "granian"],
+        help="other HTTP servers to run the bare server on too, comma-separated ('' for none)",
+    )
+    p.add_argument(
         "--profile", metavar="DIR", help="record the sync worker with py-spy: idle window, first wake"
     )
     args = p.parse_args(argv)
@@ -258,7 +302,15 @@ def main(argv: list[str]) -> int:
     fds = raise_fd_limit()
     if fds < args.polls + 1024:
         p.error(f"the file-descriptor hard limit is {fds}: too low for {args.polls:,} polls")
-    return beside_ceiling(args, {}, ceiling, fanout, figures)
+    return beside_ceiling(args, other_ceilings(args), ceiling, fanout, figures)
+
+
+def _bare_servers(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    unknown = sorted(set(names) - (SERVERS.keys() - {"aiohttp"}))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"not another bare server: {', '.join(unknown)}")
+    return names
 
 
 if __name__ == "__main__":
