@@ -1,17 +1,22 @@
 """Leases of a stored stream's users between two writers (in-process workers on the real
 PostgreSQL and Redis): the first write takes the user on its writer, another writer names the
 holder, a planned stop hands the user on, a holder whose instance lease ended loses the user and
-its write does not commit, a key whose last row was not seen is not written, and while a worker of
-the previous release runs only the hashed writer takes a user."""
+its write does not commit, a key whose last row was not seen is not written, while a worker of
+the previous release runs only the hashed writer takes a user, and a reload that removes a writer
+of a stream hands its users on."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
 from tests.compat.previous_worker import previous_release_worker
+from tests.pubsub.conftest import wait_for
 from tests.workers.conftest import MakeWorker
 from workers.app import Worker
 from workers.handlers.leases import KeyLeaseLost, KeyMoving, NotOwner
+from workers.reload import plan_reload
 from workers.routing import writer_for_user
 from workers.storage import connect
 from workers.streams.account_data import ACCOUNT_DATA
@@ -114,3 +119,21 @@ async def test_while_a_previous_release_worker_runs_only_the_hashed_writer_takes
         with pytest.raises(KeyMoving):
             await w2.stored.writes[ACCOUNT_DATA].run_here(user, "put", _put(user, 1))
         assert await _lease(database_url, user) is None
+
+
+async def test_a_reload_that_removes_a_streams_writer_hands_its_users_on(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    w1, w2 = await _pair(make_worker)
+    user = _user_of("w1")
+    await w1.stored.account_data.put(user, None, "m.test", {"n": 1})
+    writers = {**w1.config.stream_writers, ACCOUNT_DATA: ["w2"]}
+    w1.live_writers.apply(plan_reload(w1.config, w1.config.model_copy(update={"stream_writers": writers})))
+    await wait_for(lambda: w1.stored.writes[ACCOUNT_DATA].placement.writers == ["w2"])
+    for _ in range(100):
+        if await _lease(database_url, user) == ("w1", 1, True):
+            break
+        await asyncio.sleep(0.05)
+    assert await _lease(database_url, user) == ("w1", 1, True)
+    await w2.stored.account_data.put(user, None, "m.test", {"n": 2})
+    assert await _lease(database_url, user) == ("w2", 2, False)
