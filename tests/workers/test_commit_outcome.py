@@ -123,18 +123,28 @@ async def test_commit_never_arriving_answers_503_and_nothing_is_written(
     assert await seen_by_reader(client, room_id, marker) == 0
 
 
-async def test_a_batch_cut_before_its_commit_answers_503_and_nothing_is_written(
+async def test_a_batch_cut_at_its_insert_answers_as_it_ended(
     cluster: tuple[ClusterClient, str], proxy: FaultProxy, database_url: str
 ) -> None:
-    """A writer's batch is a transaction (its lease checks run inside it), so a connection lost at
-    the INSERT's Sync, whether its answer was lost or it never arrived, ends before COMMIT: the
-    outcome is known, nothing is written and the client may retry."""
+    """A state change's batch is a transaction (its lease check runs inside it), so a connection
+    lost at the INSERT's Sync, whether its answer was lost or it never arrived, ends before COMMIT:
+    503, nothing written. A batch of messages is one statement with its lease check inside (it
+    commits as it runs): its answer lost, the writer learns that it committed (200, seen once);
+    never arrived, 503 and nothing written. Either way the client may retry."""
     client, room_id = cluster
     for fault in (OnMessage.DROP_REPLY, OnMessage.NEVER_ARRIVES):
-        marker, status = await write_with_fault(proxy, is_sync, fault, message(client, room_id))
+        marker, status = await write_with_fault(proxy, is_sync, fault, topic(client, room_id))
         assert status == 503
         assert await stored_events(database_url, marker) == 0
         assert await seen_by_reader(client, room_id, marker) == 0
+    marker, status = await write_with_fault(proxy, is_sync, OnMessage.DROP_REPLY, message(client, room_id))
+    assert status == 200
+    assert await stored_events(database_url, marker) == 1
+    assert await seen_by_reader(client, room_id, marker) == 1
+    marker, status = await write_with_fault(proxy, is_sync, OnMessage.NEVER_ARRIVES, message(client, room_id))
+    assert status == 503
+    assert await stored_events(database_url, marker) == 0
+    assert await seen_by_reader(client, room_id, marker) == 0
 
 
 @pytest.mark.parametrize("late_s", [0.0, 0.02, 0.2])
