@@ -99,7 +99,7 @@ class RoomLeases(KeyLeases):
                 async with self._pool.acquire() as conn:
                     if await conn.fetchval(ROOMS.holder, key) == self.name:
                         raise NotRoomOwner(key, moved_to)
-            del self.moved[key]
+            self.moved.pop(key, None)  # a concurrent write to the room may have dropped it first
         await super().hold(key)
 
     async def release(self, moves: Mapping[str, str], busy: Callable[[str], bool], wait_s: float) -> int:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.pubsub.conftest import wait_for
 from tests.workers.conftest import MakeWorker
-from workers.handlers.room_leases import RoomLeaseLost
+from workers.handlers.room_leases import NotRoomOwner, RoomLeaseLost
 from workers.handlers.rooms import new_event_id
 from workers.model import NewEvent
 from workers.storage import connect
@@ -110,3 +110,19 @@ async def test_a_batch_of_a_room_this_persister_does_not_hold_does_not_commit(
         stored = await conn.fetchval("SELECT count(*) FROM events WHERE room_id IN ('!never', '!taken')")
     assert stored == 1
     assert "!taken" not in p1.room_leases.held  # forgotten: the next write asks again
+
+
+async def test_writes_racing_to_a_room_handed_on_all_follow_its_new_writer(make_worker: MakeWorker) -> None:
+    """A room a reload handed on (`RoomLeases.release`) and its new writer took: several writes
+    that arrive at the old writer at once are each answered with the new holder (none fails on
+    the bookkeeping of the hand-over)."""
+    p1 = await make_worker("p1", ["p1", "p2"])
+    p2 = await make_worker("p2", ["p1", "p2"])
+    assert p1.room_leases is not None and p2.room_leases is not None
+    await p1.room_leases.hold("!moving")
+    assert await p1.room_leases.release({"!moving": "p2"}, lambda _room: False, 1.0) == 1
+    await p2.room_leases.hold("!moving")
+    await wait_for(lambda: p1.room_leases is not None and p1.room_leases.hears("p2"))
+    holds = [p1.room_leases.hold("!moving") for _ in range(3)]
+    outcomes = await asyncio.gather(*holds, return_exceptions=True)
+    assert all(isinstance(o, NotRoomOwner) and o.holder == "p2" for o in outcomes), outcomes
