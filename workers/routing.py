@@ -109,8 +109,9 @@ class WriterPlan:
 
     old: tuple[str, ...]
     new: tuple[str, ...]
-    #: (room, holder): rooms held by a writer that leaves; they move when it stops.
-    rooms_moving: tuple[tuple[str, str], ...]
+    #: (room, holder, new writer): held rooms whose stable choice over `new` is another writer;
+    #: the reload hands each to it (a writer that leaves releases all of its rooms).
+    rooms_moving: tuple[tuple[str, str, str], ...]
     #: (room, old writer, new writer): rooms not yet written since leases exist, whose first
     #: writer changes.
     unleased_moving: tuple[tuple[str, str, str], ...]
@@ -148,7 +149,11 @@ def plan_writers(
     return WriterPlan(
         tuple(old),
         tuple(new),
-        tuple(sorted((room, holder) for room, holder in holders.items() if holder in leaving)),
+        tuple(
+            (room, holder, to)
+            for room, holder in sorted(holders.items())
+            if (to := writer_for_room(room, new)) != holder
+        ),
         tuple(
             (room, a, b)
             for room in sorted(unleased_rooms)

@@ -55,7 +55,12 @@ def test_a_writer_plan_lists_what_moves() -> None:
         ["p1", "p2", "p3"], ["p1", "p2"], {"!held1:hs": "p3", "!held2:hs": "p1"}, rooms, users, held
     )
     assert plan.added == [] and plan.removed == ["p3"]
-    assert plan.rooms_moving == (("!held1:hs", "p3"),)  # held by the writer that leaves
+    # Every room held by the writer that leaves; a room held by one that stays, if its stable
+    # choice changed (the reload rebalances it).
+    assert ("!held1:hs", "p3", writer_for_room("!held1:hs", ["p1", "p2"])) in plan.rooms_moving
+    stays = writer_for_room("!held2:hs", ["p1", "p2"]) == "p1"
+    assert (("!held2:hs", "p1", "p2") in plan.rooms_moving) is not stays
+    assert len(plan.rooms_moving) == 1 + (not stays)
     assert plan.keys_moving == (("account_data", "@held1:hs", "p3"),)
     assert {a for _, a, _ in plan.unleased_moving} <= {"p1", "p2", "p3"}
     assert all(writer_for_room(r, ["p1", "p2", "p3"]) == a for r, a, _ in plan.unleased_moving)

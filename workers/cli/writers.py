@@ -2,10 +2,11 @@
 
 OLD and NEW are comma-separated instance names in configured order. Read from the cluster's
 database (`--config FILE`, a worker's configuration, or `--database-url`): the rooms held by a
-writer that leaves (they move to the others when it stops), the rooms without a lease whose
-first writer changes, and, when the stored streams follow the events writers, the same for their
-users (rooms, for receipts): those held by a writer that leaves, and the users without a lease
-whose first writer changes. Keys held by writers that stay do not move. The procedure is in
+writer whose stable choice over NEW is another writer (the reload hands each to it; a writer
+that leaves releases all of its rooms), the rooms without a lease whose first writer changes,
+and, when the stored streams follow the events writers, the same for their users (rooms, for
+receipts): those held by a writer that leaves, and the users without a lease whose first writer
+changes. Stored-stream keys held by writers that stay do not move. The procedure is in
 docs/operations.md ("Adding, removing and restarting writers").
 """
 
@@ -61,8 +62,8 @@ def describe(plan: WriterPlan, limit: int) -> list[str]:
     lines = [
         f"events writers: {', '.join(plan.old)} -> {', '.join(plan.new)}",
         f"added: {', '.join(plan.added) or 'none'}; removed: {', '.join(plan.removed) or 'none'}",
-        f"rooms that move when the removed writers stop: {len(plan.rooms_moving)}",
-        *(f"  {room} (held by {holder})" for room, holder in plan.rooms_moving[:limit]),
+        f"held rooms that move on reload (to their writer over the new list): {len(plan.rooms_moving)}",
+        *(f"  {room} {holder} -> {to}" for room, holder, to in plan.rooms_moving[:limit]),
         f"rooms without a lease whose first writer changes: {len(plan.unleased_moving)}",
         *(f"  {room} {a} -> {b}" for room, a, b in plan.unleased_moving[:limit]),
         "stored streams without writers of their own (they follow the events writers):",
