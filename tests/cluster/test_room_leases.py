@@ -188,3 +188,32 @@ async def test_while_a_previous_release_worker_runs_a_stopped_persisters_rooms_s
         assert await cluster.stop(names=[owner]) == {owner: 0}
         await alice.send(room, "m.room.message", {"body": "after"}, via="sync1")
     assert (await _writers(database_url, room))[-1] == other
+
+
+async def test_a_room_that_moved_shows_its_history_before_a_join_on_its_new_writer(
+    make_cluster: MakeCluster,
+) -> None:
+    """A shared-history room written by one persister, then (that persister stopped) by the other,
+    where bob joins: bob's next sync from before the first writer's messages shows them with his
+    join. The sync worker's position of the stopped persister stays below bob's join, so the
+    window ends there for that writer: whether bob joined inside the window is read in the room's
+    own order (its events are in stream order across writers), not against that writer's end."""
+    cluster = await make_cluster(
+        persisters=2, sync_workers=1, background_workers=0, extra_config={"writer_wait_s": 10.0}
+    )
+    async with aiohttp.ClientSession() as session:
+        alice, bob, room = await _room(cluster, session)
+        owner = writer_for_room(room, cluster.event_writers)
+        before = (await bob.sync(via="sync1"))["next_batch"]
+        sent = [
+            (await alice.send(room, "m.room.message", {"body": f"m{i}"}, via="sync1"))["event_id"]
+            for i in range(3)
+        ]
+        assert await cluster.stop(names=[owner]) == {owner: 0}
+        await bob.membership(room, "join", via="sync1")
+        body = await bob.sync(since=before, via="sync1")
+    timeline = body["rooms"]["join"][room]["timeline"]["events"]
+    assert [e["event_id"] for e in timeline[-4:-1]] == sent, timeline
+    join = timeline[-1]
+    assert (join["type"], join["state_key"]) == ("m.room.member", bob.user_id)
+    assert join["content"]["membership"] == "join"

@@ -82,7 +82,7 @@ def may_see(
     joined_by: int | None = None,
 ) -> bool:
     """Whether the user may see the event at `ordering` (see the module docstring). With
-    `joined_by` the question is a sync window's, which ends at `joined_by` for the event's writer."""
+    `joined_by` the question is a sync window's, which ends at `joined_by` in the event's room."""
     if own_member_event:
         return True
     at = value_at(membership, ordering)

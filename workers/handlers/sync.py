@@ -546,6 +546,13 @@ class SyncHandler:
                 candidates = await store.events_for_rooms(conn, user_rooms.rooms, windows, default, limit)
         cut = candidates[self._max_events - 1].stream_ordering if len(candidates) > self._max_events else None
         visibility = {r: await self._caches.room_visibility.get(r) for r in {e.room_id for e in candidates}}
+        # Where the window ends in each room: its last event here. A room's events are in stream
+        # order whichever writer wrote them (a room's next writer starts after its last one's
+        # last event) and every window holds an unbroken run of them, so a membership change is
+        # in the window exactly when it is at or below that.
+        room_end = {
+            e.room_id: e.stream_ordering for e in candidates if cut is None or e.stream_ordering <= cut
+        }
         visible: list[Placed] = []
         per_room: dict[str, int] = {}
         shows = sync_filter.timeline
@@ -554,9 +561,8 @@ class SyncHandler:
                 break
             if not sync_filter.includes(event.room_id):
                 continue
-            joined_by = windows.get(event.instance_name, default)[1]
             history, rules = user_rooms.history.get(event.room_id, ()), visibility[event.room_id]
-            if not may_see_event(event, user_id, history, rules, joined_by):
+            if not may_see_event(event, user_id, history, rules, room_end[event.room_id]):
                 continue
             if shows.everything or shows.allows(event.type, event.sender):
                 count = per_room[event.room_id] = per_room.get(event.room_id, 0) + 1
