@@ -15,7 +15,8 @@ of every row the other writers publish.
 
 Order on every replicated batch (the rule that keeps readers from seeing stale data): the apply
 callback invalidates caches, pubsub advances the generator, then the position listener wakes
-readers. The persister keeps the same order for its own writes.
+readers. The persister keeps the same order for its own writes. Those callbacks are
+`workers.batch_order.BatchOrder`.
 
 SIGTERM/SIGINT: stop taking requests (503), finish queued writes, let requests in flight end (at
 most `SHUTDOWN_GRACE_S`, then they answer 503), announce final positions, close, exit 0.
@@ -32,8 +33,8 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import asyncpg
 import redis.exceptions
@@ -43,8 +44,8 @@ from prometheus_client import CollectorRegistry
 from idgen import InstanceMap, MultiWriterIdGenerator
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
-from pubsub.types import Row
 from workers import event_loop
+from workers.batch_order import BatchOrder
 from workers.config import ConfigError, WorkerConfig
 from workers.connection_budget import check_server
 from workers.ephemeral import install_ephemeral
@@ -56,7 +57,7 @@ from workers.handlers.invalidation_retention import InvalidationRetentionTask
 from workers.handlers.messages import Messages
 from workers.handlers.notifier import DeferredWakes, Notifier
 from workers.handlers.persist import EventPersister
-from workers.handlers.recent_events import RecentEvents, ref_of, ref_of_row
+from workers.handlers.recent_events import RecentEvents
 from workers.handlers.room_deletions import RoomDeletions
 from workers.handlers.room_leases import RoomLeases
 from workers.handlers.room_purge import RoomEnd
@@ -77,21 +78,20 @@ from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_cli
 from workers.http.read_forwarding import ReadRouting
 from workers.http.timing import request_timing
 from workers.instance_lease import InstanceLease
-from workers.model import REDACTION_EVENT, CacheInvalidation, Event, UserRooms, redacts_of
 from workers.position_hints import discard_hints_ahead
 from workers.previous_release import PreviousRelease
 from workers.reachability import PostgresProbe
 from workers.reload import ConfigReload, LiveWriters, writers_of
 from workers.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
-from workers.storage import connect, create_pool
+from workers.storage import connect, create_pool, pooled
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.storage.named_pool import TransactionTimer
 from workers.stored import NAMES as STORED_STREAMS
 from workers.stored import StoredStreams
-from workers.streams.caches import CACHES, CacheRow, caches_stream
+from workers.streams.caches import CACHES, caches_stream
 from workers.streams.device_lists import DEVICE_LISTS
-from workers.streams.events import BACKFILL, EVENTS, EventRow, backfill_stream, events_stream
+from workers.streams.events import BACKFILL, EVENTS, backfill_stream, events_stream
 from workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,6 @@ class Worker:
         self._ready = False
         self._accepting = True
         self._stopping = False
-        self._woken: dict[str, tuple[set[str], set[str]]] = {}
         self._runner: web.AppRunner | None = None
         self._metrics_runner: web.AppRunner | None = None
         self.in_flight = InFlight()
@@ -242,10 +241,10 @@ class Worker:
             )
             self.generators.update(self.stored.generators)
         self.caches = SyncCaches(
-            self._load_rooms_for_user,
-            self._load_joined_members,
-            self._load_current_state,
-            self._load_room_visibility,
+            pooled(self.pool, event_store.user_rooms),
+            pooled(self.pool, event_store.joined_members),
+            pooled(self.pool, event_store.current_state),
+            pooled(self.pool, event_store.visibility_changes),
             config.cache_max_entries,
             access_token=token_loader(self.pool),  # every worker applies the caches stream's rows
             access_token_entries=config.access_token_cache_entries,
@@ -262,8 +261,11 @@ class Worker:
             ),
         )  # fmt: skip
         self.room_views = RoomViews(self.pool, config.cache_max_entries)
-        self._event_wakes = DeferredWakes(
-            self.notifier, lambda: self.generators[EVENTS].get_current_token_for_writer(self.name)
+        self.order = BatchOrder(
+            self,
+            DeferredWakes(
+                self.notifier, lambda: self.generators[EVENTS].get_current_token_for_writer(self.name)
+            ),
         )
         streams: list[Stream[Any]] = [
             events_stream(self.pool, self.generators[EVENTS], self.writers(EVENTS)),
@@ -281,7 +283,7 @@ class Worker:
             self.replication = ReplicationClient(
                 ReplicationSettings.from_config(config),
                 streams,
-                apply=self._apply,
+                apply=self.order.apply,
                 positions_only=[] if config.serve_reads else [s.name for s in streams if s.name != CACHES],
                 drop_filter=self._drop_filter,
                 registry=self.registry,
@@ -289,16 +291,16 @@ class Worker:
             for generator in self.generators.values():  # publish as soon as a write's IDs finish
                 generator.on_finished = self.replication.notify
                 generator.timed = self.db_timer.observe_held
-            self.replication.add_position_listener(self._position_moved)
-            self.replication.add_foreign_writer_listener(self._foreign_writer)
+            self.replication.add_position_listener(self.order.position_moved)
+            self.replication.add_foreign_writer_listener(self.order.foreign_writer)
             self.stored.bind(
                 self.replication, self.caches, self.notifier, self.replication.handler.is_connected
             )
             self.sync.stored = self.stored.sections
             if self.name in self.writers(DEVICE_LISTS):
                 self.stored.device_lists.cache_rows = CacheRows(
-                    self.name, self.generators[CACHES], lambda rows: self._committed([], [], rows),
-                    self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
+                    self.name, self.generators[CACHES], lambda rows: self.order.committed([], [], rows),
+                    self.order.cache_row_uncertain, lambda rows: self.order.finished([], [], rows),
                 )  # fmt: skip
                 self.stored.one_time_keys.cache_rows = self.stored.device_lists.cache_rows
             await self.replication.start()
@@ -329,15 +331,15 @@ class Worker:
                 )
                 self.persister = EventPersister(
                     self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
-                    on_committed=self._committed, on_finished=self._finished,
+                    on_committed=self.order.committed, on_finished=self.order.finished,
                     max_in_flight=config.persist_batches_in_flight, room_versions=self.room_versions,
-                    on_uncertain=self._uncertain, fence=self.lease.fence if self.lease else None,
+                    on_uncertain=self.order.uncertain, fence=self.lease.fence if self.lease else None,
                     room_leases=self.room_leases,
                 )  # fmt: skip
                 self.backfill_persister = EventPersister(
                     self.pool, self.name, self.generators[BACKFILL], None,
-                    on_committed=self._committed, on_finished=self._finished, backfill=True,
-                    room_versions=self.room_versions, on_uncertain=self._uncertain,
+                    on_committed=self.order.committed, on_finished=self.order.finished, backfill=True,
+                    room_versions=self.room_versions, on_uncertain=self.order.uncertain,
                     fence=self.lease.fence if self.lease else None, room_leases=self.room_leases,
                 )  # fmt: skip
                 self.persister.start()
@@ -378,8 +380,8 @@ class Worker:
             self.room_writes.end = RoomEnd(
                 self.pool, config.server_name, self.persister,
                 CacheRows(
-                    self.name, self.generators[CACHES], lambda rows: self._committed([], [], rows),
-                    self._cache_row_uncertain, lambda rows: self._finished([], [], rows),
+                    self.name, self.generators[CACHES], lambda rows: self.order.committed([], [], rows),
+                    self.order.cache_row_uncertain, lambda rows: self.order.finished([], [], rows),
                 ),
                 self.room_writes.gate,
             )  # fmt: skip
@@ -479,134 +481,6 @@ class Worker:
             for writer in self.writers(stream)
             if writer != self.name and not handler.is_connected(stream, writer)
         }
-
-    # -- the ordering rule: invalidate, advance, wake -----------------------------------------
-
-    async def _apply(
-        self, stream: Stream[Any], instance: str, token: int, rows: Sequence[tuple[int, Row]]
-    ) -> None:
-        rooms, users = self._woken.setdefault(stream.name, (set(), set()))
-        if stream.name in (EVENTS, BACKFILL):  # a redacted event's cached body is stale
-            self.sync.bodies.forget([r.redacts for _, r in rows if isinstance(r, EventRow) and r.redacts])
-        if stream.name == EVENTS:
-            placed = cast("Sequence[tuple[int, EventRow]]", rows)  # a stream's rows are of its row type
-            event_rows = [r for _, r in placed]
-            self.caches.on_events(event_rows)
-            self.sync.recent.add([ref_of_row(t, instance, r) for t, r in placed])
-            for event_row in event_rows:
-                self.room_versions.learn(event_row.room_id, event_row.room_version)
-            self.metrics.events_applied.inc(len(event_rows))
-            rooms.update([row.room_id for row in event_rows])
-            users.update(
-                [r.state_key for r in event_rows if r.membership is not None and r.state_key is not None]
-            )
-        elif stream.name == CACHES:
-            cache_rows = [r for _, r in rows if isinstance(r, CacheRow)]
-            self.caches.on_invalidations(r.to_domain() for r in cache_rows)
-            self.metrics.invalidations.labels("replication").inc(len(rows))
-            now_ms = time.time() * 1000
-            for row in cache_rows:
-                self.metrics.commit_to_applied.observe(max(0.0, now_ms - row.invalidation_ts) / 1000)
-        elif stream.name in STORED_STREAMS:
-            woken_rooms, woken_users = await self.stored.apply(stream.name, rows)
-            rooms |= woken_rooms
-            users |= woken_users
-
-    def _foreign_writer(self, stream: str, _instance: str) -> None:
-        if stream == EVENTS:
-            self.sync.recent.blind()
-
-    def _position_moved(self, stream: str, instance: str, token: int) -> None:
-        if stream == CACHES and self.applied is not None:
-            self.applied.advanced(instance, token)
-        rooms, users = self._woken.pop(stream, (set(), set()))
-        if rooms or users:
-            self.notifier.notify(rooms, users)
-        self._event_wakes.release()  # held behind an own batch that failed, if any
-        self.notifier.position_moved()
-
-    def _committed(
-        self,
-        events: Sequence[Event],
-        rows: Sequence[str],
-        invalidations: Sequence[tuple[int, CacheInvalidation]],
-    ) -> None:
-        """Inside the ID blocks, after commit: invalidate our caches, stage the rows for RDATA."""
-        self.caches.on_events(events)
-        self.room_views.on_events(events)
-        redacted = [e for e in events if e.type == REDACTION_EVENT]  # their targets' bodies are stale
-        self.sync.bodies.forget([r for e in redacted if (r := redacts_of(e.type, e.content)) is not None])
-        if self.config.serve_reads and events and events[0].stream_ordering > 0:
-            self.sync.recent.add([ref_of(e) for e in events])
-        self.caches.on_invalidations(row for _, row in invalidations)
-        self.metrics.invalidations.labels("local").inc(len(invalidations))
-        if events and events[0].stream_ordering > 0:
-            self.replication.stage_rows(EVENTS, zip([e.stream_ordering for e in events], rows, strict=True))
-        elif events:
-            self.replication.stage_rows(
-                BACKFILL, zip([-e.stream_ordering for e in events], rows, strict=True)
-            )
-        if invalidations:
-            self.replication.stage_rows(CACHES, [(i, CacheRow.of(row)) for i, row in invalidations])
-
-    def _uncertain(self, events: Sequence[Event], cache_ids: Sequence[int]) -> None:
-        """A batch failed where its commit may have happened: readers are made to fetch its IDs
-        from the database (`stage_unknown`), and this worker forgets what the batch may have changed."""
-        if not events:
-            return
-        if events[0].stream_ordering > 0:
-            self.replication.stage_unknown(EVENTS, max(e.stream_ordering for e in events))
-            self.sync.recent.forget(max(e.stream_ordering for e in events))
-        else:
-            self.replication.stage_unknown(BACKFILL, max(-e.stream_ordering for e in events))
-        if cache_ids:
-            self.replication.stage_unknown(CACHES, max(cache_ids))
-        self.caches.on_events(events)
-        self.room_views.on_events(events)
-
-    def _cache_row_uncertain(self, stream_id: int, row: CacheInvalidation) -> None:
-        """A caches row whose transaction failed where it may have committed: applied here (an
-        invalidation is always safe) and fetched from the database by readers."""
-        self.caches.on_invalidations([row])
-        self.replication.stage_unknown(CACHES, stream_id)
-
-    def _finished(
-        self,
-        events: Sequence[Event],
-        rows: Sequence[str],
-        invalidations: Sequence[tuple[int, CacheInvalidation]],
-    ) -> None:
-        """The IDs are finished (and published: `on_finished` of the generators): wake local readers."""
-        if invalidations and self.applied is not None:
-            # Batches may finish out of order: our own position only covers finished IDs, and
-            # every finished batch ran `_committed` (invalidated here) before finishing.
-            self.applied.advanced(self.name, self.generators[CACHES].get_current_token_for_writer(self.name))
-        self.metrics.persisted.inc(len(events))
-        if events and events[0].stream_ordering > 0:  # a batch is all live or all backfill
-            self._event_wakes.add(
-                events[-1].stream_ordering,
-                {e.room_id for e in events},
-                {e.state_key for e in events if e.state_key and e.membership},
-            )
-        self.notifier.position_moved()
-
-    # -- cache loaders ---------------------------------------------------------------------------
-
-    async def _load_rooms_for_user(self, user_id: str) -> UserRooms:
-        async with self.pool.acquire() as conn:
-            return await event_store.user_rooms(conn, user_id)
-
-    async def _load_joined_members(self, room_id: str) -> frozenset[str]:
-        async with self.pool.acquire() as conn:
-            return await event_store.joined_members(conn, room_id)
-
-    async def _load_current_state(self, room_id: str) -> dict[tuple[str, str], str]:
-        async with self.pool.acquire() as conn:
-            return await event_store.current_state(conn, room_id)
-
-    async def _load_room_visibility(self, room_id: str) -> tuple[tuple[int, str], ...]:
-        async with self.pool.acquire() as conn:
-            return await event_store.visibility_changes(conn, room_id)
 
     # -- configuration reload (SIGHUP) ----------------------------------------------------------
 

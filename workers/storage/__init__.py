@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -16,6 +16,8 @@ from workers.storage.named_pool import NamedPool
 
 #: A plain connection or one borrowed from a pool.
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 async def _keep_session(conn: asyncpg.Connection[Any]) -> None:
@@ -69,3 +71,13 @@ async def connect(url: str) -> AsyncIterator[asyncpg.Connection[Any]]:
         yield conn
     finally:
         await conn.close()
+
+
+def pooled(pool: asyncpg.Pool, read: Callable[[Conn, K], Awaitable[V]]) -> Callable[[K], Awaitable[V]]:
+    """`read(conn, key)` as a loader of `key` alone, on a connection of `pool` (a cache's loader)."""
+
+    async def load(key: K) -> V:
+        async with pool.acquire() as conn:
+            return await read(conn, key)
+
+    return load
