@@ -73,11 +73,13 @@ async def connect(url: str) -> AsyncIterator[asyncpg.Connection[Any]]:
         await conn.close()
 
 
-def pooled(pool: asyncpg.Pool, read: Callable[[Conn, K], Awaitable[V]]) -> Callable[[K], Awaitable[V]]:
-    """`read(conn, key)` as a loader of `key` alone, on a connection of `pool` (a cache's loader)."""
+def pooled(pool: NamedPool, read: Callable[[Conn, K], Awaitable[V]]) -> Callable[[K], Awaitable[V]]:
+    """`read(conn, key)` as a loader of `key` alone, on a connection of `pool` (a cache's loader);
+    its blocks are named after `read` (`workers.storage.events.user_rooms`)."""
+    name = f"{read.__module__}.{read.__qualname__}"
 
     async def load(key: K) -> V:
-        async with pool.acquire() as conn:
+        async with pool.acquire(name=name) as conn:
             return await read(conn, key)
 
     return load

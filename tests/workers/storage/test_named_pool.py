@@ -1,7 +1,8 @@
 """Every database transaction named and timed: names from where the block is opened (through
 asyncpg's helpers too) or given, the histogram by name, one log line and one count per slow
 transaction, and on a real worker the start-up transactions (migrations, the instance lease, the ID
-generators' loads and their lanes' statements) and the requests' ones in /metrics."""
+generators' loads and their lanes' statements) and the requests' ones in /metrics, a cache's load
+named after the storage function it runs."""
 
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ async def test_a_worker_names_its_start_up_and_request_transactions(
     body = {"username": "alice", "password": "pw", "auth": {"type": "m.login.dummy"}}
     async with http.post(f"{base}/_matrix/client/v3/register", json=body) as resp:
         assert resp.status == 200
+        token = (await resp.json())["access_token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    async with http.get(f"{base}/_matrix/client/v3/sync", params={"timeout": "0"}, headers=headers) as resp:
+        assert resp.status == 200  # loads the user's rooms into the cache: a block named after its read
     await asyncio.sleep(0.5)
     async with http.get(f"{base}/metrics") as resp:
         text = await resp.text()
@@ -72,7 +77,8 @@ async def test_a_worker_names_its_start_up_and_request_transactions(
         "idgen.multi_writer.MultiWriterIdGenerator._allocate",  # the sequence, on the lane
         "idgen.multi_writer.MultiWriterIdGenerator._persist_own_position",
     }
-    assert start_up | {"workers.http.accounts.Accounts._create"} <= names, sorted(names)
+    requests = {"workers.http.accounts.Accounts._create", "workers.storage.events.user_rooms"}
+    assert start_up | requests <= names, sorted(names)
     assert not any(n.startswith("workers.app.Worker.start") for n in names), sorted(names)
 
 
