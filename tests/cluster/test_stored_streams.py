@@ -59,8 +59,10 @@ async def test_two_writers_a_sigkill_and_a_cut_reader_lose_nothing_and_reuse_no_
         await cluster.start(["persister2"])
         proxy.restore()
         report = await load
-        # Write through the restarted writer too: a user of each stream it owns.
-        client = next(c for c in driver.clients if _owner(c, cluster.event_writers) == "persister2")
+        # Write through the restarted writer too: a user whose streams hash to it (the load's
+        # eight users may all hash to persister1, 1 run in 256, so one of its own).
+        client = ClusterClient(session, cluster.urls, cluster.event_writers)
+        await client.register(_name_on("persister2", cluster.event_writers), via="sync1")
         await client.put_account_data("io.test.after", {"after": "restart"}, via="sync2")
         await client.send_to_device(
             "io.test.after", {str(driver.clients[0].user_id): {"*": {"msg": "after"}}}
@@ -227,6 +229,16 @@ async def test_room_versions_survive_a_reader_restart(make_cluster: MakeCluster)
 
 def _owner(client: ClusterClient, writers: list[str]) -> str:
     return writer_for_user(str(client.user_id), writers, "to_device")
+
+
+def _name_on(writer: str, writers: list[str]) -> str:
+    """A user name whose stored streams' writes hash to `writer`."""
+    streams = (account_data.ACCOUNT_DATA, device_lists.DEVICE_LISTS, to_device.TO_DEVICE)
+    return next(
+        name
+        for i in range(500)
+        if all(writer_for_user(f"@{(name := f'after{i}')}:localhost", writers, s) == writer for s in streams)
+    )
 
 
 def _sent(driver: LoadDriver, count: int) -> Awaitable[bool]:

@@ -107,7 +107,10 @@ async def test_a_write_of_a_frozen_writer_whose_user_moved_does_not_commit(
     """The owner's account-data write is held inside its transaction (a table lock the test holds)
     while the owner is frozen past its instance lease; another write of the user moves the user to
     the other writer. Nobody took the frozen one's name, so it runs on once resumed, but its write
-    must fail its lease check (the epoch moved) and never commit."""
+    must fail its lease check (the epoch moved) and never commit. Which stops it depends on the
+    order the two runs take (the new holder's retry of the same PUT may land first, and then the
+    frozen one writes nothing), so the rows are checked, not its log;
+    `tests/workers/handlers/test_leases.py` covers the lease check alone."""
     cluster = await make_cluster(
         persisters=2, sync_workers=1, background_workers=0,
         extra_config={"writer_wait_s": 15.0, "instance_lease_s": LEASE_S, "worker_request_timeout_s": 2.0},
@@ -157,6 +160,5 @@ async def test_a_write_of_a_frozen_writer_whose_user_moved_does_not_commit(
         if outcome is not None:  # not retried: the frozen writer's {"n": 1} never landed
             assert rows[0]["content"] == '{"n": 0}'
         assert process.poll() is None  # its name was never taken: it serves on
-        assert "is no longer held here" in cluster.log_tail(owner, 200)
     finally:
         await admin.close()

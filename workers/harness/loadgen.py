@@ -247,8 +247,13 @@ class LoadDriver:
                 return
             receipt_type = "m.read.private" if self.rng.random() < 0.2 else "m.read"
             event_id = latest[room]  # the reader moves it on meanwhile
-            await client.receipt(room, event_id, receipt_type)
-            self.receipts[(room, receipt_type, user)] = event_id
+            key = (room, receipt_type, user)
+            try:
+                await client.receipt(room, event_id, receipt_type)
+            except BaseException:
+                self.receipts[key] = UNKNOWN  # a fault: it may have been set all the same
+                raise
+            self.receipts[key] = event_id
             self.report.receipts_sent += 1
         elif kind == "keys_upload":
             self._sent += 1
