@@ -211,7 +211,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fanout-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    with given_or_embedded(args.database_url, args.redis_url) as (database_url, redis_url):
+    with given_or_embedded(args.database_url, args.redis_url) as (server_url, redis_url):
+        database_url = demo_database_url(args, server_url)
         summary = demo_summary(args, database_url, redis_url, workdir)
         _print_summary(summary)
         print(f"  summary JSON                 {workdir / 'summary.json'}")
@@ -220,14 +221,19 @@ def main(argv: list[str]) -> int:
     return 0 if summary["verified"] and summary.get("audit_exit", 0) == 0 else 1
 
 
+def demo_database_url(args: argparse.Namespace, server_url: str) -> str:
+    """The demo's database: the one `--database-url` names, else the embedded server's own
+    `fanout_demo` (created by the run). Everything that reads the demo's data (the load's checks,
+    the audit) takes this URL, never the embedded server's admin URL."""
+    return args.database_url or server_url.rsplit("/", 1)[0] + "/fanout_demo"
+
+
 def demo_summary(
     args: argparse.Namespace, database_url: str, redis_url: str, workdir: Path
 ) -> dict[str, Any]:
-    """Run the demo's cluster and load on the given servers (the embedded server's own database
-    `fanout_demo` unless `args.database_url` names one) and return its summary, also written to
-    `workdir/summary.json`. `fanout bench demo` runs the same load through this."""
-    if not args.database_url:
-        database_url = database_url.rsplit("/", 1)[0] + "/fanout_demo"
+    """Run the demo's cluster and load on `database_url` (`demo_database_url`) and return its
+    summary, also written to `workdir/summary.json`. `fanout bench demo` runs the same load
+    through this."""
     summary = event_loop.run(run_demo(args, database_url, redis_url, workdir))
     (workdir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -45,7 +45,7 @@ def figures(result: dict[str, Any]) -> list[Figure]:
 
 
 def main(argv: list[str]) -> int:
-    from workers.harness.demo import add_load_arguments, demo_summary
+    from workers.harness.demo import add_load_arguments, demo_database_url, demo_summary
 
     p = argparse.ArgumentParser(prog="fanout bench demo", description=__doc__.split("\n\n")[0])
     add_load_arguments(p)
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     args.keep = False
     workdir = Path(tempfile.mkdtemp(prefix="fanout-bench-demo-"))
     progress(f"the demo's load: {args.actions} actions by {args.users} users in {args.rooms} rooms")
-    with given_or_embedded(args.database_url, args.redis_url) as (database_url, redis_url):
-        result = demo_summary(args, database_url, redis_url, workdir)
+    with given_or_embedded(args.database_url, args.redis_url) as (server_url, redis_url):
+        result = demo_summary(args, demo_database_url(args, server_url), redis_url, workdir)
     report(result, figures)
     return 0 if result["verified"] else 1
