@@ -311,11 +311,10 @@ class Worker:
             await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
         if self.applied is not None:
             self.applied.start()
-        with self._phase("check_previous_release"):  # before any room is taken or key count cached
+        with self._phase("check_previous_release"):  # before any room is taken
             previous = self.previous_release = PreviousRelease(self.pool, f"{config.channel_prefix}/")
             keys = self.stored.one_time_keys
             keys.mixed_release = lambda: previous.live
-            previous.on_change.append(keys.previous_release_changed)
             await previous.check()
             previous.start()
             self.stored.follow(self.lease.fence if self.lease else None, lambda: previous.live)

@@ -9,10 +9,8 @@ and then every `CHECK_INTERVAL_S` (`workers.storage.migrate.previous_release_wor
   writers (`workers.routing.writer_for_room`): this worker routes by it alone, and a persister
   takes the lease only of rooms that hash to it (a write for another room is refused unprocessed,
   a 503 both releases retry), so no room moves to a writer old workers would not send it to;
-* a device's one-time-key counts are read from the database, not the counts cache (the previous
-  release claims keys without the caches-stream row that invalidates it), and a claim whose writer
-  answers that it has no such operation is run here, as the previous release does.
-When `live` turns False every `on_change` callback runs (the counts cache is emptied).
+* a claim whose writer answers that it has no such operation is run here, as the previous
+  release does.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -42,7 +40,6 @@ class PreviousRelease:
         self._prefix = prefix
         self._interval_s = interval_s
         self.live = False
-        self.on_change: list[Callable[[bool], None]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def check(self) -> bool:
@@ -61,8 +58,6 @@ class PreviousRelease:
             log.warning("workers of the previous release run (%s): compatibility mode", ", ".join(names))
         else:
             log.info("no worker of the previous release runs: compatibility mode ends")
-        for changed in self.on_change:
-            changed(live)
 
     def hashed_writer(self, room_id: str, writers: Sequence[str]) -> str | None:
         """While `live`, the only persister that may take `room_id`'s lease; else None (any)."""

@@ -162,7 +162,6 @@ class StoredStreams:
             self.writes[device_lists.DEVICE_LISTS], self._pool, self._server_name, self._fetch_remote
         )
         self.one_time_keys = OneTimeKeys(self.writes[device_lists.DEVICE_LISTS], self._pool)
-        caches.register(self.one_time_keys.counts_cache)
         receipt_writes = self.writes[receipts.RECEIPTS]
         assert isinstance(receipt_writes, RoomStreamWrites)
         self.receipts = Receipts(receipt_writes, self._pool)

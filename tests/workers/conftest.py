@@ -38,7 +38,7 @@ async def make_worker(database_url: str, redis_url: str, channel_prefix: str) ->
         config = WorkerConfig(
             instance_name=name,
             database_url=fields.pop("database_url", database_url),
-            redis_url=redis_url,
+            redis_url=fields.pop("redis_url", redis_url),
             channel_prefix=channel_prefix,
             stream_writers={"events": writers, **fields.pop("stream_writers", {})},
             http_port=fields.pop("http_port", ports[name]),

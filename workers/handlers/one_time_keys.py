@@ -9,16 +9,17 @@ A claim runs on a device_lists writer too (the first claimed user's, one forward
 writer): one PostgreSQL statement picks and deletes each key
 (`workers.storage.one_time_keys.claim_keys`), so claims racing on any writers never share a key.
 
-/sync tells every answer the device's counts, so each worker keeps them in `KeyCounts` cache
-(`counts_cache`, loaded from the database on a miss). Every upload and claim writes a caches-stream
-row naming the devices whose counts it changed, in its own transaction (that is why both run on a
-writer: the device_lists writers write the caches stream); every worker drops those entries when it
-applies the row, the worker that forwarded the request at once. So a worker answers with the counts
-of a change within one replication delay, never a cache that only expires by time.
+Counts are read where they are exact: `/keys/upload` and every /sync answer read them from
+PostgreSQL (`CountReads`: the reads of one event-loop turn in one statement, so a wake of many
+readers costs one query), never from a cache. A claim answered 200 on one worker is committed, so
+the key owner's next answer on any worker tells the count after it (read-your-writes across
+workers and users, which a cache invalidated by replication cannot give: its row may still be on
+its way). Uploads and claims still write a caches-stream row naming the devices whose counts they
+changed (`count_e2e_one_time_keys`), in their own transaction, for the workers of the previous
+release, which cache the counts.
 
-While workers of the previous release run (`workers.previous_release`), which claim keys without
-that row and whose writers know no `claim_keys`: the counts are read from the database, a claim
-such a writer refuses runs here as theirs do, and the cache is emptied when the last one is gone.
+While workers of the previous release run (`workers.previous_release`), whose writers know no
+`claim_keys`: a claim such a writer refuses runs here as theirs do.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 import asyncpg
 
-from workers.handlers.caches import CacheRows, LruCache
+from workers.handlers.caches import CacheRows
 from workers.handlers.forwarding import ForwardRefused, OwnerUnavailable
 from workers.handlers.stream_writes import UserStreamWrites, object_arg, text_arg
 from workers.model import KEYS_PER_INVALIDATION
@@ -44,8 +45,6 @@ from workers.storage.one_time_keys import ClaimedKey, KeyConflict, UploadedKey
 MAX_NAME = 255
 #: The caches-stream name of a device's key counts (Synapse's); its keys are `counts_key`s.
 KEY_COUNTS_CACHE = "count_e2e_one_time_keys"
-#: Devices whose counts a worker keeps (one per syncing device; a few hundred bytes each).
-MAX_CACHED_COUNTS = 100_000
 
 
 def counts_key(user_id: str, device_id: str) -> str:
@@ -109,24 +108,63 @@ async def read_counts(conn: Conn, user_id: str, device_id: str) -> KeyCounts:
     return KeyCounts(*await store.key_counts(conn, user_id, device_id))
 
 
+class CountReads:
+    """Exact key counts, read from PostgreSQL: every read asked for in one event-loop turn shares
+    one statement (`store.key_counts_of`), so the many answers of one wake cost one query.
+
+    A read never joins a statement already sent: that one may have started before the change the
+    asker has been told of (a claim answered 200 to another client) committed."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._waiting: dict[tuple[str, str], asyncio.Future[KeyCounts]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def read(self, user_id: str, device_id: str) -> asyncio.Future[KeyCounts]:
+        device = (user_id, device_id)
+        future = self._waiting.get(device)
+        if future is None:
+            if not self._waiting:
+                asyncio.get_running_loop().call_soon(self._send)
+            future = self._waiting[device] = asyncio.get_running_loop().create_future()
+        return future
+
+    def _send(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        task = asyncio.create_task(self._fetch(waiting), name="key-counts")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(self, waiting: dict[tuple[str, str], asyncio.Future[KeyCounts]]) -> None:
+        try:
+            async with self._pool.acquire() as conn:
+                counts = await store.key_counts_of(conn, list(waiting))
+        except Exception as e:  # each asker gets it (a 503 where the database is away)
+            for future in waiting.values():
+                if not future.done():
+                    future.set_exception(e)
+                    future.exception()  # retrieved: an asker that went away must not log it
+            return
+        except BaseException:
+            for future in waiting.values():
+                future.cancel()
+            raise
+        for device, future in waiting.items():
+            if not future.done():
+                future.set_result(KeyCounts(*counts[device]))
+
+
 class OneTimeKeys:
     def __init__(self, writes: UserStreamWrites, pool: asyncpg.Pool) -> None:
         self.writes = writes
         self._pool = pool
         writes.ops["upload_keys"] = self._upload
         writes.ops["claim_keys"] = self._claim
-        #: `counts_key` -> the device's counts; the caches stream's rows invalidate it.
-        self.counts_cache: LruCache[str, KeyCounts] = LruCache(
-            KEY_COUNTS_CACHE, MAX_CACHED_COUNTS, self._load
-        )
+        self._reads = CountReads(pool)
         #: Set on a device_lists writer: the caches-stream rows its uploads and claims write.
         self.cache_rows: CacheRows | None = None
-        #: True while workers of the previous release run: no counts cache, local claims allowed.
+        #: True while workers of the previous release run: claims their writers refuse run here.
         self.mixed_release: Callable[[], bool] = lambda: False
-
-    def previous_release_changed(self, live: bool) -> None:
-        """Entries cached before or while old workers ran may be stale: empty the cache."""
-        self.counts_cache.invalidate_all()
 
     async def upload(self, user_id: str, device_id: str, one_time_keys: Any, fallback_keys: Any) -> KeyCounts:
         """Store the device's one-time and fallback keys (checked with `parse_keys` first);
@@ -145,23 +183,14 @@ class OneTimeKeys:
         if isinstance(error, str):
             errcode = answer.get("errcode")
             raise KeyUploadRefused(errcode if isinstance(errcode, str) else "M_UNKNOWN", error)
-        self.counts_cache.invalidate(counts_key(user_id, device_id))  # read-your-writes here
         counts, fallback = answer.get("one_time_key_counts"), answer.get("unused_fallback_key_types")
         if not isinstance(counts, dict) or not isinstance(fallback, list):
             raise ValueError("the device_lists writer answered without key counts")
         return KeyCounts(counts, fallback)
 
-    async def counts(self, user_id: str, device_id: str) -> KeyCounts:
-        """The device's counts, from the cache (a miss reads them); from the database while
-        workers of the previous release run."""
-        if self.mixed_release():
-            return await self._load(counts_key(user_id, device_id))
-        return await self.counts_cache.get(counts_key(user_id, device_id))
-
-    async def _load(self, key: str) -> KeyCounts:
-        user_id, _, device_id = key.partition("\n")
-        async with self._pool.acquire() as conn:
-            return await read_counts(conn, user_id, device_id)
+    def counts(self, user_id: str, device_id: str) -> asyncio.Future[KeyCounts]:
+        """The device's counts as committed now (`CountReads`)."""
+        return self._reads.read(user_id, device_id)
 
     async def claim(self, wanted: Sequence[tuple[str, str, str]]) -> list[ClaimedKey]:
         """One key per (user, device, algorithm) that has one (see `store.claim_keys`), claimed on
@@ -172,7 +201,6 @@ class OneTimeKeys:
         for user_id, device_id, algorithm in wanted:
             by_writer.setdefault(self.writes.owner(user_id), []).append([user_id, device_id, algorithm])
         answers = await asyncio.gather(*(self._claim_on_writer(group) for group in by_writer.values()))
-        self.counts_cache.invalidate_many(counts_key(u, d) for u, d, _ in wanted)  # read-your-writes here
         claimed: list[ClaimedKey] = []
         for answer in answers:
             rows = answer.get("claimed")
@@ -190,7 +218,7 @@ class OneTimeKeys:
         except ForwardRefused as e:
             if not (self.mixed_release() and "no operation 'claim_keys'" in str(e.body.get("error"))):
                 raise
-        # A writer of the previous release: claim here, as it does (no counts cache is read now).
+        # A writer of the previous release: claim here, as it does.
         async with self._pool.acquire() as conn:
             claimed = await store.claim_keys(conn, [(u, d, a) for u, d, a in group])
         return _claim_answer(claimed)

@@ -94,22 +94,36 @@ async def set_fallback_keys(conn: Conn, user_id: str, device_id: str, keys: Sequ
 async def key_counts(conn: Conn, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
     """(one-time keys left per algorithm, with `DEFAULT_ALGORITHM` at least; the algorithms of the
     device's unused fallback keys, sorted): what `/keys/upload` and `/sync` tell the device."""
+    return (await key_counts_of(conn, [(user_id, device_id)]))[(user_id, device_id)]
+
+
+async def key_counts_of(
+    conn: Conn, devices: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[dict[str, int], list[str]]]:
+    """`key_counts` of several (user, device) pairs in one statement; every pair has an entry."""
+    users, device_ids = [u for u, _ in devices], [d for _, d in devices]
     records = await conn.fetch(
-        "SELECT algorithm, count(*)::int AS n FROM e2e_one_time_keys"
-        " WHERE user_id = $1 AND device_id = $2 GROUP BY algorithm"
-        " UNION ALL SELECT algorithm, -1 FROM e2e_fallback_keys"
-        " WHERE user_id = $1 AND device_id = $2 AND NOT used",
-        user_id,
-        device_id,
+        "WITH wanted AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(user_id, device_id))"
+        " SELECT k.user_id, k.device_id, k.algorithm, count(*)::int AS n"
+        " FROM e2e_one_time_keys k JOIN wanted USING (user_id, device_id)"
+        " GROUP BY k.user_id, k.device_id, k.algorithm"
+        " UNION ALL SELECT f.user_id, f.device_id, f.algorithm, -1"
+        " FROM e2e_fallback_keys f JOIN wanted USING (user_id, device_id) WHERE NOT f.used",
+        users,
+        device_ids,
     )
-    counts = {DEFAULT_ALGORITHM: 0}
-    fallback: list[str] = []
+    out: dict[tuple[str, str], tuple[dict[str, int], list[str]]] = {
+        device: ({DEFAULT_ALGORITHM: 0}, []) for device in devices
+    }
     for r in records:
+        counts, fallback = out[(r["user_id"], r["device_id"])]
         if r["n"] < 0:
             fallback.append(r["algorithm"])
         else:
             counts[r["algorithm"]] = r["n"]
-    return counts, sorted(fallback)
+    for _, fallback in out.values():
+        fallback.sort()
+    return out
 
 
 async def claim_keys(conn: Conn, wanted: Sequence[tuple[str, str, str]]) -> list[ClaimedKey]:
