@@ -82,6 +82,7 @@ from workers.position_hints import discard_hints_ahead
 from workers.previous_release import PreviousRelease
 from workers.reachability import PostgresProbe
 from workers.reload import ConfigReload, LiveWriters, writers_of
+from workers.shutdown import ShutdownOutcome, run_steps
 from workers.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
 from workers.storage import connect, create_pool, pooled
 from workers.storage import events as event_store
@@ -98,6 +99,7 @@ log = logging.getLogger(__name__)
 #: How long a stopping persister tries to release its rooms (PostgreSQL may be unreachable).
 ROOM_RELEASE_S = 3.0
 CATCH_UP_INTERVALS = 10
+#: One shutdown step's bound (the whole has `shutdown_timeout_s`).
 SHUTDOWN_STEP_S = 10.0
 #: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
 SHUTDOWN_GRACE_S = 2.0
@@ -572,10 +574,12 @@ class Worker:
         self._accepting = False
         self.lease_lost.set()
 
-    async def stop(self) -> None:
-        """Graceful: refuse new requests, drain writes, announce, close. Safe to call twice."""
+    async def stop(self) -> ShutdownOutcome:
+        """Graceful: refuse new requests, drain writes, announce, close; within
+        `shutdown_timeout_s`, whatever PostgreSQL and Redis do (`workers.shutdown`): what it could
+        not finish is in the outcome and one log line. Safe to call twice (the second does nothing)."""
         if self._stopping:
-            return
+            return ShutdownOutcome()
         self._stopping = True
         self._accepting = False
         log.info("shutting down instance=%s", self.name)
@@ -618,24 +622,38 @@ class Worker:
             steps.append(("close_database", self.pool.close))
         if self.lease is not None:
             steps.append(("release_instance_name", self.lease.release))
-        for name, step in steps:
+        outcome = await run_steps(
+            [(name, self._timed(name, step)) for name, step in steps],
+            total_s=self.config.shutdown_timeout_s, step_s=SHUTDOWN_STEP_S,
+        )  # fmt: skip
+        if hasattr(self, "pool") and not outcome.clean:
+            self.pool.terminate()  # close what a skipped step left open, without waiting on the server
+        if outcome.clean:
+            log.info("stopped instance=%s in %.1fs", self.name, outcome.elapsed_s)
+        else:
+            log.error("stopped instance=%s in %.1fs, not cleanly: %s", self.name, outcome.elapsed_s,
+                      outcome.describe())  # fmt: skip
+        return outcome
+
+    def _timed(self, name: str, step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        async def timed() -> None:
             with self._phase(f"shutdown:{name}"):
-                try:
-                    await asyncio.wait_for(step(), SHUTDOWN_STEP_S)
-                except TimeoutError:
-                    # Never hang on the way out; say where we were stuck.
-                    log.error("shutdown step %s took over %.0fs; skipping it", name, SHUTDOWN_STEP_S)
-                    for task in asyncio.all_tasks():
-                        log.error("task %r stack=%s", task.get_name(), task.get_stack(limit=8))
-        log.info("stopped instance=%s", self.name)
+                await step()
+
+        return timed
 
     async def release_rooms(self) -> None:
         """Hand this persister's rooms on, once its writes drained and no commit outcome is left
         unknown (such a batch may still commit: its rooms move only when this lease expires)."""
         assert self.room_leases is not None
-        unknown = sum(p.unknown_outcomes for p in (self.persister, self.backfill_persister) if p is not None)
+        persisters = [p for p in (self.persister, self.backfill_persister) if p is not None]
+        unknown = sum(p.unknown_outcomes for p in persisters)
         if unknown:
             log.warning("rooms kept until the instance lease expires: %d batches of unknown outcome", unknown)
+            return
+        unfinished = sum(p.unfinished for p in persisters)
+        if unfinished:  # the drain was cut short: a release now could let them commit after it
+            log.warning("rooms kept until the instance lease expires: %d writes not drained", unfinished)
             return
         try:
             await asyncio.wait_for(self.room_leases.release_all(), ROOM_RELEASE_S)

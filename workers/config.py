@@ -266,6 +266,14 @@ class WorkerConfig(BaseSettings):
         description="Seconds a frozen, crashed or cut-off process keeps its instance name (and its rooms)"
         " before another process may take them; the holder renews it every third of this",
     )
+    shutdown_timeout_s: float = Field(
+        20.0,
+        ge=1,
+        le=600,
+        description="Seconds from SIGTERM to exit at the most: each shutdown step is bounded, a step"
+        " past the bound is skipped (named in one log line, exit code 1); keep it below the"
+        " orchestrator's grace period (30 s by default)",
+    )
     log_format: Literal["text", "json"] = Field("text", description="Log lines as text or one JSON object")
     instance_map: dict[str, str] = Field(
         default_factory=dict,

@@ -5,6 +5,7 @@ flight is answered 500."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ from tests.cluster.conftest import MakeCluster
 from workers.app import SHUTDOWN_GRACE_S
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient, RequestRefused
+from workers.harness.faultproxy import FaultProxy, target_of, through
 
 #: docs/operations.md ("Stopping a worker"): the grace for requests in flight, then the closing
 #: steps, with room for a loaded machine; aiohttp's own shutdown alone took 10 s.
@@ -103,3 +105,42 @@ async def test_sigterm_under_load_exits_within_the_bound(make_cluster: MakeClust
     for text in logs.values():  # read before the test's own clients hung up
         at = text.find("Traceback")
         assert at < 0, text[max(0, at - 1500) : at + 3000]
+
+
+async def test_sigterm_ends_within_shutdown_timeout_with_postgres_blackholed(
+    make_cluster: MakeCluster, database_url: str
+) -> None:
+    """A persister whose PostgreSQL link is blackholed (sends in flight, nothing answered, nothing
+    closed) still exits within `shutdown_timeout_s` of SIGTERM: its steps that wait on PostgreSQL
+    are cut at the deadline, one line names them, and the exit code is 1. It starts again once the
+    link is back."""
+    timeout_s = 6.0
+    async with FaultProxy(*target_of(database_url), postgres=True) as proxy:
+        cluster = await make_cluster(
+            persisters=2, sync_workers=1, background_workers=0,
+            worker_config={"persister1": {"database_url": through(database_url, proxy),
+                                          "shutdown_timeout_s": timeout_s}},
+        )  # fmt: skip
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            client = ClusterClient(session, cluster.urls)
+            await client.register("sender", via="sync1")
+            rooms = [await client.create_room("public", via="sync1") for _ in range(6)]
+
+            async def send(room: str) -> None:
+                with contextlib.suppress(aiohttp.ClientError, RequestRefused, TimeoutError):
+                    await client.send(room, "m.room.message", {"body": "in flight"}, via="persister1")
+
+            proxy.silence()
+            sends = [asyncio.create_task(send(room)) for room in rooms]
+            await asyncio.sleep(1.0)  # the sends wait on the blackholed link
+            code, took = await _sigterm_and_time(cluster, "persister1")
+            log = cluster.log_tail("persister1", 80)
+            assert took < timeout_s + 1.5, (took, log)
+            assert code == 1, (code, log)
+            assert "not cleanly" in log and "skipped" in log, log
+            assert "Traceback" not in cluster.log_path("persister1").read_text(), log
+            for task in sends:
+                task.cancel()
+            await asyncio.gather(*sends, return_exceptions=True)
+            proxy.restore()
+            await cluster.start(["persister1"])

@@ -12,6 +12,7 @@ from workers import event_loop
 from workers.app import Worker
 from workers.config import WorkerConfig, load_config
 from workers.log_format import configure_logging
+from workers.shutdown import HARD_EXIT_MARGIN_S, exit_anyway
 from workers.startup_errors import describe
 
 
@@ -33,10 +34,16 @@ async def run(config: WorkerConfig, path: str | None = None) -> int:
         stopped.cancel()
         lost.cancel()
     finally:
-        await worker.stop()
+        # Should the loop itself be stuck, the process still ends (an orchestrator would kill it).
+        exit_anyway(config.shutdown_timeout_s + HARD_EXIT_MARGIN_S, "the shutdown")
+        outcome = await worker.stop()
     if worker.lease_lost.is_set():
         print(f"fanout: lost instance name {config.instance_name!r} (frozen or cut off from PostgreSQL"
               f" for over {config.instance_lease_s:g}s); exiting", file=sys.stderr)  # fmt: skip
+        return 1
+    if not outcome.clean:
+        print(f"fanout: stopped within {config.shutdown_timeout_s:g}s but not cleanly ({outcome.describe()});"
+              " exiting 1", file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

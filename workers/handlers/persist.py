@@ -449,5 +449,10 @@ class EventPersister:
         return len(self._queue)
 
     @property
+    def unfinished(self) -> int:
+        """Events queued or in a batch that has not ended (committed, failed or found out)."""
+        return self._unfinished
+
+    @property
     def batches_in_flight(self) -> int:
         return len(self._in_flight)
