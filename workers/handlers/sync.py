@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -546,6 +546,32 @@ class SyncHandler:
                 candidates = await store.events_for_rooms(conn, user_rooms.rooms, windows, default, limit)
         cut = candidates[self._max_events - 1].stream_ordering if len(candidates) > self._max_events else None
         visibility = {r: await self._caches.room_visibility.get(r) for r in {e.room_id for e in candidates}}
+        while True:  # each turn cuts earlier, so it ends
+            visible, limit_cut = self._page(candidates, cut, user_id, user_rooms, visibility, sync_filter)
+            if limit_cut is None:
+                break
+            cut = limit_cut
+        if cut is not None:
+            page = high.bound_stream_token(cut).copy_and_advance(low)
+            now = SyncToken({**{s: now.get(s) for s in now.streams()}, "events": page})
+        if not from_memory:
+            return cast("list[Event]", visible), now
+        bodies = await self.bodies.get([e.event_id for e in visible])
+        return [bodies[e.event_id] for e in visible if e.event_id in bodies], now
+
+    @staticmethod
+    def _page(
+        candidates: Sequence[Placed],
+        cut: int | None,
+        user_id: str,
+        user_rooms: UserRooms,
+        visibility: Mapping[str, Changes],
+        sync_filter: SyncFilter,
+    ) -> tuple[list[Placed], int | None]:
+        """The events of `candidates` up to `cut` that `user_id` may see, and, when a room holds
+        more of them than the filter's timeline limit, the earlier cut that ends the page before
+        the first one that does not fit (then the page must be made again up to that cut: who may
+        see what depends on where the window ends)."""
         # Where the window ends in each room: its last event here. A room's events are in stream
         # order whichever writer wrote them (a room's next writer starts after its last one's
         # last event) and every window holds an unbroken run of them, so a membership change is
@@ -567,16 +593,9 @@ class SyncHandler:
             if shows.everything or shows.allows(event.type, event.sender):
                 count = per_room[event.room_id] = per_room.get(event.room_id, 0) + 1
                 if count > max(sync_filter.timeline_limit, 1):
-                    cut = event.stream_ordering - 1
-                    break
+                    return visible, event.stream_ordering - 1
             visible.append(event)
-        if cut is not None:
-            page = high.bound_stream_token(cut).copy_and_advance(low)
-            now = SyncToken({**{s: now.get(s) for s in now.streams()}, "events": page})
-        if not from_memory:
-            return cast("list[Event]", visible), now
-        bodies = await self.bodies.get([e.event_id for e in visible])
-        return [bodies[e.event_id] for e in visible if e.event_id in bodies], now
+        return visible, None
 
 
 def _ordered(token: SyncToken) -> SyncToken:

@@ -71,3 +71,37 @@ async def test_a_late_joiner_reads_what_the_rooms_history_visibility_allows(
         with pytest.raises(RequestRefused) as refused:
             await carol.messages(room, dir="b", limit=50)
         assert refused.value.status == 403
+
+
+async def test_a_page_that_ends_before_a_join_shows_none_of_the_history_the_join_would_open(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """An incremental sync pages a long window (the timeline limit): who may see what is decided at
+    the end of each page. A page cut before Bob's join shows him nothing of the room's earlier
+    messages (he is not in the room there); the page with his join shows what of the `shared`
+    history fits beside it and says `limited` (the rest through /messages); what follows arrives
+    once."""
+    worker = await make_worker("p1", ["p1"])
+    alice = client_for(http, [worker], ["p1"])
+    bob = client_for(http, [worker], ["p1"], timeline_limit=2)
+    await alice.register("alice")
+    await bob.register("bob")
+    room = await alice.create_room("public")
+    since = (await bob.sync("p1"))["next_batch"]
+    for n in range(3):
+        await alice.send(room, "m.room.message", {"body": f"before{n}"})
+    await bob.membership(room, "join")
+    await alice.send(room, "m.room.message", {"body": "after"})
+    seen: list[str] = []
+    limited_at_join = None
+    for _ in range(10):
+        answer = await bob.sync("p1", since, 0)
+        timeline = answer["rooms"]["join"].get(room, {}).get("timeline", {"events": []})
+        seen += _bodies(timeline["events"])
+        if any(e["type"] == "m.room.member" for e in timeline["events"]):
+            limited_at_join = timeline["limited"]
+        if answer["next_batch"] == since:
+            break
+        since = answer["next_batch"]
+    assert seen == ["before2", "after"]
+    assert limited_at_join is True
