@@ -30,7 +30,7 @@ from workers.harness import chaos
 from workers.harness.cluster import LocalCluster, WorkerSpec
 from workers.harness.faultproxy import FaultProxy, target_of, through
 from workers.harness.load_check import LoadReport
-from workers.harness.loadgen import LoadDriver, LoadPlan
+from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
 from workers.harness.redis_cluster_faults import migrate_slot, owner_of, wait_for_new_owner
 from workers.redis_cluster_server import RedisClusterServers
 
@@ -42,9 +42,9 @@ WRITERS = ["persister1", "persister2"]
 
 
 def plan(actions: int = 300) -> LoadPlan:
-    return LoadPlan(
+    return with_racing_clients(LoadPlan(
         users=6, rooms=4, rooms_per_user=2, actions=actions * SCALE, concurrency=6, sync_timeout_ms=500
-    )
+    ))  # fmt: skip
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from workers import event_loop
 from workers.harness.bench._common import positive_int
 from workers.harness.cluster import LocalCluster
 from workers.harness.load_check import LoadReport
-from workers.harness.loadgen import LoadDriver, LoadPlan
+from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
 from workers.services import given_or_embedded
 from workers.storage import connect
 from workers.storage.migrate import migrate_url
@@ -102,10 +102,10 @@ async def run_demo(
     started = time.monotonic()
     await cluster.start()
     say(f"cluster ready in {time.monotonic() - started:.1f}s")
-    plan = LoadPlan(
+    plan = with_racing_clients(LoadPlan(
         users=args.users, rooms=args.rooms, actions=args.actions, concurrency=args.concurrency,
         expect_ephemeral=True,
-    )  # fmt: skip
+    ))  # fmt: skip
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
             driver = LoadDriver(
@@ -185,6 +185,17 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f" {summary['device_list_notices_seen']} device_lists.changed entries seen",
         f"  invalidation messages        {summary['invalidation_messages']} sent; per-key invalidation would"
         f" have sent {summary['per_key_invalidation_messages']} ({saved} saved)",
+        f"  racing membership pairs      {summary['racing_pairs_sent']} sent through two workers at once:"
+        f" {summary['racing_pairs_both_accepted']} both accepted, {summary['racing_pairs_one_refused']}"
+        f" one refused, {summary['racing_pairs_both_refused']} both refused,"
+        f" {summary['racing_pairs_unknown']} unknown (a fault)",
+        f"  readers / laggards           {summary['worker_switches']} sync worker switches;"
+        f" {summary['laggard_syncs']} laggard syncs after a lag ({summary['laggard_full_pages']} paged);"
+        f" {summary['limited_answers']} limited answers, {summary['gaps_filled']} gaps filled"
+        f" ({summary['gap_events_fetched']} events via /messages)",
+        f"  sends through a persister    {summary['sent_via_persister']}, of them"
+        f" {summary['sent_via_wrong_persister']} not the room's; {summary['sent_via_other_workers']}"
+        " through other workers",
         f"  verification                 {'PASSED' if summary['verified'] else 'FAILED'}",
     ]
     lines += [f"    - {p}" for p in summary["problems"]]

@@ -9,7 +9,11 @@ next_batch and events) and the events table at the end, and checks, per user:
 * nothing extra: no event the user may not see (another user's room, before joining, backfill);
 * tokens never go backwards, every delivered event lies inside its response's window
   (since, next_batch] for the event's writer, and a room's events come in stream order (a Matrix
-  sync answer groups events by room, so there is no order across rooms to check).
+  sync answer groups events by room, so there is no order across rooms to check), also when a
+  client's successive syncs go to different sync workers;
+* a timeline that says `limited: true` has a `prev_batch`, and the client filled its gap with
+  /messages back to its `since` (`workers.harness.gap_fill`): the events fetched count as delivered
+  by that answer, before the room's timeline, under the same rules (once, in order, in the window).
 
 `check_stored_streams` does the same for the stored streams: account data, the user's own device
 list changes, and the to-device messages sent to the user's device.
@@ -75,6 +79,16 @@ class SyncRecord:
     receipts: tuple[tuple[str, str, str, str], ...] = ()
     #: The syncing device's `signed_curve25519` one-time keys left (None: not recorded).
     one_time_keys: int | None = None
+    #: (room, whether it came with a `prev_batch`) of every timeline that said `limited: true`.
+    limited: tuple[tuple[str, bool], ...] = ()
+    #: (room, the events the client fetched with /messages to fill its limited timeline's gap,
+    #: oldest first): they belong to this answer's window, before the room's timeline.
+    filled: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def delivered(self) -> tuple[str, ...]:
+        """Every event the client got from this answer, gap fills first (each room's fill comes
+        before its timeline, so a room's events keep their order)."""
+        return (*(i for _, ids in self.filled for i in ids), *self.event_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,13 +165,30 @@ def check_history(
 
     for index, record in enumerate(records):
         since, upto = events_token(record.since), events_token(record.next_batch)
+        moved = (
+            ""
+            if index == 0 or records[index - 1].worker == record.worker
+            else (f" (moved from {records[index - 1].worker} to {record.worker})")
+        )
         if previous is not None and not previous.is_before_or_eq(since):
-            problems.append(f"{user_id}: sync {index} started from a token before the previous next_batch")
+            problems.append(
+                f"{user_id}: sync {index} started from a token before the previous next_batch{moved}"
+            )
         if not since.is_before_or_eq(upto):
-            problems.append(f"{user_id}: sync {index} went backwards: {record.since} -> {record.next_batch}")
+            problems.append(
+                f"{user_id}: sync {index} went backwards{moved}: {record.since} -> {record.next_batch}"
+            )
         previous = upto
+        filled = {room for room, _ in record.filled}
+        for room_id, has_prev_batch in record.limited:
+            if not has_prev_batch:
+                problems.append(
+                    f"{user_id}: sync {index} says {room_id}'s timeline is limited, no prev_batch"
+                )
+            elif room_id not in filled:
+                problems.append(f"{user_id}: sync {index}'s limited timeline of {room_id}: gap never filled")
         last_ordering: dict[str, int] = {}
-        for event_id in record.event_ids:
+        for event_id in record.delivered():
             event = by_id.get(event_id)
             if event is None:
                 problems.append(f"{user_id}: sync {index} delivered unknown event {event_id}")

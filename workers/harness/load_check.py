@@ -22,6 +22,7 @@ from workers.harness.history import (
     check_receipts,
     check_stored_streams,
 )
+from workers.harness.load_mix import LoadMix
 from workers.harness.sync_reader import SyncReader
 from workers.model import CURRENT_STATE_CACHE
 from workers.storage import Conn, connect
@@ -104,6 +105,8 @@ class LoadReport:
     account_data_seen: int = 0
     to_device_seen: int = 0
     device_changes_seen: int = 0
+    #: Racing membership pairs, worker switches, laggards, limited timelines, wrong persisters.
+    mix: LoadMix = field(default_factory=LoadMix)
 
     @property
     def events_per_s(self) -> float:
@@ -150,7 +153,9 @@ class LoadReport:
             "device_list_notices_seen": self.device_changes_seen,
             "invalidation_messages": self.invalidation_rows,
             "per_key_invalidation_messages": self.per_key_invalidations,
+            **self.mix.summary(),
             "verified": not self.problems,
+            "problems_found": len(self.problems),
             "problems": self.problems[:20],
         }
 
@@ -206,7 +211,7 @@ async def verify_load(driver: CheckedLoad, instance_ids: dict[str, int]) -> None
             driver.report.latency_ms.append(max(0.0, (max(a for a in arrivals if a) - ts / 1000) * 1000))
     readers = driver.readers + driver.probes
     driver.report.events_checked = sum(
-        len({i for r in reader.records for i in r.event_ids}) for reader in readers
+        len({i for r in reader.records for i in r.delivered()}) for reader in readers
     )
     driver.report.typing_seen = sum(r.typing_seen for r in readers)
     driver.report.internal_errors += sum(r.internal_errors for r in readers)

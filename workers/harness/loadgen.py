@@ -10,6 +10,11 @@ sync workers (tokens must carry over), and records each answer (its timelines, i
 and knocks, and which rooms it listed under which section); every fourth reader pauses between
 syncs, as a client on a slow network does, so its windows span whole churns. One probe user per sync worker,
 in every room, timestamps arrivals to measure persist-to-visible latency on every sync worker.
+With `with_racing_clients` (the demo and `make chaos`), the clients that found issue 42's races
+join in: pairs of membership changes to one user sent at once through two workers
+(`workers.harness.race_load`), every other reader moving to another sync worker at each request,
+and two laggards that sync rarely with a timeline limit of 3 (`workers.harness.laggard`); sends
+go through any worker, a persister other than the room's among them (counted).
 At the end the recorded histories are checked against the events and stored streams' tables and
 what was sent (workers.harness.history).
 """
@@ -28,10 +33,10 @@ from pathlib import Path
 import aiohttp
 
 from workers.harness.cluster_client import ClusterClient, RequestRefused
-from workers.harness.history import (
-    stream_token,
-)
+from workers.harness.history import stream_token
+from workers.harness.laggard import LagClock, LaggardReader
 from workers.harness.load_check import LoadReport, verify_load
+from workers.harness.race_load import MembershipRacer
 from workers.harness.sync_reader import SyncReader
 from workers.storage import connect
 
@@ -51,6 +56,18 @@ class LoadPlan:
     expect_ephemeral: bool = False
     #: Readers whose /sync is refused start over with an initial sync (counted) instead of failing.
     start_over: bool = False
+    #: The share of actions that race two membership changes to one user through two workers.
+    race_share: float = 0.0
+    #: Users (never the rooms' owner) whose reader is a laggard (`workers.harness.laggard`).
+    laggards: int = 0
+    #: Every other reader moves to another sync worker at each request (else every third).
+    hopping_readers: bool = False
+
+
+def with_racing_clients(plan: LoadPlan) -> LoadPlan:
+    """`plan` with the clients that found issue 42's races: racing membership pairs, readers
+    hopping between sync workers, two laggards (the demo's and `make chaos`'s load)."""
+    return dataclasses.replace(plan, race_share=0.03, laggards=2, hopping_readers=True)
 
 
 class LoadDriver:
@@ -95,6 +112,10 @@ class LoadDriver:
         #: (recipient, device) -> the to-device messages sent to it in order: (id, acknowledged, sender).
         self.to_device: dict[tuple[str, str], list[tuple[str, bool, str]]] = {}
         self._sent = 0
+        #: (event id, the worker it was sent through) of the messages whose worker the load chose.
+        self.sends_via: list[tuple[str, str]] = []
+        self.racer = MembershipRacer(database_url, self.rng)
+        self._done, self._started, self._until = 0, time.monotonic(), False
         self._run_id = f"{int(time.time() * 1000) % 10**8:08d}{self.rng.randrange(10**4):04d}"
 
     def _client(self) -> ClusterClient:
@@ -110,8 +131,13 @@ class LoadDriver:
             )
             self.clients.append(client)
             workers = self.sync_workers[i % 2 :] + self.sync_workers[: i % 2]
-            pause = SLOW_READER_PAUSE_S if i % 4 == 3 else 0.0
-            self.readers.append(SyncReader(client, workers, 3, pause, plan.start_over))
+            switch_every = 1 if plan.hopping_readers and i % 2 == 1 else 3
+            if i > 0 and i >= plan.users - plan.laggards:
+                clock = LagClock(self._run_estimate, self.rng)
+                self.readers.append(LaggardReader(client, workers, switch_every, clock, plan.start_over))
+            else:
+                pause = SLOW_READER_PAUSE_S if i % 4 == 3 else 0.0
+                self.readers.append(SyncReader(client, workers, switch_every, pause, plan.start_over))
             self.joined[str(client.user_id)] = set()
             self.locks[str(client.user_id)] = asyncio.Lock()
         for worker in self.sync_workers:
@@ -146,9 +172,23 @@ class LoadDriver:
         else:
             self.joined[user].discard(room)
 
+    def _run_estimate(self) -> float | None:
+        """The load's expected length (seconds) from its progress so far; None while unknown."""
+        share = self._done / max(self.plan.actions, 1)
+        if self._until or share < 0.05:
+            return None
+        return (time.monotonic() - self._started) / share
+
+    def _via(self, client: ClusterClient) -> str | None:
+        """A send's worker: any, at random (None: the client's load balancer picks)."""
+        return None if client.balanced is not None else self.rng.choice(list(self.urls))
+
     def _next_action(self) -> tuple[str, ClusterClient]:
         client = self.rng.choice(self.clients)
         roll = self.rng.random()
+        if roll < self.plan.race_share:
+            return "race", client
+        roll = (roll - self.plan.race_share) / (1 - self.plan.race_share)
         kinds = (
             (0.48, "message"), (0.50, "redact"), (0.54, "churn"), (0.58, "receipt"), (0.60, "keys_upload"),
             (0.62, "keys_claim"), (0.68, "state"), (0.74, "join"), (0.79, "leave"),
@@ -166,6 +206,17 @@ class LoadDriver:
             others = sorted(set(self.rooms) - self.joined[user])
             room = ""
             try:
+                if kind == "race" and not owner:
+                    room = self.rng.choice(self.rooms)
+                    state = self.membership.get((user, room))
+                    if state == UNKNOWN:
+                        return
+                    self._set(user, room, UNKNOWN)  # until the race tells what was stored
+                    written, after = await self.racer.race(self.clients[0], client, room, state)
+                    self._set(user, room, UNKNOWN if after is None else after)
+                    self.report.events_sent += written
+                    self.report.membership_changes += written
+                    return
                 if kind == "churn" and not owner:
                     room = self.rng.choice([*self.rooms, self.knock_room])
                     self.report.events_sent += await self._churn(client, room)
@@ -200,9 +251,13 @@ class LoadDriver:
                     room, target = self.messages[user].pop()
                     self.redactions[target] = (room, await client.redact(room, target, "load"))
                 elif mine:
-                    room = self.rng.choice(mine)
-                    sent = await client.send(room, "m.room.message", {"body": f"hello {time.time()}"})
+                    room, via = self.rng.choice(mine), self._via(client)
+                    sent = await client.send(
+                        room, "m.room.message", {"body": f"hello {time.time()}"}, via=via
+                    )
                     self.messages.setdefault(user, []).append((room, str(sent["event_id"])))
+                    if via is not None:
+                        self.sends_via.append((str(sent["event_id"]), via))
                 else:
                     return
             except RequestRefused as e:
@@ -342,7 +397,8 @@ class LoadDriver:
         queue: asyncio.Queue[tuple[str, ClusterClient]] = asyncio.Queue()
         for _ in range(plan.actions if until is None else 0):
             queue.put_nowait(self._next_action())
-        started = time.monotonic()
+        started = self._started = time.monotonic()
+        self._until = until is not None
         done = 0
 
         async def actor() -> None:
@@ -350,7 +406,7 @@ class LoadDriver:
             while not (queue.empty() if until is None else until.is_set()):
                 kind, client = queue.get_nowait() if until is None else self._next_action()
                 await self._act(kind, client)
-                done += 1
+                done = self._done = done + 1
                 if progress is not None:
                     elapsed = time.monotonic() - started
                     progress(
@@ -378,6 +434,13 @@ class LoadDriver:
                     " WHERE stream_name = ANY($1::text[])",
                     list(STORED_TARGETS),
                 )
+                writer_of = await conn.fetch(
+                    "SELECT event_id, instance_name FROM events WHERE event_id = ANY($1::text[])",
+                    [e for e, _ in self.sends_via],
+                )
+            self.report.mix.count_routes(
+                self.sends_via, {r["event_id"]: r["instance_name"] for r in writer_of}, self.event_writers
+            )
             target["events"] = {r["instance_name"]: r["m"] for r in records}
             for r in positions:
                 target.setdefault(r["stream_name"], {})[r["instance_name"]] = r["stream_id"]
@@ -388,10 +451,14 @@ class LoadDriver:
                 task.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
         await verify_load(self, instance_ids)
+        self.report.problems += self.racer.check()
+        self.report.problems += self.report.mix.count_readers(self.readers, self.racer.tally)
         return self.report
 
     def dump_histories(self, path: Path) -> None:
-        """Every reader's recorded syncs, for diagnosing a failed verification."""
+        """Every reader's recorded syncs, for diagnosing a failed verification, and beside them
+        (`problems.txt`) every problem found."""
+        path.with_name("problems.txt").write_text("".join(f"{p}\n" for p in self.report.problems))
         data = {
             str(r.client.user_id): [dataclasses.asdict(record) for record in r.records]
             for r in self.readers + self.probes
@@ -403,7 +470,7 @@ class LoadDriver:
 SLOW_READER_PAUSE_S = 0.5
 UNKNOWN = "?"
 #: The load's actions that write into a room (timed for `LoadReport.longest_write_ms`).
-ROOM_WRITES = frozenset({"message", "redact", "churn", "state", "join", "leave"})
+ROOM_WRITES = frozenset({"message", "redact", "churn", "race", "state", "join", "leave"})
 #: Churn's moves from each membership: (who acts, what), "me" being the churning user.
 CHURN_MOVES: dict[str | None, list[tuple[str, str]]] = {
     None: [("owner", "invite"), ("me", "join"), ("me", "knock")],

@@ -248,3 +248,59 @@ def test_one_time_keys_claimed_twice_foreign_or_miscounted_are_caught() -> None:
     )
     assert any("never uploaded" in p for p in check_one_time_keys(ALICE, records, ["k1", "k2"], ["k9"]))
     assert any("counted 1" in p for p in check_one_time_keys(ALICE, records, ["k1", "k2"], []))
+
+
+def _limited(since: str, upto: str, ids: tuple[str, ...], filled: tuple[str, ...] | None, *,
+             prev_batch: bool = True, worker: str = "sync1") -> SyncRecord:  # fmt: skip
+    """An answer whose room !r timeline said limited; `filled`: the gap's events the client
+    fetched with /messages (None: it never filled the gap)."""
+    fills = () if filled is None else (("!r", filled),)
+    return SyncRecord(worker, since, upto, ids, limited=(("!r", prev_batch),), filled=fills)
+
+
+def test_a_limited_timeline_whose_gap_was_filled_passes() -> None:
+    records = [_record("s0", "m1~2.2", "$join", "$a"), _limited("m1~2.2", "s4", ("$c",), ("$b",))]
+    assert check_history(ALICE, records, STORED, IDS) == []
+
+
+def test_a_limited_timeline_whose_gap_was_never_filled_is_caught() -> None:
+    records = [_record("s0", "m1~2.2", "$join", "$a"), _limited("m1~2.2", "s4", ("$c",), None)]
+    problems = check_history(ALICE, records, STORED, IDS)
+    assert any("limited timeline of !r: gap never filled" in p for p in problems), problems
+    assert any("missed $b" in p for p in problems), problems
+
+
+def test_a_limited_timeline_without_prev_batch_is_caught() -> None:
+    records = [
+        _record("s0", "m1~2.2", "$join", "$a"),
+        _limited("m1~2.2", "s4", ("$b", "$c"), None, prev_batch=False),
+    ]
+    problems = check_history(ALICE, records, STORED, IDS)
+    assert any("limited, no prev_batch" in p for p in problems), problems
+
+
+def test_a_duplicate_across_a_gap_fill_is_caught() -> None:
+    """/messages went back past the previous answer's end: an event delivered by it comes again."""
+    records = [_record("s0", "m1~2.2", "$join", "$a"), _limited("m1~2.2", "s4", ("$c",), ("$a", "$b"))]
+    problems = check_history(ALICE, records, STORED, IDS)
+    assert any("$a delivered twice" in p for p in problems), problems
+    assert any("$a (2) outside its window" in p for p in problems), problems
+
+
+def test_a_gap_fill_newer_than_its_timeline_is_caught() -> None:
+    records = [_record("s0", "m1~2.2", "$join", "$a"), _limited("m1~2.2", "s4", ("$b",), ("$c",))]
+    problems = check_history(ALICE, records, STORED, IDS)
+    assert any("not in stream order at $b" in p for p in problems), problems
+
+
+def test_a_worker_switch_that_went_backwards_is_caught() -> None:
+    """A reader's next sync on the other worker answered a next_batch behind its since."""
+    records = [
+        _record("s0", "s3", "$join", "$a", "$b"),
+        SyncRecord("sync2", "s3", "s2", ()),
+        SyncRecord("sync1", "s2", "s4", ("$c",)),
+    ]
+    problems = check_history(ALICE, records, STORED, IDS)
+    assert any("sync 1 went backwards (moved from sync1 to sync2)" in p for p in problems), problems
+    hopping = [_record("s0", "m1~2.2", "$join", "$a"), SyncRecord("sync2", "m1~2.2", "s4", ("$b", "$c"))]
+    assert check_history(ALICE, hopping, STORED, IDS) == []
