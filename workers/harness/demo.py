@@ -185,6 +185,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f" {summary['device_list_notices_seen']} device_lists.changed entries seen",
         f"  invalidation messages        {summary['invalidation_messages']} sent; per-key invalidation would"
         f" have sent {summary['per_key_invalidation_messages']} ({saved} saved)",
+        f"  auth rules (stored events)   {summary['auth_events_replayed']} replayed in stream order,"
+        f" {summary['auth_violations']} refused by the Matrix authorization rules",
         f"  verification                 {'PASSED' if summary['verified'] else 'FAILED'}",
     ]
     lines += [f"    - {p}" for p in summary["problems"]]
