@@ -37,6 +37,7 @@ from workers.handlers import rooms
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
+from workers.handlers.room_admission import RoomAdmission, Ticket
 from workers.handlers.room_deletions import RoomDeletions
 from workers.handlers.room_leases import RoomLeases
 from workers.handlers.room_purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
@@ -191,6 +192,8 @@ class RoomWrites:
         self.deletions: RoomDeletions | None = None
         #: Writes admitted per room; a purge holds its room here (`RoomEnd` shares it).
         self.gate = RoomGate()
+        #: Per room: state events one at a time, each checked against what the previous left.
+        self.admission = RoomAdmission()
         #: How long a write keeps trying an owner that cannot take it now (restarting, stopping).
         self.owner_wait_s = 0.0
         self.forwarded = 0
@@ -379,12 +382,16 @@ class RoomWrites:
 
     async def _check_and_persist(self, event: NewEvent, txn: bool) -> Written:
         with self.gate.write(event.room_id):
-            written = await self._check_and_persist_admitted(event, txn)
+            ticket = await self.admission.enter(event.room_id, exclusive=changes_rules(event))
+            try:
+                written = await self._check_and_persist_admitted(event, txn, ticket)
+            finally:
+                ticket.release()  # unless the persist future holds it (`Ticket.release_after`)
         if self.end is not None and event.type == MEMBER_EVENT and event.membership in ("leave", "ban"):
             await self.end.after_leave(event.room_id)  # never raises: the leave is done
         return written
 
-    async def _check_and_persist_admitted(self, event: NewEvent, txn: bool) -> Written:
+    async def _check_and_persist_admitted(self, event: NewEvent, txn: bool, ticket: Ticket) -> Written:
         persister = self._persister_here()
         await self._hold(event.room_id)
         target = event.state_key if event.type == MEMBER_EVENT else None
@@ -398,7 +405,7 @@ class RoomWrites:
             if stored is not None:  # a repeat of a write the rules allowed then
                 return Written.of(stored)
             raise
-        return Written.of(await persister.persist(event, may_exist=txn))
+        return Written.of(await _persisted(ticket, persister.persist(event, may_exist=txn)))
 
     async def _check_redaction(self, event: NewEvent, view: rooms.RoomView) -> None:
         """A redaction names an event id in `content.redacts`; another sender's event (or one not
@@ -418,9 +425,13 @@ class RoomWrites:
 
     async def create_here(self, events: list[NewEvent]) -> Written:
         with self.gate.write(events[0].room_id):
-            return await self._create_admitted(events)
+            ticket = await self.admission.enter(events[0].room_id, exclusive=True)
+            try:
+                return await self._create_admitted(events, ticket)
+            finally:
+                ticket.release()
 
-    async def _create_admitted(self, events: list[NewEvent]) -> Written:
+    async def _create_admitted(self, events: list[NewEvent], ticket: Ticket) -> Written:
         persister = self._persister_here()
         room_id = events[0].room_id
         if events[0].type != CREATE_EVENT or any(e.room_id != room_id for e in events):
@@ -431,14 +442,18 @@ class RoomWrites:
             if stored is not None:  # a retried request that was done the first time
                 return Written.of(stored)
             raise rooms.Forbidden(f"{room_id} exists")
-        persisted = await persister.persist_many(events)
+        persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
         return Written.of(persisted[-1])
 
     async def remote_invite_here(self, invite: RemoteInvite) -> Written:
         with self.gate.write(invite.room_id):
-            return await self._remote_invite_admitted(invite)
+            ticket = await self.admission.enter(invite.room_id, exclusive=True)
+            try:
+                return await self._remote_invite_admitted(invite, ticket)
+            finally:
+                ticket.release()
 
-    async def _remote_invite_admitted(self, invite: RemoteInvite) -> Written:
+    async def _remote_invite_admitted(self, invite: RemoteInvite, ticket: Ticket) -> Written:
         persister = self._persister_here()
         await self._hold(invite.room_id)
         if invite.room_version not in SUPPORTED_ROOM_VERSIONS:
@@ -463,13 +478,17 @@ class RoomWrites:
                 conn, invite.room_id, invite.room_version, invite.invitee, event.event_id, invite.invite_state
             )
         self._views.rooms.invalidate(invite.room_id)
-        return Written.of(await persister.persist(event))
+        return Written.of(await _persisted(ticket, persister.persist(event)))
 
     async def backfill_here(self, room_id: str, sender: str, items: Any) -> list[int]:
         with self.gate.write(room_id):
-            return await self._backfill_admitted(room_id, sender, items)
+            ticket = await self.admission.enter(room_id, exclusive=False)
+            try:
+                return await self._backfill_admitted(room_id, sender, items, ticket)
+            finally:
+                ticket.release()
 
-    async def _backfill_admitted(self, room_id: str, sender: str, items: Any) -> list[int]:
+    async def _backfill_admitted(self, room_id: str, sender: str, items: Any, ticket: Ticket) -> list[int]:
         persister = self._persister_here(backfill=True)
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BACKFILL:
             raise rooms.BadEvent(f"events must be a list of 1 to {MAX_BACKFILL} objects")
@@ -488,5 +507,19 @@ class RoomWrites:
             except ValueError as e:
                 raise rooms.BadEvent(str(e)) from None
             events.append(NewEvent(rooms.new_event_id(), room_id, kind, sender, item.get("content", {})))
-        persisted = await persister.persist_many(events)
+        persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
         return [e.stream_ordering for e in persisted]
+
+
+def changes_rules(event: NewEvent) -> bool:
+    """Whether `event` may change what the room's rules read: any state event (membership, power
+    levels, join rules, ...) and a redaction (it may prune one); such an event is admitted alone."""
+    return event.state_key is not None or event.type == REDACTION_EVENT
+
+
+async def _persisted(ticket: Ticket, future: asyncio.Future[T]) -> T:
+    """`future`'s result, the room held by `ticket` until it is done: a request cancelled while
+    its event is queued leaves the room held until the batch committed or failed, so the next event
+    is never checked against state that event may still change."""
+    ticket.release_after(future)
+    return await asyncio.shield(future)

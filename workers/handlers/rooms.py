@@ -1,8 +1,11 @@
 """Who may send what into a room: plain rules over the room's current state.
 
-These checks run on the persister before an event is queued. They read committed state, so two
-persisters racing on one room could both accept conflicting membership changes; the stored
-state then follows stream order (the higher ordering wins), which every reader sees alike.
+These checks run on the room's writer, one room's events in the room's order: an event that may
+change what they read (a state event, a redaction) is checked alone, once every event admitted
+before it is stored, and holds the room until its own batch committed and the cached views forgot
+what it changed (`workers.handlers.room_admission`, as Synapse's per-room `member_linearizer`);
+messages are checked together and still batch. Only the room's lease holder writes it, so each
+event is checked against the state the room's previous accepted event left.
 
 The state they read is cached on the room's writer (`RoomViews`): a query per send was a third of
 a persister's CPU under HTTP load, and a round trip per event is what batching is there to avoid.
@@ -192,6 +195,12 @@ def check(event: NewEvent, view: RoomView) -> None:
         if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
             raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
         _allowed(power.may_send(event.sender, event.type, event.state_key is not None))
+        if (
+            event.state_key is not None
+            and event.state_key.startswith("@")
+            and event.state_key != event.sender
+        ):
+            raise Forbidden("a state key that is a user id must be the sender's own")
         if event.type == POWER_LEVELS_EVENT and event.state_key == "":
             _allowed(power.may_change_to(event.sender, PowerLevels.from_state(event.content, None)))
         return
@@ -227,8 +236,9 @@ def check(event: NewEvent, view: RoomView) -> None:
             _allowed(power.may_act_on("invite", event.sender, target))
         elif membership == "ban":
             _allowed(power.may_act_on("ban", event.sender, target))
-        elif view.target_membership == "ban":
+        elif view.target_membership == "ban":  # unban: the ban and the kick level, as the spec says
             _allowed(power.may_act_on("ban", event.sender, target))
+            _allowed(power.may_act_on("kick", event.sender, target))
         elif view.target_membership in ("join", "invite", "knock"):
             _allowed(power.may_act_on("kick", event.sender, target))
         else:

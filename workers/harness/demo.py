@@ -196,6 +196,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"  sends through a persister    {summary['sent_via_persister']}, of them"
         f" {summary['sent_via_wrong_persister']} not the room's; {summary['sent_via_other_workers']}"
         " through other workers",
+        f"  auth rules (stored events)   {summary['auth_events_replayed']} replayed in stream order,"
+        f" {summary['auth_violations']} refused by the Matrix authorization rules",
         f"  verification                 {'PASSED' if summary['verified'] else 'FAILED'}",
     ]
     lines += [f"    - {p}" for p in summary["problems"]]

@@ -1,6 +1,7 @@
 """The check at the end of a load (`LoadDriver.run`): every reader's recorded /sync answers against
 the events and stored streams' tables and what the driver sent (`workers.harness.history` holds
-the rules), the redactions as every sync worker serves them, receipts and one-time keys, and the
+the rules), the redactions as every sync worker serves them, receipts and one-time keys, every
+room's stored events against the Matrix authorization rules (`workers.harness.auth_rules`), and the
 persist-to-visible latency of the probes, into the load's `LoadReport`. Harness only: a worker
 never imports it.
 """
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from workers.harness.auth_replay import replay_database
 from workers.harness.cluster_client import ClusterClient, RequestRefused
 from workers.harness.history import (
     StoredChange,
@@ -107,6 +109,9 @@ class LoadReport:
     device_changes_seen: int = 0
     #: Racing membership pairs, worker switches, laggards, limited timelines, wrong persisters.
     mix: LoadMix = field(default_factory=LoadMix)
+    #: Stored live events replayed through the Matrix authorization rules, and those they refuse.
+    auth_events_replayed: int = 0
+    auth_violations: int = 0
 
     @property
     def events_per_s(self) -> float:
@@ -151,6 +156,8 @@ class LoadReport:
             "to_device_seen": self.to_device_seen,
             "device_changes": self.device_changes_sent,
             "device_list_notices_seen": self.device_changes_seen,
+            "auth_events_replayed": self.auth_events_replayed,
+            "auth_violations": self.auth_violations,
             "invalidation_messages": self.invalidation_rows,
             "per_key_invalidation_messages": self.per_key_invalidations,
             **self.mix.summary(),
@@ -205,6 +212,10 @@ async def verify_load(driver: CheckedLoad, instance_ids: dict[str, int]) -> None
         driver.report.device_changes_seen += sum(len(r.device_changed) for r in reader.records)
     driver.report.redactions_sent = len(driver.redactions)
     driver.report.problems += await _check_redactions(driver)
+    # Every room of the load's database, in stream order, judged by the spec's rules (not ours).
+    auth = await replay_database(driver.database_url)
+    driver.report.auth_events_replayed, driver.report.auth_violations = auth.events, len(auth.violations)
+    driver.report.problems += [f"stored against the auth rules: {v}" for v in auth.violations]
     for event_id, ts in (await _message_times(driver.database_url)).items():
         arrivals = [p.arrivals.get(event_id) for p in driver.probes]
         if all(a is not None for a in arrivals):

@@ -8,6 +8,8 @@ from workers.handlers import rooms
 from workers.handlers.power_levels import PowerLevels
 from workers.model import NewEvent
 
+_MOD = PowerLevels.from_state({"users": {"@a": 100, "@b": 50}, "kick": 60, "state_default": 0}, None)
+
 
 def _member(user: str, membership: str, sender: str | None = None) -> NewEvent:
     return NewEvent("$e", "!r", "m.room.member", sender or user, {"membership": membership}, user)
@@ -29,6 +31,15 @@ def _member(user: str, membership: str, sender: str | None = None) -> NewEvent:
          rooms.Forbidden),
         (NewEvent("$m", "!r", "m.room.message", "@b", {}), rooms.RoomView(True, "public", "join", None),
          None),
+        # A user-id state key is the sender's own (the spec's rule 8).
+        (NewEvent("$s", "!r", "m.custom", "@b", {}, "@a"), rooms.RoomView(True, "public", "join", None, _MOD),
+         rooms.Forbidden),
+        (NewEvent("$s", "!r", "m.custom", "@b", {}, "@b"), rooms.RoomView(True, "public", "join", None, _MOD),
+         None),
+        # An unban takes the ban and the kick level (@b: ban 50 reached, kick 60 not).
+        (_member("@c", "leave", sender="@b"), rooms.RoomView(True, "public", "join", "ban", _MOD),
+         rooms.Forbidden),
+        (_member("@c", "leave", sender="@a"), rooms.RoomView(True, "public", "join", "ban", _MOD), None),
     ],
 )  # fmt: skip
 def test_room_rules(event: NewEvent, view: rooms.RoomView, error: type[Exception] | None) -> None:
