@@ -37,7 +37,7 @@ from workers.handlers import rooms
 from workers.handlers.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.notifier import Notifier
 from workers.handlers.persist import EventPersister
-from workers.handlers.room_admission import RoomAdmission, Ticket
+from workers.handlers.room_admission import RULES, Claim, RoomAdmission, Ticket, member
 from workers.handlers.room_deletions import RoomDeletions
 from workers.handlers.room_leases import RoomLeases
 from workers.handlers.room_purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
@@ -192,7 +192,7 @@ class RoomWrites:
         self.deletions: RoomDeletions | None = None
         #: Writes admitted per room; a purge holds its room here (`RoomEnd` shares it).
         self.gate = RoomGate()
-        #: Per room: state events one at a time, each checked against what the previous left.
+        #: Per room: each write checked against the state the writes before it that it depends on left.
         self.admission = RoomAdmission()
         #: How long a write keeps trying an owner that cannot take it now (restarting, stopping).
         self.owner_wait_s = 0.0
@@ -382,7 +382,7 @@ class RoomWrites:
 
     async def _check_and_persist(self, event: NewEvent, txn: bool) -> Written:
         with self.gate.write(event.room_id):
-            ticket = await self.admission.enter(event.room_id, exclusive=changes_rules(event))
+            ticket = await self.admission.enter(event.room_id, claim_of(event))
             try:
                 written = await self._check_and_persist_admitted(event, txn, ticket)
             finally:
@@ -425,7 +425,7 @@ class RoomWrites:
 
     async def create_here(self, events: list[NewEvent]) -> Written:
         with self.gate.write(events[0].room_id):
-            ticket = await self.admission.enter(events[0].room_id, exclusive=True)
+            ticket = await self.admission.enter(events[0].room_id, Claim.whole_room())
             try:
                 return await self._create_admitted(events, ticket)
             finally:
@@ -447,7 +447,7 @@ class RoomWrites:
 
     async def remote_invite_here(self, invite: RemoteInvite) -> Written:
         with self.gate.write(invite.room_id):
-            ticket = await self.admission.enter(invite.room_id, exclusive=True)
+            ticket = await self.admission.enter(invite.room_id, Claim.whole_room())
             try:
                 return await self._remote_invite_admitted(invite, ticket)
             finally:
@@ -482,7 +482,7 @@ class RoomWrites:
 
     async def backfill_here(self, room_id: str, sender: str, items: Any) -> list[int]:
         with self.gate.write(room_id):
-            ticket = await self.admission.enter(room_id, exclusive=False)
+            ticket = await self.admission.enter(room_id, Claim(frozenset({RULES, member(sender)})))
             try:
                 return await self._backfill_admitted(room_id, sender, items, ticket)
             finally:
@@ -511,10 +511,17 @@ class RoomWrites:
         return [e.stream_ordering for e in persisted]
 
 
-def changes_rules(event: NewEvent) -> bool:
-    """Whether `event` may change what the room's rules read: any state event (membership, power
-    levels, join rules, ...) and a redaction (it may prune one); such an event is admitted alone."""
-    return event.state_key is not None or event.type == REDACTION_EVENT
+def claim_of(event: NewEvent) -> Claim:
+    """What `event`'s check reads of its room's state (the rules, the sender's membership, and a
+    member event's target's) and what the event may change (`workers.handlers.room_admission`):
+    a member event its target's membership; power levels, join rules, a create and a redaction
+    (which may prune one of those) the room's rules; anything else nothing the rules read."""
+    sender = member(event.sender)
+    if event.type == MEMBER_EVENT and event.state_key is not None:
+        return Claim(frozenset({RULES, sender}), frozenset({member(event.state_key)}))
+    if event.type == REDACTION_EVENT or (event.state_key is not None and event.type in rooms.RULE_EVENTS):
+        return Claim(frozenset({sender}), frozenset({RULES}))
+    return Claim(frozenset({RULES, sender}))
 
 
 async def _persisted(ticket: Ticket, future: asyncio.Future[T]) -> T:

@@ -43,6 +43,8 @@ from workers.storage.purge import BLOCKED_ROOM
 
 JOIN_RULES_EVENT = "m.room.join_rules"
 POWER_LEVELS_EVENT = "m.room.power_levels"
+#: The state events the rules read of a room (besides memberships).
+RULE_EVENTS = frozenset({CREATE_EVENT, JOIN_RULES_EVENT, POWER_LEVELS_EVENT})
 JOIN_RULES = frozenset({"public", "invite", "knock"})
 
 
@@ -169,7 +171,7 @@ class RoomViews:
                 continue
             if event.type == MEMBER_EVENT:
                 self.memberships.invalidate((event.room_id, event.state_key))
-            elif event.type in (CREATE_EVENT, JOIN_RULES_EVENT, POWER_LEVELS_EVENT):
+            elif event.type in RULE_EVENTS:
                 self.rooms.invalidate(event.room_id)
 
     async def _room(self, room_id: str) -> RoomRules:
