@@ -1,11 +1,12 @@
 """Who may send what into a room: plain rules over the room's current state.
 
 These checks run on the room's writer, one room's events in the room's order: an event that may
-change what they read (a state event, a redaction) is checked alone, once every event admitted
-before it is stored, and holds the room until its own batch committed and the cached views forgot
-what it changed (`workers.handlers.room_admission`, as Synapse's per-room `member_linearizer`);
-messages are checked together and still batch. Only the room's lease holder writes it, so each
-event is checked against the state the room's previous accepted event left.
+change what they read (a membership, the room's rules, a redaction) is checked once every event
+admitted before it that reads or changes the same is stored, and holds what it changes until its
+own batch committed and the cached views forgot it (`workers.handlers.room_admission`, as Synapse's
+per-room `member_linearizer`); messages are checked together and still batch. Only the room's
+lease holder writes it, so each event is checked against the state the room's previous accepted
+event it depends on left.
 
 The state they read is cached on the room's writer (`RoomViews`): a query per send was a third of
 a persister's CPU under HTTP load, and a round trip per event is what batching is there to avoid.
