@@ -26,9 +26,9 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, settings
 from redis.asyncio.cluster import RedisCluster
 
+from workers.embedded.redis_cluster import RedisClusterServers, start_redis_cluster
+from workers.embedded.services import EmbeddedServices, Source
 from workers.harness.pgbouncer_server import PgBouncer, start_pgbouncer
-from workers.redis_cluster_server import RedisClusterServers, start_redis_cluster
-from workers.services import EmbeddedServices, Source
 from workers.storage.migrate import migrate_url
 
 # Tests assert behaviour, never speed (benchmarks measure it): no per-example deadline, which a

@@ -16,7 +16,7 @@ of every row the other writers publish.
 Order on every replicated batch (the rule that keeps readers from seeing stale data): the apply
 callback invalidates caches, pubsub advances the generator, then the position listener wakes
 readers. The persister keeps the same order for its own writes. Those callbacks are
-`workers.batch_order.BatchOrder`.
+`workers.assembly.batch_order.BatchOrder`.
 
 SIGTERM/SIGINT: stop taking requests (503), finish queued writes, let requests in flight end (at
 most `SHUTDOWN_GRACE_S`, then they answer 503), announce final positions, close, exit 0.
@@ -44,29 +44,29 @@ from prometheus_client import CollectorRegistry
 from idgen import InstanceMap, MultiWriterIdGenerator
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
-from workers import event_loop
-from workers.batch_order import BatchOrder
+from workers.assembly.batch_order import BatchOrder
+from workers.assembly.ephemeral import install_ephemeral
+from workers.assembly.reload import ConfigReload, LiveWriters, writers_of
+from workers.assembly.stored import NAMES as STORED_STREAMS
+from workers.assembly.stored import StoredStreams
 from workers.config import ConfigError, WorkerConfig
-from workers.connection_budget import check_server
-from workers.ephemeral import install_ephemeral
-from workers.gc_tuning import tune_gc
-from workers.handlers.applied import AppliedRangesRecorder
-from workers.handlers.caches import CacheRows, SyncCaches
-from workers.handlers.federation_sender import FederationSenderStandIn
-from workers.handlers.invalidation_retention import InvalidationRetentionTask
-from workers.handlers.messages import Messages
-from workers.handlers.notifier import DeferredWakes, Notifier
-from workers.handlers.persist import EventPersister
-from workers.handlers.recent_events import RecentEvents
-from workers.handlers.room_deletions import RoomDeletions
-from workers.handlers.room_leases import RoomLeases
-from workers.handlers.room_purge import RoomEnd
-from workers.handlers.room_stats import RoomStatsTask
-from workers.handlers.room_versions import RoomVersions
-from workers.handlers.room_writes import RoomWrites
-from workers.handlers.rooms import RoomViews
-from workers.handlers.sync import SyncHandler, SyncObservers
-from workers.handlers.sync_filter import PATTERN_CACHE
+from workers.handlers.caches.applied import AppliedRangesRecorder
+from workers.handlers.caches.lru import CacheRows, SyncCaches
+from workers.handlers.caches.retention import InvalidationRetentionTask
+from workers.handlers.notify.notifier import DeferredWakes, Notifier
+from workers.handlers.placement.room_leases import RoomLeases
+from workers.handlers.rooms.deletions import RoomDeletions
+from workers.handlers.rooms.messages import Messages
+from workers.handlers.rooms.persist import EventPersister
+from workers.handlers.rooms.purge import RoomEnd
+from workers.handlers.rooms.rules import RoomViews
+from workers.handlers.rooms.stats import RoomStatsTask
+from workers.handlers.rooms.versions import RoomVersions
+from workers.handlers.rooms.writes import RoomWrites
+from workers.handlers.stored.federation_sender import FederationSenderStandIn
+from workers.handlers.sync.filter import PATTERN_CACHE
+from workers.handlers.sync.handler import SyncHandler, SyncObservers
+from workers.handlers.sync.recent_events import RecentEvents
 from workers.http.accounts import AccountSettings
 from workers.http.auth import TOKEN_CACHE, token_loader
 from workers.http.client_api import ApiDeps, ClientApi
@@ -77,23 +77,23 @@ from workers.http.limits import runner_limits
 from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
 from workers.http.read_forwarding import ReadRouting
 from workers.http.timing import request_timing
-from workers.instance_lease import InstanceLease
-from workers.position_hints import discard_hints_ahead
-from workers.previous_release import PreviousRelease
-from workers.reachability import PostgresProbe
-from workers.reload import ConfigReload, LiveWriters, writers_of
-from workers.shutdown import ShutdownOutcome, run_steps
-from workers.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
+from workers.process import event_loop
+from workers.process.connection_budget import check_server
+from workers.process.gc_tuning import tune_gc
+from workers.process.instance_lease import InstanceLease
+from workers.process.metrics import WorkerMetrics
+from workers.process.position_hints import discard_hints_ahead
+from workers.process.previous_release import PreviousRelease
+from workers.process.reachability import PostgresProbe
+from workers.process.shutdown import ShutdownOutcome, run_steps
+from workers.process.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
 from workers.storage import connect, create_pool, pooled
 from workers.storage import events as event_store
 from workers.storage.migrate import apply_migrations
 from workers.storage.named_pool import TransactionTimer
-from workers.stored import NAMES as STORED_STREAMS
-from workers.stored import StoredStreams
 from workers.streams.caches import CACHES, caches_stream
 from workers.streams.device_lists import DEVICE_LISTS
 from workers.streams.events import BACKFILL, EVENTS, backfill_stream, events_stream
-from workers.worker_metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 #: How long a stopping persister tries to release its rooms (PostgreSQL may be unreachable).
@@ -189,7 +189,7 @@ class Worker:
                     config.startup_retry_s, _POSTGRES_DOWN,
                 )  # fmt: skip
                 self.db_timer.observe_held(
-                    "workers.startup_retry.ping_direct_postgres", time.perf_counter() - pinging
+                    "workers.process.startup_retry.ping_direct_postgres", time.perf_counter() - pinging
                 )
         with self._phase("connect_redis"):
             await connect_with_retry(
@@ -212,7 +212,7 @@ class Worker:
                 self._lost_instance_name, retake_s=config.startup_retry_s,
             )  # fmt: skip
             taken = time.perf_counter() - taking
-            self.db_timer.observe_held("workers.instance_lease.InstanceLease.acquire", taken)
+            self.db_timer.observe_held("workers.process.instance_lease.InstanceLease.acquire", taken)
             self.lease.timed = self.db_timer.observe_held
         if config.database_pooler == "none":  # behind PgBouncer the pool counts against its pool
             await check_server(self.pool, config.db_pool_size, where(config.database_url))
@@ -486,7 +486,7 @@ class Worker:
     # -- configuration reload (SIGHUP) ----------------------------------------------------------
 
     def reload(self, path: str) -> None:
-        """Read the configuration file again and apply what changes online (`workers.reload`)."""
+        """Read the configuration file again and apply what changes online (`workers.assembly.reload`)."""
         if not self._ready or self._stopping:
             log.warning(
                 "config reload ignored: the worker is %s", "stopping" if self._stopping else "starting"
@@ -576,7 +576,7 @@ class Worker:
 
     async def stop(self) -> ShutdownOutcome:
         """Graceful: refuse new requests, drain writes, announce, close; within
-        `shutdown_timeout_s`, whatever PostgreSQL and Redis do (`workers.shutdown`): what it could
+        `shutdown_timeout_s`, whatever PostgreSQL and Redis do (`workers.process.shutdown`): what it could
         not finish is in the outcome and one log line. Safe to call twice (the second does nothing)."""
         if self._stopping:
             return ShutdownOutcome()

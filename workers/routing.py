@@ -7,7 +7,7 @@ the user-keyed streams (account data, device lists, to-device) it keeps one user
 order they were made, while the writers share the users between them.
 
 A key's writer may change while the cluster runs (a writer stops, a room's or a user's lease
-moves, `workers.handlers.leases`): `RoomPlacement` follows the current holder, with the stable
+moves, `workers.handlers.placement.leases`): `RoomPlacement` follows the current holder, with the stable
 choice as the starting guess.
 """
 
@@ -37,8 +37,8 @@ def writer_for_user(user_id: str, writers: Sequence[str], stream: str) -> str:
 
 
 class RoomPlacement:
-    """Where a room's writes go now (rooms are held as leases, `workers.handlers.room_leases`), or
-    a stored stream's key's (`choose` its stable choice, `workers.handlers.stream_writes`):
+    """Where a room's writes go now (rooms are held as leases, `workers.handlers.placement.room_leases`), or
+    a stored stream's key's (`choose` its stable choice, `workers.handlers.placement.stream_writes`):
     the holder this worker last learned (from a write's answer or a writer naming the holder),
     unless that writer was found unavailable lately; else the stable choice among the writers not
     found unavailable. A stale answer costs one more hop: the writer asked names the holder.

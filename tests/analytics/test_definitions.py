@@ -20,7 +20,7 @@ import pytest
 from tests.analytics import reference
 from tests.analytics.conftest import scratch_database
 from tests.conftest import Servers
-from workers.services import free_port
+from workers.embedded.services import free_port
 
 MIDNIGHT = 19_676 * 86_400_000  # 2023-11-15 00:00:00 UTC
 MINUTE = 60_000

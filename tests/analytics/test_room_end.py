@@ -12,10 +12,10 @@ import analytics
 from tests.cluster.test_exposure import SECRET, admin_token, call
 from workers.app import Worker
 from workers.config import WorkerConfig
+from workers.embedded.services import free_port
 from workers.harness.cluster import LOOPBACK
 from workers.harness.cluster_client import ClusterClient
 from workers.model import ROOM_EMPTIED_CACHE, ROOM_PURGED_CACHE
-from workers.services import free_port
 
 
 async def test_the_audit_counts_a_purge_and_a_clean_up(

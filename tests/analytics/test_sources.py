@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 import analytics
 from analytics.sources import redact
 from tests.conftest import Servers
-from workers.services import free_port
+from workers.embedded.services import free_port
 
 SECRET = "s3cr3t-pw"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.analytics.conftest import spark_env, submit
-from workers.services import free_port
+from workers.embedded.services import free_port
 
 SPARK_CLASS = Path(sys.executable).with_name("spark-class")
 

@@ -13,7 +13,7 @@ import contextlib
 import sys
 
 from pubsub.client import ReplicationClient, ReplicationSettings
-from workers.handlers.presence_sync import PresenceSyncTracker, new_instance_id
+from workers.handlers.ephemeral.presence_sync import PresenceSyncTracker, new_instance_id
 
 
 async def run(redis_url: str, prefix: str, instance: str, users: list[str]) -> None:

@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 
 from tests.workers.worker_process import FANOUT, start_worker
+from workers.embedded.services import start_postgres
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient, timeline_events
-from workers.services import start_postgres
 from workers.storage.migrate import migrate_url
 
 MAX_CONNECTIONS = 40

@@ -231,8 +231,8 @@ async def test_keys_query_for_a_remote_user_goes_through_the_device_list_writer(
     A stale mark makes the next query resync it."""
     from aiohttp import web
 
+    from workers.embedded.services import free_port
     from workers.harness.cluster_client import ClusterClient
-    from workers.services import free_port
 
     fetched: list[str] = []
 

@@ -29,12 +29,12 @@ import redis.asyncio as aioredis
 
 from pubsub import keys
 from tests.conftest import Servers
+from workers.embedded.services import start_postgres
 from workers.harness import backup
 from workers.harness.cluster import LocalCluster
 from workers.harness.history import stream_token
 from workers.harness.load_check import LoadReport
 from workers.harness.loadgen import LoadDriver, LoadPlan
-from workers.services import start_postgres
 from workers.streams import account_data, device_lists, receipts, to_device
 
 ROOT = Path(__file__).resolve().parents[2]

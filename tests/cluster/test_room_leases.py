@@ -20,7 +20,7 @@ from tests.compat.previous_worker import previous_release_worker
 from tests.workers.worker_process import until_blocked_on_lock
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient, RequestRefused
-from workers.previous_release import CHECK_INTERVAL_S
+from workers.process.previous_release import CHECK_INTERVAL_S
 from workers.routing import writer_for_room
 
 LEASE_S = 2.0
@@ -104,7 +104,7 @@ async def test_a_write_of_a_frozen_persister_whose_room_moved_does_not_commit(
     room-lease check and never commit (it would land behind the new holder's events). The
     forwarding worker may repeat the join on the new holder (it carries its event id): that copy
     is the only one that may commit, and the frozen one's then meets it (lease check or unique
-    event id) and commits nothing. `tests/workers/handlers/test_persist.py` covers the lease
+    event id) and commits nothing. `tests/workers/handlers/rooms/test_persist.py` covers the lease
     check alone."""
     cluster = await make_cluster(
         persisters=2, sync_workers=1, background_workers=0,

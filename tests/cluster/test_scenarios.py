@@ -26,13 +26,13 @@ from pubsub import keys
 from tests.cluster.conftest import MakeCluster
 from tests.conftest import RedisTarget, Servers, on_redis_cluster
 from tests.workers.conftest import MakeWorker, make_worker
+from workers.embedded.redis_cluster import RedisClusterServers
 from workers.harness import chaos
 from workers.harness.cluster import LocalCluster, WorkerSpec
 from workers.harness.faultproxy import FaultProxy, target_of, through
 from workers.harness.load_check import LoadReport
 from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
 from workers.harness.redis_cluster_faults import migrate_slot, owner_of, wait_for_new_owner
-from workers.redis_cluster_server import RedisClusterServers
 
 __all__ = ["make_worker"]  # the in-process worker fixture, shared with tests/workers
 

@@ -110,7 +110,7 @@ async def test_a_write_of_a_frozen_writer_whose_user_moved_does_not_commit(
     must fail its lease check (the epoch moved) and never commit. Which stops it depends on the
     order the two runs take (the new holder's retry of the same PUT may land first, and then the
     frozen one writes nothing), so the rows are checked, not its log;
-    `tests/workers/handlers/test_leases.py` covers the lease check alone."""
+    `tests/workers/handlers/placement/test_leases.py` covers the lease check alone."""
     cluster = await make_cluster(
         persisters=2, sync_workers=1, background_workers=0,
         extra_config={"writer_wait_s": 15.0, "instance_lease_s": LEASE_S, "worker_request_timeout_s": 2.0},

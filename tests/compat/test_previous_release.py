@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncpg
 
 from tests.compat.previous_worker import previous_release_worker
-from workers.instance_lease import InstanceLease
-from workers.previous_release import PreviousRelease
+from workers.process.instance_lease import InstanceLease
+from workers.process.previous_release import PreviousRelease
 from workers.storage import create_pool
 
 

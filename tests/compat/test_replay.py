@@ -32,9 +32,9 @@ from pubsub.keys import base_channel
 from pubsub.wire import Position, RData, parse_line
 from workers.app import Worker
 from workers.config import WorkerConfig
-from workers.handlers.sync import SYNC_STREAMS
+from workers.embedded.services import free_port
+from workers.handlers.sync.handler import SYNC_STREAMS
 from workers.harness.cluster_client import ClusterClient
-from workers.services import free_port
 
 COMPAT = Path(__file__).parent
 STREAM_FILES = sorted((COMPAT / "wire" / "streams").glob("*.lines"))

@@ -127,5 +127,8 @@ async def test_the_stage_kind_cache_and_transaction_series_fill_on_a_real_worker
     assert samples['fanout_cache_misses_total{cache="event_bodies"}'] >= 1  # the first read of "x"
     assert sum(v for k, v in samples.items() if k.startswith("fanout_cache_hits_total") and "_changes" in k)
     slow = set(re.findall(r'^fanout_db_slow_transactions_total\{name="([^"]+)"\}', text, re.MULTILINE))
-    assert {"workers.storage.migrate.apply_migrations", "workers.reachability.PostgresProbe._run"} <= slow
+    assert {
+        "workers.storage.migrate.apply_migrations",
+        "workers.process.reachability.PostgresProbe._run",
+    } <= slow
     assert not [name for name in slow if name.startswith("asyncio.")]  # a task hid where it was opened

@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.pubsub.conftest import STREAM, NodeFactory, check_history, fault_mid_stream, wait_for
-from workers.services import RunningServer, _redis_answers, redis_server_bin, start_redis
+from workers.embedded.services import RunningServer, _redis_answers, redis_server_bin, start_redis
 
 
 def _start_on_port(port: int, data_dir: Path) -> subprocess.Popen[bytes]:

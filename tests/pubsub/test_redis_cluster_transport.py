@@ -10,8 +10,8 @@ from pubsub import keys
 from pubsub.redis_cluster_transport import RedisClusterTransport, node_url
 from tests.conftest import RedisTarget, on_redis_cluster
 from tests.pubsub.conftest import STREAM, NodeFactory, check_history, fault_mid_stream, wait_for
+from workers.embedded.redis_cluster import RedisClusterServers
 from workers.harness.redis_cluster_faults import Address, migrate_slot, owner_of, wait_for_new_owner
-from workers.redis_cluster_server import RedisClusterServers
 
 pytestmark = on_redis_cluster
 

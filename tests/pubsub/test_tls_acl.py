@@ -18,7 +18,7 @@ import trustme
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from tests.pubsub.conftest import NodeFactory, wait_for
-from workers.services import ServiceError, free_port, redis_server_bin
+from workers.embedded.services import ServiceError, free_port, redis_server_bin
 
 
 async def _replicates(make_node: NodeFactory, url: str) -> None:

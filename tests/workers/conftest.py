@@ -15,9 +15,9 @@ import pytest
 
 from workers.app import Worker
 from workers.config import WorkerConfig
+from workers.embedded.services import free_port
 from workers.harness.cluster import LOOPBACK
 from workers.harness.cluster_client import ClusterClient
-from workers.services import free_port
 
 MakeWorker = Callable[..., Awaitable[Worker]]
 

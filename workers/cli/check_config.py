@@ -2,7 +2,7 @@
 
 A file: the configuration resolved (env applied), with the password of every URL replaced by '***'.
 A directory: every `*.yaml` / `*.yml` in it is validated, and the cluster's PostgreSQL connection
-budget is printed (`workers.connection_budget`); with `--max-connections N` the budget is checked
+budget is printed (`workers.process.connection_budget`); with `--max-connections N` the budget is checked
 against the server's limit, and with `--max-client-conn N` the pools that go through PgBouncer
 (`database_pooler: transaction`) against its client limit. Exit 2 when a file is invalid or the
 budget does not fit.
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from workers.config import ConfigError, load_config
-from workers.connection_budget import DEFAULT_HEADROOM, PGBOUNCER_DEFAULT_POOL, Budget, WorkerShare
-from workers.redact import redact
+from workers.process.connection_budget import DEFAULT_HEADROOM, PGBOUNCER_DEFAULT_POOL, Budget, WorkerShare
+from workers.process.redact import redact
 
 
 def _replicas(values: list[str]) -> dict[str, int]:

@@ -14,7 +14,7 @@ import sys
 
 import asyncpg
 
-from workers import event_loop
+from workers.process import event_loop
 from workers.storage.migrate import (
     SchemaMismatch,
     available_migrations,

@@ -29,7 +29,7 @@ from pubsub.errors import WireError
 from pubsub.metrics import ReplicationMetrics
 from pubsub.redis_cluster_transport import RedisClusterTransport
 from pubsub.wire import RData, command_name, parse_line
-from workers import event_loop
+from workers.process import event_loop
 from workers.streams.account_data import ACCOUNT_DATA, AccountDataRow
 from workers.streams.caches import CACHES, CacheRow
 from workers.streams.device_lists import DEVICE_LISTS, DeviceListRow

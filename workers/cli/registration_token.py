@@ -12,8 +12,8 @@ import json
 import sys
 from typing import Any
 
-from workers import event_loop
 from workers.config import ConfigError, load_config
+from workers.process import event_loop
 from workers.storage import connect
 from workers.storage import registration_tokens as tokens
 

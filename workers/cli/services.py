@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from workers import event_loop
-from workers.services import EmbeddedServices, ServiceError
+from workers.embedded.services import EmbeddedServices, ServiceError
+from workers.process import event_loop
 from workers.storage.migrate import migrate_url
 
 

@@ -1,5 +1,5 @@
 """`fanout worker --config FILE`: run one worker process until SIGTERM or SIGINT; SIGHUP reads
-FILE again and applies the writers and the instance map it names (`workers.reload`)."""
+FILE again and applies the writers and the instance map it names (`workers.assembly.reload`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import asyncio
 import signal
 import sys
 
-from workers import event_loop
 from workers.app import Worker
 from workers.config import WorkerConfig, load_config
-from workers.log_format import configure_logging
-from workers.shutdown import HARD_EXIT_MARGIN_S, exit_anyway
-from workers.startup_errors import describe
+from workers.process import event_loop
+from workers.process.log_format import configure_logging
+from workers.process.shutdown import HARD_EXIT_MARGIN_S, exit_anyway
+from workers.process.startup_errors import describe
 
 
 async def run(config: WorkerConfig, path: str | None = None) -> int:

@@ -17,8 +17,8 @@ import sys
 
 import asyncpg
 
-from workers import event_loop
 from workers.config import ConfigError, load_config
+from workers.process import event_loop
 from workers.routing import WriterPlan, plan_writers
 from workers.storage import connect
 

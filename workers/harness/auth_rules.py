@@ -8,7 +8,7 @@ breaks a rule is reported (`Violation`, naming the rule by its number in the spe
 treated as rejected: it changes no state, as the spec has a rejected event change none, so one bad
 event is reported once rather than as a cascade of the events that follow it.
 
-Pure and apart from the worker's own rules (`workers.handlers.rooms` is never imported): a judge
+Pure and apart from the worker's own rules (`workers.handlers.rooms.rules` is never imported): a judge
 that shares the code it judges cannot disagree with it.
 
 What the spec leaves to a single server, judged here as this server intends (docs/api.md):

@@ -4,7 +4,7 @@
 documented commands, as argument lists or shell lines; tests/cluster/test_restore.py runs them and
 checks that each, rendered with the documentation's placeholders, is a line of the docs. The
 client binaries are PostgreSQL's own: `pg_dump` refuses a server of a newer major version, so they
-come from the same installation as the server (`workers.services.postgres_bin_dir`:
+come from the same installation as the server (`workers.embedded.services.postgres_bin_dir`:
 pgserver's bundled 16 by default; Debian's 15 client on PATH is too old for it).
 
 Why the sequences move forward after the restore: clients and the old cluster's readers hold tokens
@@ -23,8 +23,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from workers.embedded.services import Source, postgres_bin_dir
 from workers.errors import WorkerError
-from workers.services import Source, postgres_bin_dir
 
 #: How far past its restored value each stream sequence moves (see the module docstring).
 DEFAULT_GAP = 1_000_000_000

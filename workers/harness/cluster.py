@@ -29,8 +29,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from workers.embedded.services import child_setup, free_port
 from workers.errors import WorkerError
-from workers.services import child_setup, free_port
 
 
 class ClusterError(WorkerError):
@@ -219,7 +219,7 @@ class LocalCluster:
     async def reload(self, timeout_s: float = 15.0) -> None:
         """Write every running worker's configuration again (the events writers are the workers
         with `writes_events`, the instance map every worker) and SIGHUP it; return once each has
-        logged that it applied the change (`workers.reload`)."""
+        logged that it applied the change (`workers.assembly.reload`)."""
         running = [s for s in self.workers.values() if s.process is not None and s.process.poll() is None]
         marks = {}
         for spec in running:

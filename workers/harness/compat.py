@@ -39,10 +39,10 @@ import redis.asyncio as aioredis
 
 from pubsub.errors import WireError
 from pubsub.wire import Position, RData, parse_line
-from workers.handlers.sync import SYNC_STREAMS
+from workers.embedded.services import given_or_embedded
+from workers.handlers.sync.handler import SYNC_STREAMS
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient
-from workers.services import given_or_embedded
 from workers.storage import connect
 from workers.storage.migrate import migrate_url
 

@@ -26,12 +26,12 @@ from typing import Any
 
 import aiohttp
 
-from workers import event_loop
+from workers.embedded.services import given_or_embedded
 from workers.harness.bench._common import positive_int
 from workers.harness.cluster import LocalCluster
 from workers.harness.load_check import LoadReport
 from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
-from workers.services import given_or_embedded
+from workers.process import event_loop
 from workers.storage import connect
 from workers.storage.migrate import migrate_url
 

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+from workers.embedded.services import free_port
 from workers.harness.pg_messages import FrontendMessages, Message
-from workers.services import free_port
 
 CHUNK = 64 * 1024
 

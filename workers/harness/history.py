@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from idgen import MultiWriterStreamToken, SyncToken
-from workers.handlers.sync import SYNC_STREAMS
+from workers.handlers.sync.handler import SYNC_STREAMS
 
 
 @dataclass(frozen=True, slots=True)

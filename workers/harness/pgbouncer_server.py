@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from workers.services import RunningServer, ServiceError, child_setup, free_port
+from workers.embedded.services import RunningServer, ServiceError, child_setup, free_port
 
 _START_TIMEOUT_S = 30.0
 #: The PgBouncer user allowed on its admin console (`SHOW POOLS`).

@@ -38,13 +38,13 @@ from typing import Any
 
 import aiohttp
 
-from workers import event_loop
+from workers.embedded.services import given_or_embedded
 from workers.harness import chaos
 from workers.harness.cluster import LocalCluster
 from workers.harness.load_check import LoadReport
 from workers.harness.loadgen import LoadDriver, LoadPlan
 from workers.harness.upgrade_build import BuildError, PreviousRelease, build_previous_release
-from workers.services import given_or_embedded
+from workers.process import event_loop
 from workers.storage import connect
 from workers.storage.migrate import available_migrations
 

@@ -18,7 +18,7 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.account_data import SERVER_MANAGED, AccountData
+from workers.handlers.stored.account_data import SERVER_MANAGED, AccountData
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked

@@ -29,13 +29,13 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.device_lists import DeviceLists
-from workers.handlers.passwords import hash_password, verify_password
+from workers.handlers.stored.device_lists import DeviceLists
 from workers.http.auth import access_token, confirm_password, forget_tokens, requester, token_key
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, unavailable
 from workers.http.rate_limits import RateLimiter
 from workers.storage import registration_tokens, users
+from workers.storage.passwords import hash_password, verify_password
 
 CLIENT = "/_matrix/client/v3"
 TOKEN_STAGE = "m.login.registration_token"

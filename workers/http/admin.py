@@ -18,7 +18,7 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.room_writes import RoomWrites
+from workers.handlers.rooms.writes import RoomWrites
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError

@@ -25,10 +25,10 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from workers.handlers.caches import LruCache
-from workers.handlers.passwords import verify_password
+from workers.handlers.caches.lru import LruCache
 from workers.http.errors import ApiError, unavailable
 from workers.storage import user_admin, users
+from workers.storage.passwords import verify_password
 from workers.storage.users import Requester
 
 log = logging.getLogger(__name__)

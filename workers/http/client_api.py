@@ -4,7 +4,7 @@ shared-secret registration, our admin paths, and
 health and metrics.
 
 Any worker serves any of these: writes reach a room's persister by worker request
-(`workers.handlers.room_writes`), reads answer from this worker's replicated view. Errors are
+(`workers.handlers.rooms.writes`), reads answer from this worker's replicated view. Errors are
 the spec's `{"errcode": "M_...", "error": "..."}`; an unknown path or method gets M_UNRECOGNIZED,
 an unexpected failure a 500 M_UNKNOWN (logged with its traceback, the one case that is). CORS
 headers go on every answer, so browser clients work.
@@ -21,14 +21,14 @@ import asyncpg
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from workers.handlers.account_data import AccountData
-from workers.handlers.device_lists import DeviceLists
-from workers.handlers.messages import Messages
-from workers.handlers.one_time_keys import OneTimeKeys
-from workers.handlers.receipts import Receipts
-from workers.handlers.room_writes import RoomWrites
-from workers.handlers.sync import SyncHandler
-from workers.handlers.to_device import ToDeviceInbox
+from workers.handlers.rooms.messages import Messages
+from workers.handlers.rooms.writes import RoomWrites
+from workers.handlers.stored.account_data import AccountData
+from workers.handlers.stored.device_lists import DeviceLists
+from workers.handlers.stored.one_time_keys import OneTimeKeys
+from workers.handlers.stored.receipts import Receipts
+from workers.handlers.stored.to_device import ToDeviceInbox
+from workers.handlers.sync.handler import SyncHandler
 from workers.http.account_data import AccountDataRoutes
 from workers.http.accounts import Accounts, AccountSettings
 from workers.http.admin import AdminRoutes

@@ -8,7 +8,7 @@
 * `PUT /sendToDevice/{eventType}/{txnId}` `{"messages": {userId: {deviceId or "*": content}}}` ->
   `{}`; a retry with the same txnId sends nothing twice.
 Every device change is recorded on the device_lists stream (room-mates see it in
-`device_lists.changed`); see `workers.handlers.device_lists` and `workers.handlers.to_device`.
+`device_lists.changed`); see `workers.handlers.stored.device_lists` and `workers.handlers.stored.to_device`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.device_lists import DeviceLists
-from workers.handlers.to_device import ToDeviceInbox
+from workers.handlers.stored.device_lists import DeviceLists
+from workers.handlers.stored.to_device import ToDeviceInbox
 from workers.http.auth import confirm_password, forget_tokens, requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked

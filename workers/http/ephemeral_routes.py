@@ -6,7 +6,7 @@
   (your own), `GET /presence/{userId}/status` -> `{"presence", "last_active_ago"?, "status_msg"?,
   "currently_active"?}` (yourself, or a user you share a room with).
 With no typing (or presence) writer configured the feature is off: a PUT is accepted and does
-nothing, a GET says offline. The services come from `workers.ephemeral` once the worker built them.
+nothing, a GET says offline. The services come from `workers.assembly.ephemeral` once the worker built them.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.presence_service import PresenceService
-from workers.handlers.presence_sync import PresenceSyncTracker
-from workers.handlers.typing_service import TypingService
+from workers.handlers.ephemeral.presence_service import PresenceService
+from workers.handlers.ephemeral.presence_sync import PresenceSyncTracker
+from workers.handlers.ephemeral.typing_service import TypingService
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError
@@ -32,7 +32,7 @@ MAX_TYPING_TIMEOUT_MS = 120_000
 
 @dataclass
 class EphemeralServices:
-    """Filled in by the worker once `workers.ephemeral` has built them."""
+    """Filled in by the worker once `workers.assembly.ephemeral` has built them."""
 
     typing: TypingService | None = None
     presence: PresenceService | None = None

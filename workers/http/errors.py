@@ -23,16 +23,16 @@ from aiohttp import web
 from idgen.multi_writer import DATABASE_DOWN
 from pubsub.ratelog import RateLimitedLog
 from workers.errors import PersisterError, WorkerError
-from workers.handlers import rooms
-from workers.handlers.forwarding import (
+from workers.handlers.placement.forwarding import (
     NOT_OWNER_ERRCODE,
     UNPROCESSED_HEADER,
     WORKER_AUTH_ERRCODE,
     ForwardRefused,
     OwnerUnavailable,
 )
-from workers.handlers.leases import NotOwner
-from workers.handlers.persist import PersisterOverloaded
+from workers.handlers.placement.leases import NotOwner
+from workers.handlers.rooms import rules as rooms
+from workers.handlers.rooms.persist import PersisterOverloaded
 
 log = logging.getLogger(__name__)
 _outages = RateLimitedLog(log)

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from workers.handlers.device_lists import RemoteUnreachable
+from workers.handlers.stored.device_lists import RemoteUnreachable
 
 TIMEOUT_S = 10.0
 

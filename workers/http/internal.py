@@ -1,5 +1,5 @@
 """Worker requests, the owner's side: the `/_fanout/internal/...` routes (mounted beside the client
-API by `workers.ephemeral`).
+API by `workers.assembly.ephemeral`).
 
 Every route requires `Authorization: Bearer <worker_secret>`, compared with `hmac.compare_digest`:
 no header gives 401, a wrong secret 403, and no secret configured here refuses everything (403).
@@ -24,13 +24,13 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
 * `POST /rooms/{room_id}/remote_invite`      body: federation's invite body -> the invite event's
   place (`workers.http.federation`)
 * `POST /rooms/{room_id}/purge`              body `{"block", "purge", "requested_by"}` -> the
-  Delete Room API's answer (`workers.handlers.room_purge`)
+  Delete Room API's answer (`workers.handlers.rooms.purge`)
 * `POST /rooms/{room_id}/delete`             the same body -> `{"delete_id"}`: the deletion runs as
-  a task on the room's writer (`workers.handlers.room_deletions`)
+  a task on the room's writer (`workers.handlers.rooms.deletions`)
 * `POST /writes/{stream}/{op}`                body: the operation's arguments, with `user_id` (a
   receipt: `room_id`) -> the operation's answer (`{"position": {"instance_name", "stream_id"},
   ...}`): a write of the account_data, device_lists or to_device stream on the user's writer, of
-  the receipts stream on the room's (`workers.handlers.stream_writes`; a remote user's device-list
+  the receipts stream on the room's (`workers.handlers.placement.stream_writes`; a remote user's device-list
   resync answers `{"devices"}` or `{"error"}` when the user's server could not be asked; a refused
   key upload or receipt answers `{"error", "errcode"}`)
 Room routes answer a room rule's refusal with the client's errcode (M_FORBIDDEN, M_NOT_FOUND, ...),
@@ -51,10 +51,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from pubsub.ratelog import RateLimitedLog
-from workers.handlers.forwarding import WORKER_AUTH_ERRCODE
-from workers.handlers.room_purge import PurgeOptions
-from workers.handlers.room_writes import RemoteInvite, RoomWrites, event_from_json
-from workers.handlers.stream_writes import UserStreamWrites
+from workers.handlers.placement.forwarding import WORKER_AUTH_ERRCODE
+from workers.handlers.placement.stream_writes import UserStreamWrites
+from workers.handlers.rooms.purge import PurgeOptions
+from workers.handlers.rooms.writes import RemoteInvite, RoomWrites, event_from_json
 from workers.http.errors import api_error_for
 from workers.http.requests import POSITIONS_HEADER, parse_positions
 from workers.streams.presence import PRESENCE_STATES

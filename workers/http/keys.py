@@ -4,7 +4,7 @@
   `{"one_time_key_counts": {algorithm: n}}`: the requester's own device's identity keys (user_id
   and device_id must be the requester's), stored on the user's device_lists writer, which records
   the change for the user's room-mates; then its one-time and fallback keys, on the same writer
-  (`workers.handlers.one_time_keys`). The counts are those stored after the upload.
+  (`workers.handlers.stored.one_time_keys`). The counts are those stored after the upload.
 * `POST /keys/claim` `{"one_time_keys": {user: {device: algorithm}}}` -> `{"one_time_keys": {user:
   {device: {"algorithm:key_id": key}}}, "failures": {server: {...}}}`: one key per local device
   asked for, each one-time key handed out once; the fallback key when none is left. Remote users'
@@ -22,9 +22,9 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.device_lists import DeviceLists, RemoteUnreachable
-from workers.handlers.forwarding import OwnerUnavailable
-from workers.handlers.one_time_keys import KeyUploadRefused, OneTimeKeys, claimed_json, parse_keys
+from workers.handlers.placement.forwarding import OwnerUnavailable
+from workers.handlers.stored.device_lists import DeviceLists, RemoteUnreachable
+from workers.handlers.stored.one_time_keys import KeyUploadRefused, OneTimeKeys, claimed_json, parse_keys
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, unavailable

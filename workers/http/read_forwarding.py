@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from aiohttp import web
 
-from workers.handlers.forwarding import ForwardRefused, OwnerUnavailable
+from workers.handlers.placement.forwarding import ForwardRefused, OwnerUnavailable
 from workers.http.errors import ApiError
 from workers.http.requests import POSITIONS_HEADER, WorkerRequests, parse_positions
 

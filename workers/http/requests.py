@@ -1,7 +1,7 @@
 """Worker requests, the calling side: one authenticated HTTP request to the instance that owns a
 stream or a duty, found in the configured `instance_map`.
 
-Contract (see `workers.handlers.forwarding.Forwarder`):
+Contract (see `workers.handlers.placement.forwarding.Forwarder`):
 * Auth: `Authorization: Bearer <worker_secret>`; the owner compares it in constant time. A client
   request relayed to a worker's client API (`client_headers`) carries the client's own headers
   instead, and the receiving worker authenticates the client as if it had come directly.
@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from workers.handlers.forwarding import (
+from workers.handlers.placement.forwarding import (
     UNPROCESSED_HEADER,
     WORKER_AUTH_ERRCODE,
     ForwardRefused,

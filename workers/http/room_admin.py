@@ -11,7 +11,7 @@
   version 2 it also blocks a room id unknown here (`block: true`).
 
 The worker that takes the request hands it to the room's writer (`RoomWrites.purge`), which removes
-the local members and then the room (`workers.handlers.room_purge`). `new_room_user_id` (Synapse
+the local members and then the room (`workers.handlers.rooms.purge`). `new_room_user_id` (Synapse
 moves the members to a new room) is refused: this server does not create a replacement room, so
 `new_room_id` is always null and `message` and `room_name`, which only name that room, are ignored.
 The caller's access token must belong to a server admin (403 M_FORBIDDEN otherwise).
@@ -25,8 +25,8 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.room_purge import PurgeOptions
-from workers.handlers.room_writes import RoomWrites
+from workers.handlers.rooms.purge import PurgeOptions
+from workers.handlers.rooms.writes import RoomWrites
 from workers.http.auth import require_admin
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked

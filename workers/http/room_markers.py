@@ -6,7 +6,7 @@
   and `m.read.private` are unthreaded receipts. Other keys are ignored, as the spec lets receipt
   types grow.
 * `POST /receipt/{receiptType}/{eventId}` `{"thread_id"?}` -> `{}`: a receipt (`m.read`,
-  `m.read.private`) on the room's receipts writer (`workers.handlers.receipts`), or the read marker
+  `m.read.private`) on the room's receipts writer (`workers.handlers.stored.receipts`), or the read marker
   (`m.fully_read`, which takes no thread).
 """
 
@@ -19,8 +19,8 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.account_data import AccountData
-from workers.handlers.receipts import RECEIPT_TYPES, ReceiptRefused, Receipts
+from workers.handlers.stored.account_data import AccountData
+from workers.handlers.stored.receipts import RECEIPT_TYPES, ReceiptRefused, Receipts
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked, unavailable

@@ -14,11 +14,11 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers import rooms
-from workers.handlers.messages import Messages, NotAMember
-from workers.handlers.room_versions import REDACTION_EVENT, render
-from workers.handlers.room_writes import RoomWrites
-from workers.handlers.sync import SyncHandler
+from workers.handlers.rooms import rules as rooms
+from workers.handlers.rooms.messages import Messages, NotAMember
+from workers.handlers.rooms.versions import REDACTION_EVENT, render
+from workers.handlers.rooms.writes import RoomWrites
+from workers.handlers.sync.handler import SyncHandler
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked, unavailable

@@ -15,8 +15,8 @@ import pydantic_core
 from aiohttp import web
 
 from idgen import InvalidTokenError
-from workers.handlers.sync import SyncHandler
-from workers.handlers.sync_filter import FilterCache, SyncFilter
+from workers.handlers.sync.filter import FilterCache, SyncFilter
+from workers.handlers.sync.handler import SyncHandler
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.ephemeral_routes import EphemeralServices

@@ -15,7 +15,8 @@ from typing import Any
 from workers.storage import Conn
 from workers.storage.windows import Window
 
-#: ($1 user): the user's newest row of the stream, (instance_name, stream_id) (`workers.handlers.leases`).
+#: ($1 user): the user's newest row of the stream, (instance_name, stream_id)
+#: (`workers.handlers.placement.leases`).
 LAST_WRITE = """
 SELECT instance_name, stream_id FROM (
     (SELECT instance_name, stream_id FROM account_data WHERE user_id = $1

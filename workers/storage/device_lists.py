@@ -12,7 +12,8 @@ import time
 from workers.storage import Conn
 from workers.storage.windows import Window
 
-#: ($1 user): the user's newest row of the stream, (instance_name, stream_id) (`workers.handlers.leases`).
+#: ($1 user): the user's newest row of the stream, (instance_name, stream_id)
+#: (`workers.handlers.placement.leases`).
 LAST_WRITE = (
     "SELECT instance_name, stream_id FROM device_lists_stream WHERE user_id = $1"
     " ORDER BY stream_id DESC LIMIT 1"

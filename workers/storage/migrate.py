@@ -164,7 +164,7 @@ _ADVISORY_KEY = (
 
 async def live_workers(conn: Conn) -> list[str]:
     """The instance names (`prefix/name`) whose lease is held now: the workers running on this
-    database (`workers.instance_lease`: an unexpired lease row; a worker of a release before lease
+    database (`workers.process.instance_lease`: an unexpired lease row; a worker of a release before lease
     rows holds a session advisory lock instead)."""
     if await conn.fetchval("SELECT to_regclass('instance_leases') IS NULL"):
         return []

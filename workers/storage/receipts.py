@@ -15,7 +15,7 @@ from typing import Any
 from workers.storage import Conn
 from workers.storage.windows import Window
 
-#: ($1 room): the room's newest receipt row, (instance_name, stream_id) (`workers.handlers.leases`).
+#: ($1 room): the room's newest receipt row, (instance_name, stream_id) (`workers.handlers.placement.leases`).
 LAST_WRITE = (
     "SELECT instance_name, stream_id FROM receipts WHERE room_id = $1 ORDER BY stream_id DESC LIMIT 1"
 )

@@ -15,7 +15,7 @@ from workers.storage import Conn
 from workers.storage.windows import Window
 
 #: ($1 sender): the sender's newest send still waiting somewhere, (instance_name, stream_id), with
-#: no instance_name when its messages were all delivered (`workers.handlers.leases`).
+#: no instance_name when its messages were all delivered (`workers.handlers.placement.leases`).
 LAST_WRITE = """
 SELECT coalesce(
     (SELECT instance_name FROM device_inbox i WHERE i.stream_id = t.stream_id LIMIT 1),

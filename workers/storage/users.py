@@ -1,7 +1,7 @@
 """Accounts, devices, access tokens, uploaded sync filters and registration nonces.
 
 Only a SHA-256 of an access token is stored; the token itself is shown once. Passwords arrive here
-already hashed (`workers.handlers.passwords`).
+already hashed (`workers.storage.passwords`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 There is no table behind these streams. The writer numbers its changes itself and keeps the last
 rows in a `StreamHistory`; readers that missed rows fetch them from the writer over a worker
-request (see `workers.ephemeral`), and a reader whose position is older than the history takes a
+request (see `workers.assembly.ephemeral`), and a reader whose position is older than the history takes a
 full snapshot instead ("reset").
 
 Tokens never go down across writer restarts: a writer starts at `epoch_token()`, derived from the

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from workers.redact import redact_url
+from workers.process.redact import redact_url
 
 FANOUT = str(Path(sys.executable).parent / "fanout")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from workers import identifiers
-from workers.handlers import rooms
-from workers.handlers.room_versions import RoomVersion
-from workers.handlers.sync_filter import DEFAULT_TIMELINE_LIMIT, EventFilter, SyncFilter
-from workers.handlers.sync_rooms import RoomSections, place_room
+from workers.handlers.rooms import rules as rooms
+from workers.handlers.rooms.versions import RoomVersion
+from workers.handlers.sync.filter import DEFAULT_TIMELINE_LIMIT, EventFilter, SyncFilter
+from workers.handlers.sync.room_sections import RoomSections, place_room
 from workers.model import MEMBER_EVENT, Event
 
 ME = "@me:hs"

@@ -9,7 +9,7 @@ import time
 import aiohttp
 
 from tests.workers.conftest import MakeWorker
-from workers.services import free_port
+from workers.embedded.services import free_port
 
 
 async def _get(session: aiohttp.ClientSession, port: int, path: str) -> tuple[int, dict[str, str], str]:

@@ -16,7 +16,7 @@ from tests.workers.http.test_stored_streams import refused
 from workers.app import Worker
 from workers.harness.cluster_client import ClusterClient
 from workers.harness.faultproxy import FaultProxy, target_of, through
-from workers.previous_release import CHECK_INTERVAL_S
+from workers.process.previous_release import CHECK_INTERVAL_S
 from workers.routing import writer_for_user
 from workers.storage import one_time_keys as key_store
 from workers.streams.device_lists import DEVICE_LISTS

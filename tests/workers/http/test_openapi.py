@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from tests.workers.worker_process import start_worker
 from workers.config import WorkerConfig
+from workers.embedded.services import free_port
 from workers.harness.cluster import LOOPBACK
 from workers.http.accounts import AccountSettings
 from workers.http.client_api import ApiDeps, ClientApi
-from workers.services import free_port
 
 SPEC = yaml.safe_load((Path(__file__).resolve().parents[3] / "docs" / "openapi.yaml").read_text())
 #: Not fuzzed: they end the session the fuzzing uses (tested in test_accounts).

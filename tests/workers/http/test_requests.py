@@ -9,9 +9,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from workers.handlers.forwarding import ForwardRefused, OwnerUnavailable
+from workers.embedded.services import free_port
+from workers.handlers.placement.forwarding import ForwardRefused, OwnerUnavailable
 from workers.http.requests import POSITIONS_HEADER, WorkerRequests, format_positions, parse_positions
-from workers.services import free_port
 
 
 class Owner:

@@ -144,7 +144,7 @@ async def test_a_since_from_the_future_is_answered_never_refused_and_tokens_neve
     Beyond every sequence (a restored database, a forgery): answered from what exists, counted;
     the client's next token is never below the one it sent."""
     from idgen import SyncToken
-    from workers.handlers.sync import SYNC_STREAMS
+    from workers.handlers.sync.handler import SYNC_STREAMS
 
     persister = await make_worker("p1", ["p1"])
     reader = await make_worker("r1", ["p1"])

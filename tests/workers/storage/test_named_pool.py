@@ -71,8 +71,8 @@ async def test_a_worker_names_its_start_up_and_request_transactions(
     names = set(re.findall(r'^fanout_db_transaction_seconds_count\{name="([^"]+)"\} ', text, re.MULTILINE))
     start_up = {
         "workers.storage.migrate.apply_migrations",
-        "workers.instance_lease.InstanceLease.acquire",
-        "workers.instance_lease.InstanceLease._keep",
+        "workers.process.instance_lease.InstanceLease.acquire",
+        "workers.process.instance_lease.InstanceLease._keep",
         "idgen.instance_map.InstanceMap.get_id",
         "idgen.multi_writer.MultiWriterIdGenerator._allocate",  # the sequence, on the lane
         "idgen.multi_writer.MultiWriterIdGenerator._persist_own_position",
@@ -92,5 +92,8 @@ async def test_behind_a_transaction_pooler_the_direct_sessions_are_timed_too(
     async with http.get(f"http://127.0.0.1:{worker.http_port}/metrics") as resp:
         text = await resp.text()
     names = set(re.findall(r'^fanout_db_transaction_seconds_count\{name="([^"]+)"\} ', text, re.MULTILINE))
-    direct = {"workers.storage.migrate.apply_migrations", "workers.startup_retry.ping_direct_postgres"}
+    direct = {
+        "workers.storage.migrate.apply_migrations",
+        "workers.process.startup_retry.ping_direct_postgres",
+    }
     assert direct <= names, sorted(names)

@@ -8,8 +8,8 @@ import uuid
 import asyncpg
 
 from tests.conftest import Servers
-from workers.handlers.recent_events import EventBodies
-from workers.handlers.room_versions import RoomVersion, render
+from workers.handlers.rooms.versions import RoomVersion, render
+from workers.handlers.sync.recent_events import EventBodies
 from workers.model import REDACTION_EVENT, Event, NewEvent
 from workers.storage import events as store
 from workers.storage.migrate import apply_migrations, available_migrations

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pubsub.streams import Stream
 from tests.pubsub.fakes import MemoryGenerator, MemoryTable
 from workers import identifiers
-from workers.handlers import rooms
+from workers.handlers.rooms import rules as rooms
 from workers.model import MEMBER_EVENT, MEMBERSHIPS, REDACTION_EVENT, Event
 from workers.streams.events import EventRow, row_json
 

@@ -45,8 +45,8 @@ def beside_ceiling(
     """Run `ceiling(args)` into `result["ceiling"]`, then `fanout(args, admin URL, Redis URL)` into
     `result["fanout"]` (on the servers `--database-url` and `--redis-url` name, embedded ones for
     those not given), then `report` it."""
-    from workers import event_loop
-    from workers.services import given_or_embedded
+    from workers.embedded.services import given_or_embedded
+    from workers.process import event_loop
 
     progress("ceiling: the same clients against a bare server")
     result["ceiling"] = event_loop.run(ceiling(args))

@@ -41,8 +41,8 @@ from typing import Any
 
 import asyncpg
 
-from workers import event_loop
 from workers.harness.bench._common import Figure, drop_database, positive_int, progress, scratch_database
+from workers.process import event_loop
 
 _PG_AGGREGATE = """
 WITH d AS (
@@ -287,7 +287,7 @@ def main(argv: list[str]) -> int:
         if args.database_url:
             report = _run(args.database_url, args)
         else:
-            from workers.services import EmbeddedServices
+            from workers.embedded.services import EmbeddedServices
 
             with EmbeddedServices(with_redis=False) as services:
                 report = _run(services.database_url, args)

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from workers import event_loop
 from workers.harness.bench.bare_sync import MAX_HELD, BadRequest, BareRooms, bad_request
 from workers.harness.bench.poll_clients import CLIENT
+from workers.process import event_loop
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -36,9 +36,9 @@ from contextlib import contextmanager, suppress
 
 from aiohttp import web
 
-from workers import event_loop
+from workers.embedded.services import free_port
 from workers.harness.bench.poll_clients import CLIENT, raise_fd_limit
-from workers.services import free_port
+from workers.process import event_loop
 
 #: Events kept per room: enough for any poll that is behind by less than that many sends.
 KEPT = 1000

@@ -44,18 +44,18 @@ from typing import Any
 
 import aiohttp
 
-from workers import event_loop
 from workers.config import WorkerConfig
-from workers.handlers.persist import MAX_BATCH
-from workers.handlers.sync_stored import STORED_STREAMS
+from workers.embedded.services import given_or_embedded
+from workers.handlers.rooms.persist import MAX_BATCH
+from workers.handlers.sync.stored_sections import STORED_STREAMS
 from workers.harness.bench._common import Figure, drop_database, progress, scratch_database
 from workers.harness.bench.visible import Observer, Split
 from workers.harness.bench.write_path import in_processes
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient
 from workers.harness.load_check import invalidation_counts
+from workers.process import event_loop
 from workers.routing import writer_for_room
-from workers.services import given_or_embedded
 from workers.storage import connect
 
 

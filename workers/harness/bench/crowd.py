@@ -204,7 +204,7 @@ async def ceiling(args: argparse.Namespace, server: str = "aiohttp") -> dict[str
 def other_ceilings(args: argparse.Namespace) -> dict[str, Any]:
     """The bare server on each of `--bare-servers` that is installed, by `ceiling_<server>`; a
     line says which are not (and are left out)."""
-    from workers import event_loop
+    from workers.process import event_loop
 
     found = {}
     for server in args.bare_servers:

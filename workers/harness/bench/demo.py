@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from workers.embedded.services import given_or_embedded
 from workers.harness.bench._common import Figure, progress, report
-from workers.services import given_or_embedded
 
 TARGET_P50_MS = 20.0
 TARGET_P99_MS = 100.0

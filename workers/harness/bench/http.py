@@ -37,12 +37,12 @@ import aiohttp
 import pydantic_core
 from aiohttp import web
 
-from workers import event_loop
+from workers.embedded.services import free_port, given_or_embedded
 from workers.harness.bench._common import Figure, process_usage, progress, scratch_database
 from workers.harness.bench.profile import Profiles, profile
 from workers.harness.cluster import LocalCluster
+from workers.process import event_loop
 from workers.routing import writer_for_room
-from workers.services import free_port, given_or_embedded
 
 SCRIPT = Path(__file__).with_name("send.lua")
 CLIENT = "/_matrix/client/v3"

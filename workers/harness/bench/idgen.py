@@ -47,8 +47,8 @@ from typing import Any
 import asyncpg
 
 from idgen import MultiWriterIdGenerator
-from workers import event_loop
 from workers.harness.bench._common import Figure, drop_database, progress, scratch_database, spread
+from workers.process import event_loop
 
 SEQ = "events_stream_seq"
 UPSERT = (
@@ -306,7 +306,7 @@ def main(argv: list[str]) -> int:
     with ExitStack() as stack:
         admin_url = args.database_url
         if admin_url is None:
-            from workers.services import EmbeddedServices
+            from workers.embedded.services import EmbeddedServices
 
             progress("starting embedded servers ...")
             admin_url = stack.enter_context(EmbeddedServices()).database_url

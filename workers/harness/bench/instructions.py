@@ -42,13 +42,13 @@ from pubsub import keys
 from pubsub.redis_transport import pack_publishes
 from pubsub.streams import Stream
 from pubsub.wire import format_rdata
-from workers import event_loop
-from workers.handlers import rooms
-from workers.handlers.persist import MAX_BATCH
+from workers.embedded.services import given_or_embedded
+from workers.handlers.rooms import rules as rooms
+from workers.handlers.rooms.persist import MAX_BATCH
 from workers.harness.bench._common import Figure, progress, scratch_database
 from workers.harness.bench.write_path import bench_rooms, drive_persister, insert_raw_batch
 from workers.model import Event
-from workers.services import given_or_embedded
+from workers.process import event_loop
 from workers.storage import connect
 from workers.streams.events import EVENTS, row_json
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import aiohttp
 
-from workers import event_loop
 from workers.harness.bench._common import (
     Figure,
     bench_cluster,
@@ -47,6 +46,7 @@ from workers.harness.bench._processes import ProcessPool
 from workers.harness.bench.bare_sync import bare_server
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked
 from workers.harness.bench.room_setup import populate
+from workers.process import event_loop
 from workers.routing import writer_for_room
 
 TARGET_SEEN_P99_MS = 20.0

@@ -26,8 +26,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from workers import event_loop
 from workers.harness.bench._processes import ProcessPool
+from workers.process import event_loop
 
 CLIENT = "/_matrix/client/v3"
 #: Event bodies the clients record: `MARK` then what the benchmark needs to match it to its send.

@@ -29,7 +29,6 @@ import redis.asyncio as aioredis
 from pubsub.client import ReplicationClient
 from pubsub.streams import Stream
 from pubsub.wire import Position, RData, format_command, parse_line
-from workers import event_loop
 from workers.harness.bench._common import Figure, percentile, progress
 from workers.harness.bench.pubsub_subscribers import (
     STREAM,
@@ -41,6 +40,7 @@ from workers.harness.bench.pubsub_subscribers import (
     settings,
 )
 from workers.harness.memory import MemoryGenerator
+from workers.process import event_loop
 
 # -- raw redis-py ceiling --------------------------------------------------------------------------
 
@@ -284,7 +284,7 @@ def main(argv: list[str]) -> int:
     if args.redis_url:
         report = event_loop.run(_bench(args, args.redis_url))
     else:
-        from workers.services import EmbeddedServices
+        from workers.embedded.services import EmbeddedServices
 
         with EmbeddedServices(with_postgres=False) as services:
             report = event_loop.run(_bench(args, services.redis_url))

@@ -27,13 +27,13 @@ import aiohttp
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from workers import event_loop
 from workers.config import RateLimit
+from workers.embedded.services import given_or_embedded
 from workers.harness.bench._common import Figure, drop_database, percentile, progress, scratch_database
 from workers.harness.cluster import LocalCluster
 from workers.harness.cluster_client import ClusterClient
 from workers.http.rate_limits import RateLimiter, RateLimitSettings
-from workers.services import given_or_embedded
+from workers.process import event_loop
 
 CLIENT = "/_matrix/client/v3"
 UNLIMITED = {"per_second": 1e6, "burst_count": 1_000_000}

@@ -29,9 +29,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from workers import event_loop
 from workers.harness.bench._common import Figure, progress
 from workers.harness.bench.scale_roles import Job, Result, RolePool
+from workers.process import event_loop
 
 #: (writers, subscribers, streams) of the base point; each sweep varies one of them, or the rate.
 BASE = (2, 4, 4)
@@ -322,8 +322,8 @@ def main(argv: list[str]) -> int:
     unknown = set(args.backends) - set(BACKENDS)
     if unknown:
         p.error(f"unknown backend(s) {sorted(unknown)}: choose from {', '.join(BACKENDS)}")
-    from workers.redis_cluster_server import start_redis_cluster
-    from workers.services import EmbeddedServices
+    from workers.embedded.redis_cluster import start_redis_cluster
+    from workers.embedded.services import EmbeddedServices
 
     with ExitStack() as stack:
         single = stack.enter_context(EmbeddedServices(with_postgres=False))

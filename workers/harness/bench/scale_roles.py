@@ -21,10 +21,10 @@ import redis.asyncio as aioredis
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.redis_transport import SUBSCRIBER_READ_BYTES
 from pubsub.streams import Stream
-from workers import event_loop
-from workers.gc_tuning import tune_gc
 from workers.harness.bench._processes import ProcessPool
 from workers.harness.memory import MemoryGenerator
+from workers.process import event_loop
+from workers.process.gc_tuning import tune_gc
 
 #: A job: {"role": "writer" | "subscriber" | "raw_writer" | "raw_subscriber", ...} (see each role).
 Job = dict[str, Any]

@@ -25,9 +25,9 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from pubsub.wire import RData, parse_line
-from workers import event_loop
 from workers.harness.bench._common import percentile, progress
 from workers.harness.cluster_client import ClusterClient, timeline_events
+from workers.process import event_loop
 from workers.streams.events import EVENTS, EventRow
 
 

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from workers import event_loop, identifiers
+from workers import identifiers
 from workers.config import WorkerConfig
-from workers.handlers import rooms
+from workers.handlers.rooms import rules as rooms
 from workers.harness.bench._common import progress
 from workers.model import NewEvent
+from workers.process import event_loop
 from workers.routing import writer_for_room
 from workers.storage import connect
 from workers.storage.events import copy_event_rows

@@ -1,0 +1,48 @@
+"""Invalidation-log retention against the real database: rows older than the cutoff go, in
+batches smaller than the backlog; newer rows stay; the background task prunes by age on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import asyncpg
+
+from workers.handlers.caches.retention import DAY_MS, InvalidationRetentionTask, prune_older_than
+
+
+async def _insert(pool: asyncpg.Pool[Any], timestamps: list[int]) -> None:
+    await pool.executemany(
+        "INSERT INTO cache_invalidation_stream_by_instance"
+        " (stream_id, instance_name, cache_func, keys, invalidation_ts) VALUES ($1, 'p1', 'f', '{k}', $2)",
+        list(enumerate(timestamps, start=1)),
+    )
+
+
+async def _remaining(pool: asyncpg.Pool[Any]) -> list[int]:
+    rows = await pool.fetch("SELECT invalidation_ts FROM cache_invalidation_stream_by_instance ORDER BY 1")
+    return [row[0] for row in rows]
+
+
+async def test_prune_deletes_only_older_rows_in_batches(db_pool: asyncpg.Pool[Any]) -> None:
+    await _insert(db_pool, [100] * 7 + [200, 300])
+    assert await prune_older_than(db_pool, 200, batch=3) == 7
+    assert await _remaining(db_pool) == [200, 300]
+    assert await prune_older_than(db_pool, 200, batch=3) == 0
+
+
+async def test_the_background_task_prunes_by_age(db_pool: asyncpg.Pool[Any]) -> None:
+    now = int(time.time() * 1000)
+    await _insert(db_pool, [now - 3 * DAY_MS, now - 2 * DAY_MS, now - DAY_MS // 2, now])
+    task = InvalidationRetentionTask(db_pool, retention_days=1, batch=1, interval_s=0.05)
+    task.start()
+    try:
+        for _ in range(500):  # up to 10 s
+            if task.pruned >= 2:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await task.stop()
+    assert task.pruned == 2
+    assert await _remaining(db_pool) == [now - DAY_MS // 2, now]

@@ -1,0 +1,115 @@
+"""workers.handlers.sync.recent_events: the in-memory window answers exactly what the database would,
+or says it cannot; concurrent syncs read a body once."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import asyncpg
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.handlers.sync import recent_events
+from workers.handlers.sync.recent_events import EventBodies, EventRef, RecentEvents
+from workers.model import NewEvent
+from workers.storage.events import insert_batch
+
+WRITERS = ("w1", "w2", "w3")
+ROOMS = ("!a", "!b", "!c", "!d")
+
+
+def _ref(ordering: int) -> EventRef:
+    rnd = random.Random(ordering)
+    room = rnd.choice(ROOMS)
+    return EventRef(ordering, rnd.choice(WRITERS), f"$e{ordering}", room, "m.room.message", None, "@s:hs")
+
+
+def _expected(
+    refs: list[EventRef],
+    rooms: set[str],
+    windows: dict[str, tuple[int, int]],
+    default: tuple[int, int],
+    limit: int,
+) -> list[EventRef]:
+    """`events_for_rooms` spelled out: in the rooms, inside the writer's window, first `limit`."""
+    found = [
+        r
+        for r in sorted(refs)
+        if r.room_id in rooms and windows.get(r.instance_name, default)[0] < r.stream_ordering
+        if r.stream_ordering <= windows.get(r.instance_name, default)[1]
+    ]
+    return found[:limit]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    floor=st.integers(0, 20),
+    orderings=st.lists(st.integers(1, 120), unique=True, max_size=80),
+    max_events=st.integers(4, 40),
+    rooms=st.sets(st.sampled_from(ROOMS), min_size=1),
+    bounds=st.lists(st.tuples(st.integers(0, 120), st.integers(0, 120)), min_size=4, max_size=4),
+    limit=st.integers(1, 30),
+    forget_at=st.one_of(st.none(), st.integers(0, 79)),
+)
+def test_a_window_is_exactly_the_databases_or_unknown(
+    floor: int,
+    orderings: list[int],
+    max_events: int,
+    rooms: set[str],
+    bounds: list[tuple[int, int]],
+    limit: int,
+    forget_at: int | None,
+) -> None:
+    """Rows arrive in any order (several writers); old ones are dropped and `forget` raises the
+    floor. Whenever the index answers, its answer is what the database holds above the floor."""
+    index = RecentEvents(floor, max_events=max_events)
+    applied = [_ref(o) for o in orderings]
+    for i, ref in enumerate(applied):
+        index.add([ref])
+        if i == forget_at:
+            index.forget(ref.stream_ordering)
+    windows = {w: (min(lo, hi), max(lo, hi)) for w, (lo, hi) in zip(WRITERS, bounds, strict=False)}
+    default = (min(bounds[3]), max(bounds[3]))
+    answer = index.window(rooms, windows, default, limit)
+    lows = [lo for lo, hi in (*windows.values(), default) if lo < hi]
+    if answer is None:
+        assert lows and min(lows) < index.floor
+        return
+    stored = [r for r in applied if r.stream_ordering > floor]
+    assert answer == _expected(stored, rooms, windows, default, limit)
+
+
+def test_below_the_floor_and_while_blind_it_does_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a writer it does not follow writes, the index has none of its events: no answer until
+    the blind period is over and the floor has moved above every ID allocated by then."""
+    monkeypatch.setattr(recent_events, "BLIND_S", 0.05)
+    index = RecentEvents(10)
+    index.add([_ref(11), _ref(12)])
+    room = _ref(12).room_id
+    assert index.window({room}, {}, (10, 12), 5) == [r for r in (_ref(11), _ref(12)) if r.room_id == room]
+    assert index.window({room}, {}, (9, 12), 5) is None
+    index.blind()
+    assert index.window({room}, {}, (11, 12), 5) is None
+    index.reopen(40)  # too early: still blind
+    assert index.window({room}, {}, (11, 12), 5) is None and not index.blind_over()
+    time.sleep(0.06)
+    assert index.blind_over() and index.window({room}, {}, (11, 12), 5) is None
+    index.reopen(40)
+    assert index.floor == 40 and index.window({room}, {}, (12, 50), 5) is None
+    assert index.window({room}, {}, (40, 50), 5) == []
+    assert (index.hits, index.misses, index.invalidations) == (2, 5, 1)  # reopen forgot everything
+
+
+async def test_concurrent_syncs_read_each_body_once(db_pool: asyncpg.Pool) -> None:
+    event = NewEvent("$one", "!room", "m.room.message", "@u:t", {"body": "hi"}).persisted(1, "w1", 0)
+    async with db_pool.acquire() as conn:
+        await insert_batch(conn, [event], [event.to_json()], [], "w1")
+    bodies = EventBodies(db_pool)
+    answers = await asyncio.gather(*(bodies.get(["$one", "$missing"]) for _ in range(200)))
+    assert all(a == {"$one": event} for a in answers)
+    assert bodies.reads <= 2  # one read; "$missing" again by whoever waited for it
+    assert await bodies.get(["$one"]) == {"$one": event} and bodies.reads <= 2
+    assert bodies.misses == 400 and bodies.hits == 1 and len(bodies) == 1  # waiting for a read: a miss

@@ -1,0 +1,412 @@
+"""Who may send what into a room: plain rules over the room's current state.
+
+These checks run on the room's writer, one room's events in the room's order: an event that may
+change what they read (a membership, the room's rules, a redaction) is checked once every event
+admitted before it that reads or changes the same is stored, and holds what it changes until its
+own batch committed and the cached views forgot it (`workers.handlers.rooms.admission`, as Synapse's
+per-room `member_linearizer`); messages are checked together and still batch. Only the room's
+lease holder writes it, so each event is checked against the state the room's previous accepted
+event it depends on left.
+
+The state they read is cached on the room's writer (`RoomViews`): a query per send was a third of
+a persister's CPU under HTTP load, and a round trip per event is what batching is there to avoid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from workers import identifiers
+from workers.errors import RoomRuleError
+from workers.handlers.caches.lru import EventLike, LruCache
+from workers.handlers.rooms.power_levels import PowerLevels
+from workers.handlers.sync import history_visibility
+from workers.model import (
+    CREATE_EVENT,
+    DEFAULT_ROOM_VERSION,
+    MEMBER_EVENT,
+    MEMBERSHIPS,
+    REDACTION_EVENT,
+    SUPPORTED_ROOM_VERSIONS,
+    NewEvent,
+)
+from workers.redaction_rules import prune_content, rules_for
+from workers.storage import Conn
+from workers.storage import purge as purge_store
+from workers.storage import rooms as room_store
+from workers.storage.purge import BLOCKED_ROOM
+
+JOIN_RULES_EVENT = "m.room.join_rules"
+POWER_LEVELS_EVENT = "m.room.power_levels"
+#: The state events the rules read of a room (besides memberships).
+RULE_EVENTS = frozenset({CREATE_EVENT, JOIN_RULES_EVENT, POWER_LEVELS_EVENT})
+JOIN_RULES = frozenset({"public", "invite", "knock"})
+
+
+class Forbidden(RoomRuleError):
+    """The sender may not do this (HTTP 403)."""
+
+
+class NotFound(RoomRuleError):
+    """No such room (HTTP 404)."""
+
+
+class BadEvent(RoomRuleError):
+    """The event is malformed (HTTP 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoomRules:
+    """What the rules need of a room's own state: does it exist, its join rule, its power levels,
+    and (for a room that lives on another server, known here by an invite) its version."""
+
+    exists: bool
+    join_rule: str
+    power: PowerLevels
+    remote_version: str | None = None
+    #: An admin blocked the room id (`blocked_rooms`): no one may join, be invited or knock.
+    blocked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RoomView:
+    """What the rules need to know of a room at the time of the check."""
+
+    exists: bool
+    join_rule: str
+    sender_membership: str | None
+    target_membership: str | None
+    power: PowerLevels = field(default_factory=PowerLevels)
+    remote_version: str | None = None
+    blocked: bool = False
+
+
+async def load_room(conn: Conn, room_id: str) -> RoomRules:
+    """The room's rules from its current state."""
+    records = await conn.fetch(
+        "SELECT c.type, e.sender, e.json, r.room_version AS redacted_under FROM current_state_events c"
+        " JOIN events e ON e.event_id = c.event_id LEFT JOIN redactions r ON r.redacts = c.event_id"
+        " WHERE c.room_id = $1 AND c.type IN ('m.room.create', 'm.room.join_rules', 'm.room.power_levels')",
+        room_id,
+    )
+    exists, join_rule, creator, power = False, "invite", None, None
+    blocked = await purge_store.is_blocked(conn, room_id)
+    for r in records:
+        content = json.loads(r["json"]).get("content", {})
+        if r["redacted_under"] is not None:  # a redacted rule counts as what its pruning leaves
+            content = prune_content(r["type"], content, rules_for(r["redacted_under"]))
+        if r["type"] == CREATE_EVENT:
+            exists, creator = True, content.get("creator", r["sender"])
+        elif r["type"] == JOIN_RULES_EVENT:
+            join_rule = content.get("join_rule", "invite")
+        else:
+            power = content if isinstance(content, dict) else {}
+    if not exists:
+        # A room on another server that invited a local user: joinable by the invitee (the local
+        # stand-in for federation's join), under the version the invite named.
+        remote = await room_store.remote_room(conn, room_id)
+        if remote is not None:
+            return RoomRules(True, "invite", PowerLevels.from_state(None, None), remote, blocked)
+    return RoomRules(
+        exists, join_rule, PowerLevels.from_state(power, creator if isinstance(creator, str) else None),
+        blocked=blocked,
+    )  # fmt: skip
+
+
+async def load_membership(conn: Conn, room_id: str, user_id: str) -> str | None:
+    """`user_id`'s membership in the room's current state (None: never a member)."""
+    value = await conn.fetchval(
+        "SELECT membership FROM current_state_events"
+        " WHERE room_id = $1 AND type = 'm.room.member' AND state_key = $2",
+        room_id,
+        user_id,
+    )
+    return value if isinstance(value, str) else None
+
+
+class RoomViews:
+    """The current state the rules read, cached on the room's writer.
+
+    Only a room's writer persists its events (rooms are routed by `writer_for_room`, and the API
+    refuses the others), and the writer calls `on_events` after each batch commits, before its
+    callers hear of it. So a view is never older than what this writer has acknowledged, as with a
+    query per check; a load that overlaps an invalidation is not kept (see `LruCache`).
+    """
+
+    def __init__(self, pool: asyncpg.Pool, max_entries: int) -> None:
+        self._pool = pool
+        self.rooms: LruCache[str, RoomRules] = LruCache("room_rules", max_entries, self._room)
+        self.memberships: LruCache[tuple[str, str], str | None] = LruCache(
+            "room_memberships", max_entries, self._membership
+        )
+
+    async def view(self, room_id: str, sender: str, target: str | None) -> RoomView:
+        room = await self.rooms.get(room_id)
+        return RoomView(
+            room.exists,
+            room.join_rule,
+            await self.memberships.get((room_id, sender)),
+            None if target is None else await self.memberships.get((room_id, target)),
+            room.power,
+            room.remote_version,
+            room.blocked,
+        )
+
+    def forget_room(self, room_id: str) -> None:
+        """The room ended (purged, blocked or left by every local user): forget all of it."""
+        self.rooms.invalidate(room_id)
+        self.memberships.invalidate_matching(lambda key: key[0] == room_id)
+
+    def on_events(self, events: Iterable[EventLike]) -> None:
+        """Forget what committed `events` changed (call before their senders are answered)."""
+        for event in events:
+            if event.type == REDACTION_EVENT:  # it may prune the room's power levels or join rule
+                self.rooms.invalidate(event.room_id)
+            if event.state_key is None:
+                continue
+            if event.type == MEMBER_EVENT:
+                self.memberships.invalidate((event.room_id, event.state_key))
+            elif event.type in RULE_EVENTS:
+                self.rooms.invalidate(event.room_id)
+
+    async def _room(self, room_id: str) -> RoomRules:
+        async with self._pool.acquire() as conn:
+            return await load_room(conn, room_id)
+
+    async def _membership(self, key: tuple[str, str]) -> str | None:
+        async with self._pool.acquire() as conn:
+            return await load_membership(conn, *key)
+
+
+def check(event: NewEvent, view: RoomView) -> None:
+    """Raise Forbidden/NotFound/BadEvent unless `event` may be sent into the room as `view` shows it:
+    the membership rules, then the room's power levels (`workers.handlers.rooms.power_levels`)."""
+    if view.blocked and event.type == MEMBER_EVENT and event.membership not in ("leave", "ban"):
+        raise Forbidden(BLOCKED_ROOM)
+    if not view.exists:
+        raise NotFound(f"no room {event.room_id}")
+    power = view.power
+    if event.type != MEMBER_EVENT:
+        if view.sender_membership != "join":
+            raise Forbidden(f"{event.sender} is not in {event.room_id}")
+        if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
+            raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+        _allowed(power.may_send(event.sender, event.type, event.state_key is not None))
+        if (
+            event.state_key is not None
+            and event.state_key.startswith("@")
+            and event.state_key != event.sender
+        ):
+            raise Forbidden("a state key that is a user id must be the sender's own")
+        if event.type == POWER_LEVELS_EVENT and event.state_key == "":
+            _allowed(power.may_change_to(event.sender, PowerLevels.from_state(event.content, None)))
+        return
+    membership = event.membership
+    if membership not in MEMBERSHIPS or event.state_key is None:
+        raise BadEvent("a member event needs a state_key (the user) and content.membership")
+    target = event.state_key
+    if membership == "join":
+        if target != event.sender:
+            raise Forbidden("only the user themself can join")
+        if view.remote_version is not None and view.remote_version not in SUPPORTED_ROOM_VERSIONS:
+            raise UnsupportedRoomVersion(f"{event.room_id} is of room version {view.remote_version}")
+        if view.sender_membership == "ban":
+            raise Forbidden(f"{event.sender} is banned from {event.room_id}")
+        if view.join_rule != "public" and view.sender_membership not in ("invite", "join"):
+            raise Forbidden(f"{event.room_id} is invite-only")
+    elif membership == "knock":
+        if target != event.sender:
+            raise Forbidden("only the user themself can knock")
+        if view.join_rule != "knock":
+            raise Forbidden(f"{event.room_id} does not take knocks")
+        if view.sender_membership in ("ban", "invite", "join"):
+            raise Forbidden(f"{event.sender} cannot knock (membership {view.sender_membership})")
+    elif membership == "leave" and target == event.sender:
+        if view.sender_membership not in ("join", "invite", "knock"):
+            raise Forbidden(f"{event.sender} is not in {event.room_id}")
+    else:  # invite, kick (leave of another), ban, unban (leave of a banned user)
+        if view.sender_membership != "join":
+            raise Forbidden(f"{event.sender} is not in {event.room_id}")
+        if membership == "invite":
+            if view.target_membership in ("join", "ban"):
+                raise Forbidden(f"{target} cannot be invited (membership {view.target_membership})")
+            _allowed(power.may_act_on("invite", event.sender, target))
+        elif membership == "ban":
+            _allowed(power.may_act_on("ban", event.sender, target))
+        elif view.target_membership == "ban":  # unban: the ban and the kick level, as the spec says
+            _allowed(power.may_act_on("ban", event.sender, target))
+            _allowed(power.may_act_on("kick", event.sender, target))
+        elif view.target_membership in ("join", "invite", "knock"):
+            _allowed(power.may_act_on("kick", event.sender, target))
+        else:
+            raise Forbidden(f"{target} is not in {event.room_id}")
+
+
+def _one_of(value: Any, allowed: Iterable[str]) -> bool:
+    """`value in allowed` for a client's value, which may be any JSON (a list is unhashable)."""
+    return isinstance(value, str) and value in allowed
+
+
+def _allowed(refusal: str | None) -> None:
+    if refusal is not None:
+        raise Forbidden(refusal)
+
+
+def new_event_id() -> str:
+    """128 random bits: unique, not secret (reading a room takes membership, not its ids). From
+    `identifiers.random_bits` (seeded from the OS, reseeded after fork): a system call per event
+    showed in write path profiles."""
+    return "$" + identifiers.random_bits(128).to_bytes(16, "big").hex()  # half the time of f"{:032x}"
+
+
+def txn_event_id(room_id: str, sender: str, device_id: str | None, txn_id: str) -> str:
+    """The event id of a send with a client transaction id: a hash of (room, sender, device, txn).
+
+    The same request retried gets the same id, and `events.event_id` is unique, so a retry can
+    never persist a second event, whatever happened to the persister in between (the persister
+    answers a retry whose event exists with the stored one)."""
+    key = "\0".join((room_id, sender, device_id or "", txn_id)).encode()
+    return "$" + hashlib.blake2b(key, digest_size=16, person=b"fanout-txn").hexdigest()
+
+
+#: createRoom presets: (join rule, guest access).
+PRESETS = {
+    "private_chat": ("invite", "can_join"),
+    "trusted_private_chat": ("invite", "can_join"),
+    "public_chat": ("public", "forbidden"),
+}
+
+
+class UnsupportedRoomVersion(BadEvent):
+    """createRoom asked for a room version this server does not speak (400 M_UNSUPPORTED_ROOM_VERSION)."""
+
+
+class IncompatibleRoomVersion(BadEvent):
+    """A remote server invited a user to a room of a version this server does not speak
+    (400 M_INCOMPATIBLE_ROOM_VERSION, as federation's invite answers)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoomPlan:
+    """What createRoom will write: the room's first events, in order, and the alias to claim."""
+
+    room_id: str
+    events: list[NewEvent]
+    alias: str | None
+
+
+def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
+    value = body.get(key, {})
+    if not isinstance(value, dict):
+        raise BadEvent(f"{key} must be an object")
+    return value
+
+
+def plan_room(
+    body: dict[str, Any],
+    creator: str,
+    room_id: str,
+    server_name: str,
+    default_version: str = DEFAULT_ROOM_VERSION,
+) -> RoomPlan:
+    """The events of a createRoom request body (the spec's order: create, the creator's join, power
+    levels, alias, preset, initial_state, name, topic, invites). Raises BadEvent."""
+    visibility = body.get("visibility", "private")
+    if visibility not in ("public", "private"):
+        raise BadEvent("visibility must be public or private")
+    preset = body.get("preset", "public_chat" if visibility == "public" else "private_chat")
+    if not _one_of(preset, PRESETS):
+        raise BadEvent(f"preset must be one of {sorted(PRESETS)}")
+    version = body.get("room_version", default_version)
+    if version not in SUPPORTED_ROOM_VERSIONS:
+        raise UnsupportedRoomVersion(
+            f"room version {version!r} is not one of {list(SUPPORTED_ROOM_VERSIONS)}"
+        )
+    invites = body.get("invite", [])
+    if not isinstance(invites, list) or not all(isinstance(u, str) for u in invites):
+        raise BadEvent("invite must be a list of user ids")
+    for user in invites:
+        try:
+            identifiers.check_user_id(user)
+        except ValueError as e:
+            raise BadEvent(str(e)) from None
+    initial = body.get("initial_state", [])
+    if not isinstance(initial, list) or not all(
+        isinstance(e, dict)
+        and isinstance(e.get("type"), str)
+        and isinstance(e.get("state_key", ""), str)
+        and isinstance(e.get("content"), dict)
+        for e in initial
+    ):
+        raise BadEvent("initial_state must be a list of {type, state_key, content}")
+    create_content = {**_object(body, "creation_content"), "room_version": version}
+    if version != "11":
+        create_content["creator"] = creator
+    join_rule, guest_access = PRESETS[preset]
+    users = {creator: 100}
+    if preset == "trusted_private_chat":
+        users |= {user: 100 for user in invites if user != creator}
+    power = {
+        "users": users, "users_default": 0, "events_default": 0, "state_default": 50,
+        "ban": 50, "kick": 50, "redact": 50, "invite": 0, "notifications": {"room": 50},
+        "events": {
+            "m.room.name": 50, "m.room.power_levels": 100, "m.room.history_visibility": 100,
+            "m.room.canonical_alias": 50, "m.room.avatar": 50, "m.room.tombstone": 100,
+            "m.room.server_acl": 100, "m.room.encryption": 100,
+        },
+        **_object(body, "power_level_content_override"),
+    }  # fmt: skip
+    alias = None
+    alias_name = body.get("room_alias_name")
+    if alias_name is not None:
+        if not isinstance(alias_name, str):
+            raise BadEvent("room_alias_name must be a string")
+        try:
+            alias = identifiers.check_alias(f"#{alias_name}:{server_name}")
+        except ValueError as e:
+            raise BadEvent(str(e)) from None
+
+    def state(kind: str, content: dict[str, Any], key: str = "", sender: str = creator) -> NewEvent:
+        return NewEvent(new_event_id(), room_id, kind, sender, content, key)
+
+    events = [
+        state(CREATE_EVENT, create_content),
+        state(MEMBER_EVENT, {"membership": "join"}, creator),
+        state(POWER_LEVELS_EVENT, power),
+    ]
+    if alias is not None:
+        events.append(state("m.room.canonical_alias", {"alias": alias}))
+    overridden = {(e["type"], e.get("state_key", "")) for e in initial}
+    for kind, content in (
+        (JOIN_RULES_EVENT, {"join_rule": join_rule}),
+        ("m.room.history_visibility", {"history_visibility": history_visibility.DEFAULT}),  # every preset
+        ("m.room.guest_access", {"guest_access": guest_access}),
+    ):
+        if (kind, "") not in overridden:
+            events.append(state(kind, content))
+    for item in initial:
+        if item["type"] in (CREATE_EVENT, MEMBER_EVENT):
+            raise BadEvent(f"initial_state may not hold {item['type']}")
+        events.append(state(item["type"], item["content"], item.get("state_key", "")))
+    for key, kind, field_name in (("name", "m.room.name", "name"), ("topic", "m.room.topic", "topic")):
+        value = body.get(key)
+        if value is not None:
+            if not isinstance(value, str):
+                raise BadEvent(f"{key} must be a string")
+            events.append(state(kind, {field_name: value}))
+    for event in events:
+        if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
+            raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+    is_direct = body.get("is_direct") is True
+    for user in dict.fromkeys(u for u in invites if u != creator):  # the creator is joined already
+        invite: dict[str, Any] = {"membership": "invite"}
+        if is_direct:
+            invite["is_direct"] = True
+        events.append(state(MEMBER_EVENT, invite, user))
+    return RoomPlan(room_id, events, alias)

@@ -1,0 +1,532 @@
+"""Writes into rooms, from any worker: the client never needs to know which persister owns a room.
+
+Every event of a room goes through the room's persister (`workers.routing`). `RoomWrites.send`
+and friends run on whichever worker the client reached:
+* on the room's persister, the event is checked against the room's rules and persisted here;
+* elsewhere it is forwarded to the owner (`Forwarder`, an authenticated worker request), and the
+  answer waits until this worker's own token covers the event, so a client that sends and then
+  syncs on the same worker sees its event (read-your-writes, `workers.handlers.notify.visibility`);
+  an answer that goes out before that is counted in `late_answers`.
+
+Idempotency: a send with a client transaction id gets an event id derived from (room, sender,
+device, txn) (`rooms.txn_event_id`). A retry that arrives while the first try is in flight shares
+its result; one that arrives after it was stored gets the stored event back, also after a persister
+restart: the persister looks such sends up before it takes stream IDs (`persist(may_exist=True)`),
+so a retry costs no stream ID and no follower catches up for it. Every other room write gets its
+event id here too, before it is forwarded, so the forwarding worker may repeat it (on the same
+owner, or on the next holder of a room that moved): the owner answers a repeat with the stored
+event, whether the room's rules would refuse it now or the insert meets the unique event id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import asyncpg
+
+from idgen import MultiWriterIdGenerator
+from workers import identifiers
+from workers.errors import RoomRuleError
+from workers.handlers.notify.notifier import Notifier
+from workers.handlers.notify.visibility import wait_visible
+from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
+from workers.handlers.placement.room_leases import RoomLeases
+from workers.handlers.placement.routed import routed
+from workers.handlers.rooms import rules as rooms
+from workers.handlers.rooms.admission import RULES, Claim, RoomAdmission, Ticket, member
+from workers.handlers.rooms.deletions import RoomDeletions
+from workers.handlers.rooms.persist import EventPersister
+from workers.handlers.rooms.purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
+from workers.handlers.rooms.versions import REDACTION_EVENT
+from workers.model import CREATE_EVENT, MEMBER_EVENT, SUPPORTED_ROOM_VERSIONS, Event, NewEvent
+from workers.routing import RoomPlacement, writer_for_room
+from workers.storage import events as store
+from workers.storage import rooms as room_store
+from workers.storage.purge import BLOCKED_ROOM
+
+MAX_BACKFILL = 500
+T = TypeVar("T")
+MAX_INVITE_STATE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Where an event landed."""
+
+    event_id: str
+    stream_ordering: int
+    instance_name: str
+
+    @classmethod
+    def of(cls, event: Event) -> Written:
+        return cls(event.event_id, event.stream_ordering, event.instance_name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event_id": self.event_id,
+            "stream_ordering": self.stream_ordering,
+            "instance_name": self.instance_name,
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Written:
+        event_id, ordering, instance = (
+            body.get("event_id"),
+            body.get("stream_ordering"),
+            body.get("instance_name"),
+        )
+        if not isinstance(event_id, str) or not isinstance(ordering, int) or not isinstance(instance, str):
+            raise OwnerUnavailable(str(instance), "answered without event_id/stream_ordering/instance_name")
+        return cls(event_id, ordering, instance)
+
+
+def event_to_json(event: NewEvent) -> dict[str, Any]:
+    return {
+        "event_id": event.event_id, "room_id": event.room_id, "type": event.type,
+        "sender": event.sender, "content": event.content, "state_key": event.state_key,
+    }  # fmt: skip
+
+
+def event_from_json(body: Any) -> NewEvent:
+    """A forwarded event; ValueError if any field is missing or of the wrong type."""
+    if not isinstance(body, dict):
+        raise ValueError("an event is an object")
+    event_id, room_id, kind, sender = (body.get(k) for k in ("event_id", "room_id", "type", "sender"))
+    content, state_key = body.get("content"), body.get("state_key")
+    if not all(isinstance(v, str) for v in (event_id, room_id, kind, sender)) or not isinstance(
+        content, dict
+    ):
+        raise ValueError("an event needs event_id, room_id, type, sender (strings) and content (object)")
+    if state_key is not None and not isinstance(state_key, str):
+        raise ValueError("state_key must be a string or null")
+    return NewEvent(str(event_id), str(room_id), str(kind), str(sender), content, state_key)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteInvite:
+    """An invite from another server (federation's `PUT /invite/{roomId}/{eventId}` body, checked)."""
+
+    room_id: str
+    room_version: str
+    event: NewEvent
+    invite_state: list[dict[str, Any]]
+
+    @property
+    def invitee(self) -> str:
+        return str(self.event.state_key)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "room_version": self.room_version,
+            "event": event_to_json(self.event),
+            "invite_room_state": self.invite_state,
+        }
+
+    @classmethod
+    def from_json(cls, room_id: str, event_id: str, body: dict[str, Any]) -> RemoteInvite:
+        """The invite of a request body; ValueError when it is not one."""
+        version, raw, state = body.get("room_version"), body.get("event"), body.get("invite_room_state", [])
+        if not isinstance(version, str) or not isinstance(raw, dict):
+            raise ValueError("an invite has room_version (a string) and event (an object)")
+        event = event_from_json({**raw, "event_id": event_id, "room_id": room_id})
+        if event.type != MEMBER_EVENT or event.membership != "invite" or event.state_key is None:
+            raise ValueError("the event must be an m.room.member invite with a state_key")
+        if (
+            not isinstance(state, list)
+            or len(state) > MAX_INVITE_STATE
+            or not all(
+                isinstance(e, dict)
+                and isinstance(e.get("type"), str)
+                and isinstance(e.get("state_key", ""), str)
+                for e in state
+            )
+        ):
+            raise ValueError(f"invite_room_state is a list of up to {MAX_INVITE_STATE} stripped state events")
+        stripped = [
+            {"type": e["type"], "state_key": e.get("state_key", ""), "content": e.get("content", {}),
+             "sender": e.get("sender", event.sender)}
+            for e in state
+        ]  # fmt: skip
+        return cls(room_id, version, event, stripped)
+
+
+class RoomWrites:
+    def __init__(
+        self,
+        instance_name: str,
+        event_writers: Sequence[str],
+        pool: asyncpg.Pool,
+        persister: EventPersister | None,
+        backfill: EventPersister | None,
+        room_views: rooms.RoomViews,
+        events_generator: MultiWriterIdGenerator,
+        notifier: Notifier,
+        server_name: str,
+    ) -> None:
+        self.name = instance_name
+        self.writers = list(event_writers)
+        self._pool = pool
+        self._persister = persister
+        self._backfill = backfill
+        self._views = room_views
+        self._events = events_generator
+        self._notifier = notifier
+        self.server_name = server_name
+        self.forwarder: Forwarder | None = None
+        self.placement = RoomPlacement(self.writers, time.monotonic)
+        #: The room leases this worker holds, when it writes events.
+        self.leases: RoomLeases | None = None
+        #: Whether this worker currently hears a writer's events live (replication connected and
+        #: its first POSITION seen); while it does not, waiting to see an event is pointless.
+        self.hears: Callable[[str], bool] = lambda _writer: True
+        self._in_flight: dict[str, asyncio.Future[Written]] = {}
+        #: The purge and last-member clean-up of the rooms written here (None: not set up).
+        self.end: RoomEnd | None = None
+        #: The Delete Room API's version 2 tasks of the rooms written here (None: not set up).
+        self.deletions: RoomDeletions | None = None
+        #: Writes admitted per room; a purge holds its room here (`RoomEnd` shares it).
+        self.gate = RoomGate()
+        #: Per room: each write checked against the state the writes before it that it depends on left.
+        self.admission = RoomAdmission()
+        #: How long a write keeps trying an owner that cannot take it now (restarting, stopping).
+        self.owner_wait_s = 0.0
+        self.forwarded = 0
+        self.late_answers = 0
+        #: Writes that had to wait for their owner, and the longest such wait.
+        self.owner_waits = 0
+        self.longest_owner_wait_s = 0.0
+
+    # -- any worker -----------------------------------------------------------------------------
+
+    def owner(self, room_id: str) -> str:
+        """Where `room_id`'s writes go now (`RoomPlacement`)."""
+        return self.placement.owner(room_id)
+
+    def new_room_id(self) -> str:
+        """A fresh room id whose stable writer is this worker when it writes events, else a random
+        writer (the first write takes the room's lease there)."""
+        target = self.name if self.name in self.writers else random.choice(self.writers)
+        while True:
+            room_id = identifiers.new_room_id(self.server_name)
+            if writer_for_room(room_id, self.writers) == target:
+                return room_id
+
+    async def send(self, event: NewEvent, *, txn: bool = False) -> Written:
+        """Check and persist `event` on its room's owner. Raises RoomRuleError subclasses,
+        PersisterError, OwnerUnavailable or ForwardRefused."""
+        body = {"event": event_to_json(event), "txn": txn}
+        return await self._routed(
+            event.room_id, lambda: self.send_here(event, txn=txn),
+            lambda owner: self._forward_written(owner, "room_send", event.room_id, "send", body, retry=True),
+            retry=True,
+        )  # fmt: skip
+
+    async def create(self, events: list[NewEvent]) -> Written:
+        """Persist a new room's first events (`rooms.plan_room`) on its owner; the last one's place."""
+        room_id = events[0].room_id
+        body = {"events": [event_to_json(e) for e in events]}
+        return await self._routed(
+            room_id, lambda: self.create_here(events),
+            lambda owner: self._forward_written(owner, "room_create", room_id, "create", body, retry=True),
+            retry=True,
+        )  # fmt: skip
+
+    async def remote_invite(self, invite: RemoteInvite) -> Written:
+        """Store an invite a remote server sent (the stand-in for federation's invite) on the
+        room's owner: the room's version, the state the invite showed, the invite event."""
+        room_id = invite.room_id
+        return await self._routed(
+            room_id, lambda: self.remote_invite_here(invite),
+            lambda owner: self._forward_written(
+                owner, "room_remote_invite", room_id, "remote_invite", invite.to_json(), retry=True
+            ),
+            retry=True,
+        )  # fmt: skip
+
+    async def backfill(self, room_id: str, sender: str, items: Any) -> list[int]:
+        """Import history (negative stream orderings) into a room `sender` is joined to."""
+
+        async def forward(owner: str) -> list[int]:
+            body = {"sender": sender, "events": items}
+            answer = await self._forward(owner, "room_backfill", room_id, "backfill", body, retry=False)
+            orderings = answer.get("stream_orderings")
+            if not isinstance(orderings, list):
+                raise OwnerUnavailable(owner, "answered without stream_orderings")
+            return [int(o) for o in orderings]
+
+        here = lambda: self.backfill_here(room_id, sender, items)  # noqa: E731
+        return await self._routed(room_id, here, forward, retry=False)
+
+    async def _routed(
+        self,
+        room_id: str,
+        here: Callable[[], Awaitable[T]],
+        forward: Callable[[str], Awaitable[T]],
+        *,
+        retry: bool,
+    ) -> T:
+        """Run the write on the room's owner: `here` when that is this worker, else `forward`;
+        followed to the room's holder and retried for up to `owner_wait_s`
+        (`workers.handlers.placement.routed`)."""
+        attempt = lambda owner: here() if owner == self.name else forward(owner)  # noqa: E731
+        result, waited_s = await routed(
+            self.placement, room_id, self.name, attempt, retry=retry, within_s=self.owner_wait_s
+        )
+        if waited_s is not None:
+            self.owner_waits += 1
+            self.longest_owner_wait_s = max(self.longest_owner_wait_s, waited_s)
+        return result
+
+    async def _forward_written(
+        self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool
+    ) -> Written:
+        answer = await self._forward(owner, endpoint, room_id, op, body, retry=retry)
+        return await self._visible(Written.from_json(answer))
+
+    async def purge(self, room_id: str, options: PurgeOptions) -> PurgeResult:
+        """Delete a room on its owner (`workers.handlers.rooms.purge`): not retried, it ends users'
+        memberships."""
+
+        async def forward(owner: str) -> PurgeResult:
+            answer = await self._forward(
+                owner, "room_purge", room_id, "purge", options.to_json(), retry=False
+            )
+            return PurgeResult.from_json(owner, answer)
+
+        return await self._routed(room_id, lambda: self.purge_here(room_id, options), forward, retry=False)
+
+    async def purge_here(self, room_id: str, options: PurgeOptions) -> PurgeResult:
+        if self.end is None:
+            raise OwnerUnavailable(self.name, "this worker does not write events or the caches stream")
+        return await self.end.purge(room_id, options)
+
+    async def start_deletion(self, room_id: str, options: PurgeOptions) -> str:
+        """Start a room's deletion as a task on its owner (`workers.handlers.rooms.deletions`); its
+        delete id."""
+
+        async def forward(owner: str) -> str:
+            answer = await self._forward(
+                owner, "room_delete", room_id, "delete", options.to_json(), retry=False
+            )
+            delete_id = answer.get("delete_id")
+            if not isinstance(delete_id, str):
+                raise OwnerUnavailable(owner, "answered a deletion without delete_id")
+            return delete_id
+
+        return await self._routed(
+            room_id, lambda: self.start_deletion_here(room_id, options), forward, retry=False
+        )
+
+    async def start_deletion_here(self, room_id: str, options: PurgeOptions) -> str:
+        if self.deletions is None:
+            raise OwnerUnavailable(self.name, "this worker does not write events or the caches stream")
+        return await self.deletions.start(room_id, options)
+
+    async def _forward(
+        self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool
+    ) -> dict[str, Any]:
+        """One worker request to the room's owner. `retry`: the request may be repeated after it
+        may have reached the owner (a send, a create and a remote invite carry their event ids, so
+        the owner answers a repeat with the stored event; a backfill gets its ids on the owner and
+        fails with OwnerUnavailable instead)."""
+        if self.forwarder is None:
+            raise OwnerUnavailable(owner, "worker requests are not set up on this worker")
+        self.forwarded += 1
+        path = f"/_fanout/internal/rooms/{quote(room_id, safe='')}/{op}"
+        return await self.forwarder.request(owner, endpoint, "POST", path, body=body, idempotent=retry)
+
+    async def _visible(self, written: Written) -> Written:
+        """Wait until this worker's token covers `written` (bounded; counted when it is not)."""
+        if not await wait_visible(
+            self._events, written.instance_name, written.stream_ordering, self._notifier, self.hears
+        ):
+            self.late_answers += 1
+        return written
+
+    # -- the room's owner -----------------------------------------------------------------------
+
+    def _persister_here(self, backfill: bool = False) -> EventPersister:
+        persister = self._backfill if backfill else self._persister
+        if persister is None:
+            raise OwnerUnavailable(self.name, "this worker does not write events")
+        return persister
+
+    async def send_here(self, event: NewEvent, *, txn: bool = False) -> Written:
+        """Check `event` against the room's rules and persist it (on the room's owner)."""
+        pending = self._in_flight.get(event.event_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
+        self._in_flight[event.event_id] = future
+        try:
+            written = await self._check_and_persist(event, txn)
+        except BaseException as e:
+            if not future.done():
+                future.set_exception(e)
+                future.exception()  # retrieved: a lone first try must not log "never retrieved"
+            raise
+        finally:
+            del self._in_flight[event.event_id]
+        future.set_result(written)
+        return written
+
+    async def _hold(self, room_id: str) -> None:
+        if self.leases is not None:
+            await self.leases.hold(room_id)
+
+    async def _check_and_persist(self, event: NewEvent, txn: bool) -> Written:
+        with self.gate.write(event.room_id):
+            ticket = await self.admission.enter(event.room_id, claim_of(event))
+            try:
+                written = await self._check_and_persist_admitted(event, txn, ticket)
+            finally:
+                ticket.release()  # unless the persist future holds it (`Ticket.release_after`)
+        if self.end is not None and event.type == MEMBER_EVENT and event.membership in ("leave", "ban"):
+            await self.end.after_leave(event.room_id)  # never raises: the leave is done
+        return written
+
+    async def _check_and_persist_admitted(self, event: NewEvent, txn: bool, ticket: Ticket) -> Written:
+        persister = self._persister_here()
+        await self._hold(event.room_id)
+        target = event.state_key if event.type == MEMBER_EVENT else None
+        view = await self._views.view(event.room_id, event.sender, target)
+        try:
+            rooms.check(event, view)
+            if event.type == REDACTION_EVENT:
+                await self._check_redaction(event, view)
+        except RoomRuleError:
+            stored = await self._stored(event.event_id)
+            if stored is not None:  # a repeat of a write the rules allowed then
+                return Written.of(stored)
+            raise
+        return Written.of(await _persisted(ticket, persister.persist(event, may_exist=txn)))
+
+    async def _check_redaction(self, event: NewEvent, view: rooms.RoomView) -> None:
+        """A redaction names an event id in `content.redacts`; another sender's event (or one not
+        in this room) takes the room's `redact` level."""
+        redacts = event.content.get("redacts")
+        if not isinstance(redacts, str):
+            raise rooms.BadEvent("a redaction names the event it redacts in content.redacts")
+        target = await self._stored(redacts)
+        target_sender = target.sender if target is not None and target.room_id == event.room_id else None
+        refusal = view.power.may_redact(event.sender, target_sender)
+        if refusal is not None:
+            raise rooms.Forbidden(refusal)
+
+    async def _stored(self, event_id: str) -> Event | None:
+        async with self._pool.acquire() as conn:
+            return (await store.events_by_ids(conn, [event_id])).get(event_id)
+
+    async def create_here(self, events: list[NewEvent]) -> Written:
+        with self.gate.write(events[0].room_id):
+            ticket = await self.admission.enter(events[0].room_id, Claim.whole_room())
+            try:
+                return await self._create_admitted(events, ticket)
+            finally:
+                ticket.release()
+
+    async def _create_admitted(self, events: list[NewEvent], ticket: Ticket) -> Written:
+        persister = self._persister_here()
+        room_id = events[0].room_id
+        if events[0].type != CREATE_EVENT or any(e.room_id != room_id for e in events):
+            raise rooms.BadEvent("a new room starts with m.room.create, all events in the room")
+        await self._hold(room_id)
+        if (await self._views.rooms.get(room_id)).exists:
+            stored = await self._stored(events[-1].event_id)
+            if stored is not None:  # a retried request that was done the first time
+                return Written.of(stored)
+            raise rooms.Forbidden(f"{room_id} exists")
+        persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
+        return Written.of(persisted[-1])
+
+    async def remote_invite_here(self, invite: RemoteInvite) -> Written:
+        with self.gate.write(invite.room_id):
+            ticket = await self.admission.enter(invite.room_id, Claim.whole_room())
+            try:
+                return await self._remote_invite_admitted(invite, ticket)
+            finally:
+                ticket.release()
+
+    async def _remote_invite_admitted(self, invite: RemoteInvite, ticket: Ticket) -> Written:
+        persister = self._persister_here()
+        await self._hold(invite.room_id)
+        if invite.room_version not in SUPPORTED_ROOM_VERSIONS:
+            raise rooms.IncompatibleRoomVersion(
+                f"room version {invite.room_version!r} is not one of {list(SUPPORTED_ROOM_VERSIONS)}"
+            )
+        event = invite.event
+        if invite.invitee.partition(":")[2] != self.server_name:
+            raise rooms.BadEvent(f"{invite.invitee} is not a user of {self.server_name}")
+        if event.sender.partition(":")[2] == self.server_name:
+            raise rooms.Forbidden("an invite from a local user is sent with /invite, not over federation")
+        room = await self._views.rooms.get(invite.room_id)
+        if room.blocked:
+            raise rooms.Forbidden(BLOCKED_ROOM)
+        if room.exists and room.remote_version is None:
+            raise rooms.Forbidden(f"{invite.room_id} lives on this server")
+        stored = await self._stored(event.event_id)
+        if stored is not None:  # a retried invite
+            return Written.of(stored)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await room_store.store_remote_invite(
+                conn, invite.room_id, invite.room_version, invite.invitee, event.event_id, invite.invite_state
+            )
+        self._views.rooms.invalidate(invite.room_id)
+        return Written.of(await _persisted(ticket, persister.persist(event)))
+
+    async def backfill_here(self, room_id: str, sender: str, items: Any) -> list[int]:
+        with self.gate.write(room_id):
+            ticket = await self.admission.enter(room_id, Claim(frozenset({RULES, member(sender)})))
+            try:
+                return await self._backfill_admitted(room_id, sender, items, ticket)
+            finally:
+                ticket.release()
+
+    async def _backfill_admitted(self, room_id: str, sender: str, items: Any, ticket: Ticket) -> list[int]:
+        persister = self._persister_here(backfill=True)
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BACKFILL:
+            raise rooms.BadEvent(f"events must be a list of 1 to {MAX_BACKFILL} objects")
+        await self._hold(room_id)
+        view = await self._views.view(room_id, sender, None)
+        if not view.exists:
+            raise rooms.NotFound(f"no room {room_id}")
+        if view.sender_membership != "join":
+            raise rooms.Forbidden(f"{sender} is not in {room_id}")
+        events: list[NewEvent] = []
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("content", {}), dict):
+                raise rooms.BadEvent("each event is {type, content} (state_key optional)")
+            try:
+                kind = identifiers.check_event_type(str(item.get("type", "")))
+            except ValueError as e:
+                raise rooms.BadEvent(str(e)) from None
+            events.append(NewEvent(rooms.new_event_id(), room_id, kind, sender, item.get("content", {})))
+        persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
+        return [e.stream_ordering for e in persisted]
+
+
+def claim_of(event: NewEvent) -> Claim:
+    """What `event`'s check reads of its room's state (the rules, the sender's membership, and a
+    member event's target's) and what the event may change (`workers.handlers.rooms.admission`):
+    a member event its target's membership; power levels, join rules, a create and a redaction
+    (which may prune one of those) the room's rules; anything else nothing the rules read."""
+    sender = member(event.sender)
+    if event.type == MEMBER_EVENT and event.state_key is not None:
+        return Claim(frozenset({RULES, sender}), frozenset({member(event.state_key)}))
+    if event.type == REDACTION_EVENT or (event.state_key is not None and event.type in rooms.RULE_EVENTS):
+        return Claim(frozenset({sender}), frozenset({RULES}))
+    return Claim(frozenset({RULES, sender}))
+
+
+async def _persisted(ticket: Ticket, future: asyncio.Future[T]) -> T:
+    """`future`'s result, the room held by `ticket` until it is done: a request cancelled while
+    its event is queued leaves the room held until the batch committed or failed, so the next event
+    is never checked against state that event may still change."""
+    ticket.release_after(future)
+    return await asyncio.shield(future)
