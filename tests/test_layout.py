@@ -171,3 +171,77 @@ def test_every_package_says_what_it_holds() -> None:
         if path.name == "__init__.py" and ast.get_docstring(ast.parse(path.read_text())) is None
     ]
     assert missing == []
+
+
+#: The handler families from the bottom up: a family imports only families before it.
+HANDLER_FAMILIES = {
+    "caches": 0,
+    "notify": 1,
+    "placement": 2,
+    "rooms": 3,
+    "ephemeral": 3,
+    "stored": 4,
+    "sync": 5,
+}
+#: What the worker's plumbing and its development servers may import of `workers`.
+ONLY = {
+    "workers.process": (
+        "workers.config",
+        "workers.errors",
+        "workers.routing",
+        "workers.storage",
+        "workers.process",
+    ),
+    "workers.embedded": ("workers.errors", "workers.embedded"),
+}
+#: Past this many lines a module says why in its docstring ("over 500 lines").
+MAX_LINES = 500
+
+
+def _family(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[:2] == ["workers", "handlers"] else None
+
+
+def test_handlers_are_families_only() -> None:
+    loose = sorted(p.name for p in (ROOT / "workers" / "handlers").glob("*.py") if p.name != "__init__.py")
+    assert loose == []
+    families = {p.name for p in (ROOT / "workers" / "handlers").iterdir() if (p / "__init__.py").exists()}
+    assert families == set(HANDLER_FAMILIES)
+
+
+def test_handler_families_import_one_way() -> None:
+    offenders = {
+        f"{name} -> {target}"
+        for name, path in _modules().items()
+        if (family := _family(name)) is not None
+        for target in _imports(name, path, top_level_only=False)
+        if ((other := _family(target)) is not None
+        and other != family
+        and HANDLER_FAMILIES[other] >= HANDLER_FAMILIES[family])
+        or (family is not None
+        and target.startswith(("workers.http", "workers.assembly", "workers.app")))
+    }
+    assert offenders == set()
+
+
+@pytest.mark.parametrize("package", sorted(ONLY))
+def test_plumbing_imports_only_what_it_sits_on(package: str) -> None:
+    offenders = {
+        f"{name} -> {target}"
+        for name, path in _modules().items()
+        if name.startswith(package)
+        for target in _imports(name, path, top_level_only=False)
+        if target.startswith("workers.") and not target.startswith(ONLY[package])
+    }
+    assert offenders == set()
+
+
+def test_a_long_module_says_why() -> None:
+    unexplained = [
+        f"{name} ({lines} lines)"
+        for name, path in _modules().items()
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+        and "over 500 lines" not in (ast.get_docstring(ast.parse(path.read_text())) or "").lower()
+    ]
+    assert unexplained == []

@@ -56,7 +56,6 @@ from workers.handlers.caches.retention import InvalidationRetentionTask
 from workers.handlers.notify.notifier import DeferredWakes, Notifier
 from workers.handlers.placement.room_leases import RoomLeases
 from workers.handlers.rooms.deletions import RoomDeletions
-from workers.handlers.rooms.messages import Messages
 from workers.handlers.rooms.persist import EventPersister
 from workers.handlers.rooms.purge import RoomEnd
 from workers.handlers.rooms.rules import RoomViews
@@ -66,6 +65,7 @@ from workers.handlers.rooms.writes import RoomWrites
 from workers.handlers.stored.federation_sender import FederationSenderStandIn
 from workers.handlers.sync.filter import PATTERN_CACHE
 from workers.handlers.sync.handler import SyncHandler, SyncObservers
+from workers.handlers.sync.messages import Messages
 from workers.handlers.sync.recent_events import RecentEvents
 from workers.http.accounts import AccountSettings
 from workers.http.auth import TOKEN_CACHE, token_loader

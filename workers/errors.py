@@ -18,3 +18,7 @@ class RoomRuleError(WorkerError):
 
 class PersisterError(WorkerError):
     """The persister cannot take the event now: it is full or stopping; the client may retry."""
+
+
+class PersisterStopped(PersisterError):
+    """The persister is shutting down and takes no new events."""

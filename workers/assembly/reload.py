@@ -47,9 +47,9 @@ from workers.assembly.stored import StoredStreams
 from workers.config import ConfigError, WorkerConfig, load_config
 from workers.handlers.caches.applied import AppliedRangesRecorder
 from workers.handlers.placement.room_leases import RoomLeases
-from workers.handlers.rooms.messages import Messages
 from workers.handlers.rooms.persist import EventPersister
 from workers.handlers.rooms.writes import RoomWrites
+from workers.handlers.sync.messages import Messages
 from workers.process.instance_lease import fence_out
 from workers.process.previous_release import PreviousRelease
 from workers.routing import writer_for_room

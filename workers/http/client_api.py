@@ -21,7 +21,6 @@ import asyncpg
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from workers.handlers.rooms.messages import Messages
 from workers.handlers.rooms.writes import RoomWrites
 from workers.handlers.stored.account_data import AccountData
 from workers.handlers.stored.device_lists import DeviceLists
@@ -29,6 +28,7 @@ from workers.handlers.stored.one_time_keys import OneTimeKeys
 from workers.handlers.stored.receipts import Receipts
 from workers.handlers.stored.to_device import ToDeviceInbox
 from workers.handlers.sync.handler import SyncHandler
+from workers.handlers.sync.messages import Messages
 from workers.http.account_data import AccountDataRoutes
 from workers.http.accounts import Accounts, AccountSettings
 from workers.http.admin import AdminRoutes

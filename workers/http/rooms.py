@@ -15,10 +15,10 @@ from aiohttp import web
 
 from workers import identifiers
 from workers.handlers.rooms import rules as rooms
-from workers.handlers.rooms.messages import Messages, NotAMember
 from workers.handlers.rooms.versions import REDACTION_EVENT, render
 from workers.handlers.rooms.writes import RoomWrites
 from workers.handlers.sync.handler import SyncHandler
+from workers.handlers.sync.messages import Messages, NotAMember
 from workers.http.auth import requester
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked, unavailable

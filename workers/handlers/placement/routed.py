@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from workers.errors import PersisterStopped
 from workers.handlers.placement.forwarding import (
     NOT_OWNER_ERRCODE,
     RETRY_FIRST_S,
@@ -26,7 +27,6 @@ from workers.handlers.placement.forwarding import (
     OwnerUnavailable,
 )
 from workers.handlers.placement.leases import KeyLeaseLost, KeyMoving, NotOwner, holder_of
-from workers.handlers.rooms.persist import PersisterStopped
 from workers.process.instance_lease import LeaseLost
 from workers.routing import RoomPlacement
 

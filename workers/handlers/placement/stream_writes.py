@@ -49,12 +49,12 @@ import asyncpg
 
 from idgen import MultiWriterIdGenerator
 from pubsub.types import Row
+from workers.errors import PersisterStopped
 from workers.handlers.notify.notifier import Notifier
 from workers.handlers.notify.visibility import wait_visible
 from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.placement.leases import KeyLeaseLost, KeyLeases
 from workers.handlers.placement.routed import routed
-from workers.handlers.rooms.persist import PersisterStopped
 from workers.process.instance_lease import Fence, LeaseLost
 from workers.routing import RoomPlacement, writer_for_room, writer_for_user
 from workers.storage import Conn

@@ -1,0 +1,20 @@
+"""Rooms: the write path of a room's events and the rules they follow.
+
+* `writes.py`: `RoomWrites`: sends, createRoom, remote invites and backfill from any worker, run on
+  the room's persister
+* `admission.py`: the per-room admission: each write checked against the state the writes it depends
+  on left
+* `rules.py`: who may send what into a room (`check`), the cached views the rules read, createRoom's
+  plan
+* `power_levels.py`: the spec's power levels: who may send, invite, kick, ban and change what
+* `history_visibility.py`: who may see which event of a room (read by /sync and /messages too)
+* `versions.py`: room versions and the event format each one renders
+* `persist.py`: `EventPersister`: concurrent sends batched into one transaction, in the room's order
+* `retried_sends.py`: a send retried with its transaction id, answered with the stored event
+* `purge.py`, `deletions.py`: a room's end on its writer: the admin purge, the Delete Room API's
+  tasks
+* `stats.py`: the background task that follows the events stream by its persisted-upto position
+
+Imports `workers.handlers.placement`, `notify` and `caches`; never `sync`, `stored`, `ephemeral`,
+`workers.http` nor `workers.harness`.
+"""

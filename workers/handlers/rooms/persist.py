@@ -49,7 +49,7 @@ import asyncpg
 from idgen import MultiWriterIdGenerator, Probe
 from idgen.multi_writer import DATABASE_DOWN
 from pubsub.tasks import cancel_and_wait
-from workers.errors import PersisterError
+from workers.errors import PersisterError, PersisterStopped
 from workers.handlers.placement.room_leases import RoomLeases
 from workers.handlers.rooms.retried_sends import Pending, answer_stored
 from workers.handlers.rooms.versions import RoomVersions
@@ -84,10 +84,6 @@ class PersisterOverloaded(PersisterError):
 def guard_rooms(events: Sequence[Event]) -> list[str]:
     """The rooms of a batch, once each, in order."""
     return list(dict.fromkeys(e.room_id for e in events))
-
-
-class PersisterStopped(PersisterError):
-    """The persister is shutting down and takes no new events."""
 
 
 #: (events, caches stream ids) of a batch that failed where its commit may still have happened.

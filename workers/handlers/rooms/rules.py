@@ -25,8 +25,8 @@ import asyncpg
 from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers.caches.lru import EventLike, LruCache
+from workers.handlers.rooms import history_visibility
 from workers.handlers.rooms.power_levels import PowerLevels
-from workers.handlers.sync import history_visibility
 from workers.model import (
     CREATE_EVENT,
     DEFAULT_ROOM_VERSION,

@@ -1,0 +1,14 @@
+"""Reads: /sync (incremental, long-polled, from vector-clock tokens) and /messages.
+
+* `handler.py`: `SyncHandler`: the events of a user's rooms between two tokens, paged, long-polled
+* `room_sections.py`: a window's events sorted into the rooms of a Matrix /sync answer
+* `stored_sections.py`: the stored streams' sections (account data, to-device, device lists,
+  receipts, key counts)
+* `filter.py`: a Matrix sync filter: which rooms, which events, lazy-loaded members
+* `recent_events.py`: the live events applied lately, so a woken /sync reads no window from the
+  database
+* `messages.py`: `GET /rooms/{roomId}/messages`: a room's events page by page
+
+The top of the handler families: it may import all of them; none imports it. Never `workers.http`
+nor `workers.harness`.
+"""

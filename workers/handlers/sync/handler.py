@@ -9,7 +9,7 @@ the client's token waits, at most the request's timeout, until it has caught up.
 moved past `since` (the current token merged with it is `since`), every window is empty for every
 user: the poll parks without building one and, at its timeout, answers the empty sections.
 
-Visibility (`workers.handlers.sync.history_visibility`): the user's own membership events, the events
+Visibility (`workers.handlers.rooms.history_visibility`): the user's own membership events, the events
 sent while it was joined, and, within one window, the earlier events its room's history
 visibility lets it see when it joins later in that window. Every event of a room is written by
 one persister (workers.routing), so when `now` covers an event it covers every earlier
@@ -35,9 +35,9 @@ from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, S
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches.lru import CacheCounts, SyncCaches
 from workers.handlers.notify.notifier import Notifier
+from workers.handlers.rooms.history_visibility import JOINED, Changes, all_permissive, current, may_see_event
 from workers.handlers.rooms.versions import RoomVersions
 from workers.handlers.sync.filter import SyncFilter
-from workers.handlers.sync.history_visibility import JOINED, Changes, all_permissive, current, may_see_event
 from workers.handlers.sync.recent_events import EventBodies, Placed, RecentEvents
 from workers.handlers.sync.room_sections import PENDING, RoomSections, empty_response
 from workers.handlers.sync.stored_sections import STORED_STREAMS, StoredSections, StoredUpdates

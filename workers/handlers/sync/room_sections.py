@@ -18,7 +18,7 @@ the user's own membership events in the window (`place_room`), as the spec and S
 A timeline longer than the filter's limit (an initial sync's room; an incremental window is paged
 by the sync handler instead) keeps its last events, says `limited`, and carries the state events it
 skipped (the last of each (type, state_key)) in `state`, so a client's view of the room stays right.
-`prev_batch` is a room pagination token for /messages (`workers.handlers.rooms.messages`). The stored
+`prev_batch` is a room pagination token for /messages (`workers.handlers.sync.messages`). The stored
 streams' sections (`workers.handlers.sync.stored_sections`) go in as they come, a joined room's account data
 listing that room.
 """

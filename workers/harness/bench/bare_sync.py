@@ -15,9 +15,7 @@ run: the difference is what fanout's Matrix layer costs. It keeps no users and n
 `BareRooms` holds that behaviour apart from any HTTP server, so the same rooms can be carried by
 aiohttp (fanout's server, here) or by an ASGI server (`bare_asgi.py`: uvicorn with httptools,
 granian): what each server's own per-request work costs, measured with the same clients.
-`bare_server(name)` runs one as a process of its own (`python -m workers.harness.bench.bare_sync
-PORT SERVER`) on the event loop the workers use, with the file-descriptor limit raised like the
-clients'.
+`bare_server.py` runs them as a process of its own.
 """
 
 from __future__ import annotations
@@ -26,24 +24,15 @@ import asyncio
 import collections
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 
 from aiohttp import web
 
-from workers.embedded.services import free_port
-from workers.harness.bench.poll_clients import CLIENT, raise_fd_limit
-from workers.process import event_loop
+from workers.harness.bench.poll_clients import CLIENT
 
 #: Events kept per room: enough for any poll that is behind by less than that many sends.
 KEPT = 1000
 #: The HTTP servers the bare rooms run on, by name: the label each is reported under.
-SERVERS = {"aiohttp": "bare aiohttp", "uvicorn": "bare uvicorn+httptools", "granian": "bare granian"}
 #: Polls one server may hold: granian refuses requests beyond its `backpressure` (1,024 by default).
 MAX_HELD = 65_536
 
@@ -175,83 +164,3 @@ def bare_app() -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     return app
-
-
-def _serve_aiohttp(port: int) -> None:
-    async def run() -> None:
-        runner = web.AppRunner(bare_app(), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
-        await asyncio.Event().wait()
-
-    event_loop.run(run())
-
-
-def serve(port: int, server: str) -> int:
-    """Serve the bare rooms on `port` with `server` (a key of `SERVERS`) until terminated."""
-    raise_fd_limit()
-    if server == "aiohttp":
-        _serve_aiohttp(port)
-    else:
-        from workers.harness.bench import bare_asgi
-
-        bare_asgi.serve(port, server)
-    return 0
-
-
-def installed(server: str) -> bool:
-    """Whether `server` can run here (uvicorn and granian are in the `bench` extra only)."""
-    if server == "aiohttp":
-        return True
-    from workers.harness.bench import bare_asgi
-
-    return bare_asgi.installed(server)
-
-
-class BareServer:
-    """A bare server's process: `url` to talk to it, `pid` (the process that serves, which for
-    granian is its worker, not the process started) to read its RSS and CPU."""
-
-    def __init__(self, process: subprocess.Popen[bytes], port: int, pid: int) -> None:
-        self.process = process
-        self.url = f"http://127.0.0.1:{port}"
-        self.pid = pid
-
-
-def _serving_pid(url: str, process: subprocess.Popen[bytes], within_s: float = 60) -> int:
-    deadline = time.monotonic() + within_s
-    while process.poll() is None and time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as answer:
-                return int(json.loads(answer.read())["pid"])
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"the bare server did not start (exit status {process.poll()})")
-
-
-@contextmanager
-def bare_server(server: str = "aiohttp") -> Iterator[BareServer]:
-    """Start the bare server on `server`, yield it once it answers, stop it (and any worker
-    process it started: it runs in a session of its own) after."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "workers.harness.bench.bare_sync", str(port), server],
-        stdout=sys.stderr.fileno(),  # the benchmark's stdout is its JSON result; granian logs there
-        start_new_session=True,
-    )
-    try:
-        pid = _serving_pid(f"http://127.0.0.1:{port}", process)
-        yield BareServer(process, port, pid)
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        with suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "aiohttp"))

@@ -52,7 +52,7 @@ from workers.harness.bench._common import (
     process_usage,
     progress,
 )
-from workers.harness.bench.bare_sync import SERVERS, bare_server, installed
+from workers.harness.bench.bare_server import SERVERS, bare_server, installed
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked, wait_held
 from workers.harness.bench.profile import Profiles, profile
 from workers.harness.bench.room_setup import populate

@@ -43,7 +43,7 @@ from workers.harness.bench._common import (
     progress,
 )
 from workers.harness.bench._processes import ProcessPool
-from workers.harness.bench.bare_sync import bare_server
+from workers.harness.bench.bare_server import bare_server
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked
 from workers.harness.bench.room_setup import populate
 from workers.process import event_loop

@@ -7,7 +7,7 @@ any live one). A pagination token is `t<ordering>`, "just after that event"; a s
 may change, `workers.handlers.placement.room_leases`; each takes over only after the previous one's events,
 so what a token covers of a room is always a prefix of its events.)
 
-Who sees what follows the room's history visibility (`workers.handlers.sync.history_visibility`), as
+Who sees what follows the room's history visibility (`workers.handlers.rooms.history_visibility`), as
 sync does: a `shared` room's events before a join to whoever joined after them, an `invited`
 room's from the invite on, a `joined` room's while joined, a `world_readable` room's to anyone
 (a non-member too); backfilled history (negative orderings) is shown to current members, and in
@@ -24,8 +24,8 @@ import asyncpg
 
 from idgen import SyncToken
 from workers.handlers.caches.lru import SyncCaches
+from workers.handlers.rooms.history_visibility import WORLD_READABLE, current, may_see_event
 from workers.handlers.rooms.versions import RoomVersions, render
-from workers.handlers.sync.history_visibility import WORLD_READABLE, current, may_see_event
 from workers.handlers.sync.room_sections import pagination_token
 from workers.model import Event
 from workers.storage import events as store

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.handlers.sync.history_visibility import all_permissive, current, may_see, visibility_at
+from workers.handlers.rooms.history_visibility import all_permissive, current, may_see, visibility_at
 
 # The user: invited at 10, joined at 20, left at 30, joined again at 40.
 MEMBERSHIP = ((10, "invite"), (20, "join"), (30, "leave"), (40, "join"))
