@@ -19,6 +19,11 @@ The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rul
 Start-up (the positions read, checked and repaired, and where we differ from Synapse):
 `idgen.startup`.
 
+Over 500 lines: the allocation, the finishing of IDs and the position upserts share the generator's
+state and its few connections, and their interleavings (an upsert riding on the next allocation,
+a timer taking over when idle) read best in one place; the rules are `idgen.positions`, the
+connections `idgen._lane`.
+
 Assumptions: instance names are unique among running processes, and a restarted instance's previous
 process is dead. Remove a writer from `writers` (`set_writers`, at run time) only once it can write no more.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,6 +222,26 @@ class ReplicationClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    async def wait_heard(self, writers: Mapping[str, Iterable[str]], within_s: float) -> set[tuple[str, str]]:
+        """Wait (at most `within_s`) until every other writer of `writers` (stream -> writers) has
+        been heard on this connection; the (stream, writer) pairs still unheard."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+
+        def unheard() -> set[tuple[str, str]]:
+            return {
+                (stream, writer)
+                for stream, names in writers.items()
+                for writer in names
+                if writer != self.settings.instance_name and not self.handler.is_connected(stream, writer)
+            }
+
+        pending = unheard()
+        while pending and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            pending = unheard()
+        return pending
 
     def _subscribed(self) -> None:
         task = asyncio.get_running_loop().create_task(self._after_subscribe())

@@ -216,11 +216,12 @@ def test_handler_families_import_one_way() -> None:
         for name, path in _modules().items()
         if (family := _family(name)) is not None
         for target in _imports(name, path, top_level_only=False)
-        if ((other := _family(target)) is not None
-        and other != family
-        and HANDLER_FAMILIES[other] >= HANDLER_FAMILIES[family])
-        or (family is not None
-        and target.startswith(("workers.http", "workers.assembly", "workers.app")))
+        if (
+            (other := _family(target)) is not None
+            and other != family
+            and HANDLER_FAMILIES[other] >= HANDLER_FAMILIES[family]
+        )
+        or (family is not None and target.startswith(("workers.http", "workers.assembly", "workers.app")))
     }
     assert offenders == set()
 

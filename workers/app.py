@@ -1,29 +1,20 @@
 """One worker process's life: start, serve, stop (run by `fanout worker --config FILE`).
 
-Start-up, each phase logged with its duration: connect to Postgres, apply migrations, load the ID
-generators (eagerly, so a write never waits on a lazy load), subscribe to Redis and announce,
-catch up (every writer of every stream heard once, bounded), start the persisters and background
-tasks this instance runs, then serve HTTP. Only then is /health ready.
+Start-up, each phase logged with its duration: connect to PostgreSQL and Redis, migrate, hold the
+instance name, load the ID generators, subscribe and announce, catch up (every writer of every
+stream heard once, bounded), start the persisters and the background tasks this instance runs,
+then serve HTTP. Only then is /health ready. What an instance does comes from its configuration
+alone: it persists a stream when listed among its writers (`WorkerConfig.writers_of`), runs the
+tasks in `background_tasks`, and serves reads unless `serve_reads` is false (then it applies only
+the caches stream's rows and follows every other stream for positions only).
 
-What an instance does comes from the configuration alone: it persists events when it is listed in
-`stream_writers.events`, runs the background tasks in `background_tasks`, and serves /sync and room
-state unless `serve_reads` is false. A worker that serves no reads applies no other writer's rows
-but the caches stream's (it still caches access tokens, and the caches rows end them): it follows
-every other stream for positions only (a persister still needs them: the position it announces
-when idle is the highest one it has heard of), which saves it the validation and the cache work
-of every row the other writers publish.
+Every batch, replicated or written here, keeps the ordering rule: invalidate the caches, advance
+the generator, wake the readers (`workers.assembly.batch_order`). SIGTERM/SIGINT: refuse new
+requests (503), drain the writes, hand the rooms on, let requests in flight end (at most
+`SHUTDOWN_GRACE_S`), announce, close, all within `shutdown_timeout_s` (`workers.process.shutdown`).
 
-Order on every replicated batch (the rule that keeps readers from seeing stale data): the apply
-callback invalidates caches, pubsub advances the generator, then the position listener wakes
-readers. The persister keeps the same order for its own writes. Those callbacks are
-`workers.assembly.batch_order.BatchOrder`.
-
-SIGTERM/SIGINT: stop taking requests (503), finish queued writes, let requests in flight end (at
-most `SHUTDOWN_GRACE_S`, then they answer 503), announce final positions, close, exit 0.
-
-Over 400 lines, one class: each start-up phase has its undo in `stop()`, which runs whatever
-started (also after a failed start), and the two read best side by side. What a phase does lives
-in its own module (handlers, storage, streams, http); this module only orders them.
+Each start-up phase has its undo in `stop()`, which runs whatever started (also after a failed
+start), and the two read best side by side; what a phase does lives in its own module.
 """
 
 from __future__ import annotations
@@ -36,20 +27,19 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-import asyncpg
-import redis.exceptions
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from idgen import InstanceMap, MultiWriterIdGenerator
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from workers.assembly.batch_order import BatchOrder
-from workers.assembly.ephemeral import install_ephemeral
-from workers.assembly.reload import ConfigReload, LiveWriters, writers_of
-from workers.assembly.stored import NAMES as STORED_STREAMS
+from workers.assembly.client_app import Served, client_application, listen
+from workers.assembly.ephemeral import Ephemeral
+from workers.assembly.generators import load_generators
+from workers.assembly.health import WorkerHealth
+from workers.assembly.reload import RELEASE_S, LiveWriters
 from workers.assembly.stored import StoredStreams
-from workers.config import ConfigError, WorkerConfig
+from workers.config import STORED_STREAMS, ConfigError, WorkerConfig
 from workers.handlers.caches.applied import AppliedRangesRecorder
 from workers.handlers.caches.lru import CacheRows, SyncCaches
 from workers.handlers.caches.retention import InvalidationRetentionTask
@@ -57,7 +47,7 @@ from workers.handlers.notify.notifier import DeferredWakes, Notifier
 from workers.handlers.placement.room_leases import RoomLeases
 from workers.handlers.rooms.deletions import RoomDeletions
 from workers.handlers.rooms.persist import EventPersister
-from workers.handlers.rooms.purge import RoomEnd
+from workers.handlers.rooms.purge import RoomEnd, RoomGate
 from workers.handlers.rooms.rules import RoomViews
 from workers.handlers.rooms.stats import RoomStatsTask
 from workers.handlers.rooms.versions import RoomVersions
@@ -67,17 +57,13 @@ from workers.handlers.sync.filter import PATTERN_CACHE
 from workers.handlers.sync.handler import SyncHandler, SyncObservers
 from workers.handlers.sync.messages import Messages
 from workers.handlers.sync.recent_events import RecentEvents
-from workers.http.accounts import AccountSettings
-from workers.http.auth import TOKEN_CACHE, token_loader
-from workers.http.client_api import ApiDeps, ClientApi
+from workers.http.auth import token_loader
 from workers.http.federation_client import FederationClient
-from workers.http.health import CacheCollector, CacheStats, ReadinessCollector, health_routes
+from workers.http.health import CacheCollector, CacheStats, ReadinessCollector
 from workers.http.in_flight import InFlight
-from workers.http.limits import runner_limits
 from workers.http.rate_limits import RateLimiter, RateLimitSettings, limiter_client
-from workers.http.read_forwarding import ReadRouting
-from workers.http.timing import request_timing
 from workers.process import event_loop
+from workers.process.connect import connect_database, migrate, wait_for_redis
 from workers.process.connection_budget import check_server
 from workers.process.gc_tuning import tune_gc
 from workers.process.instance_lease import InstanceLease
@@ -85,32 +71,21 @@ from workers.process.metrics import WorkerMetrics
 from workers.process.position_hints import discard_hints_ahead
 from workers.process.previous_release import PreviousRelease
 from workers.process.reachability import PostgresProbe
-from workers.process.shutdown import ShutdownOutcome, run_steps
-from workers.process.startup_retry import connect_with_retry, ping_direct_postgres, ping_redis, where
-from workers.storage import connect, create_pool, pooled
+from workers.process.shutdown import ShutdownOutcome, Step, run_steps
+from workers.process.startup_retry import where
 from workers.storage import events as event_store
-from workers.storage.migrate import apply_migrations
-from workers.storage.named_pool import TransactionTimer
+from workers.storage import pooled
 from workers.streams.caches import CACHES, caches_stream
 from workers.streams.device_lists import DEVICE_LISTS
 from workers.streams.events import BACKFILL, EVENTS, backfill_stream, events_stream
 
 log = logging.getLogger(__name__)
 #: How long a stopping persister tries to release its rooms (PostgreSQL may be unreachable).
-ROOM_RELEASE_S = 3.0
 CATCH_UP_INTERVALS = 10
 #: One shutdown step's bound (the whole has `shutdown_timeout_s`).
 SHUTDOWN_STEP_S = 10.0
 #: At SIGTERM, how long requests in flight may run on before they are ended with a 503.
 SHUTDOWN_GRACE_S = 2.0
-#: The events writer's `stream_positions` row may lag its writes by this long: the upsert rides on the
-#: next allocation (no round trip of its own per batch, none before the sends are answered).
-EVENTS_POSITION_DELAY_S = 0.05
-#: What "not reachable yet" looks like at start-up (retried for `startup_retry_s`).
-#: The migrations' transaction name (they run in `Worker.start`, a name that would say nothing).
-_MIGRATIONS = "workers.storage.migrate.apply_migrations"
-_POSTGRES_DOWN = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
-_REDIS_DOWN = (OSError, TimeoutError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 class Worker:
@@ -125,8 +100,7 @@ class Worker:
         self._ready = False
         self._accepting = True
         self._stopping = False
-        self._runner: web.AppRunner | None = None
-        self._metrics_runner: web.AppRunner | None = None
+        self.served: Served | None = None
         self.in_flight = InFlight()
         self.http_port = config.http_port
         self.persister: EventPersister | None = None
@@ -138,18 +112,18 @@ class Worker:
         self.generators: dict[str, MultiWriterIdGenerator] = {}
         self.lease: InstanceLease | None = None
         self.room_leases: RoomLeases | None = None
+        self.cache_rows: CacheRows | None = None
         self.previous_release: PreviousRelease | None = None
         self._postgres_probe: PostgresProbe | None = None
         self.rate_limits: RateLimiter | None = None
         self.messages: Messages | None = None
-        self._reload: ConfigReload | None = None
         self.live_writers = LiveWriters(self)
         #: Set when this process lost its instance name: it must stop (and exit 1).
         self.lease_lost = asyncio.Event()
         self.metrics = WorkerMetrics(self.registry, lambda: self.notifier.waiting)
+        self.status = WorkerHealth(self)
+        self.health, self.readiness = self.status.health, self.status.readiness
         self.registry.register(ReadinessCollector(self.readiness))
-        #: The caches of the HTTP routes and the ephemeral streams, once `_serve` has built them.
-        self._served_caches: list[CacheStats] = []
         self.registry.register(CacheCollector(self._all_caches))
 
     # -- start-up ------------------------------------------------------------------------------
@@ -160,51 +134,20 @@ class Worker:
         yield
         log.info("phase=%s took=%.3fs instance=%s", name, time.monotonic() - started, self.name)
 
-    def writers(self, stream: str) -> list[str]:
-        return writers_of(self.config, stream)
-
     async def start(self) -> None:
         """Start every part in order; on failure, whatever started is stopped by `stop()`.
 
         Postgres and Redis are retried for `startup_retry_s` (then `Unreachable`); a configuration
         that names no writer of the events stream raises `ConfigError` before anything starts."""
         config = self.config
-        if not self.writers(EVENTS):
+        if not self.config.writers_of(EVENTS):
             raise ConfigError("stream_writers names no writer of the 'events' stream")
         with self._phase("connect_database"):
-            self.pool = await connect_with_retry(
-                "PostgreSQL", config.database_url,
-                lambda: create_pool(
-                    config.database_url, config.db_pool_size,
-                    transaction_pooler=config.database_pooler == "transaction",
-                ),
-                config.startup_retry_s, _POSTGRES_DOWN,
-            )  # fmt: skip
-            self.db_timer = self.pool.timer = TransactionTimer(self.registry, config.db_slow_transaction_s)
-            if config.database_direct_url is not None:
-                pinging = time.perf_counter()
-                await connect_with_retry(
-                    "PostgreSQL (database_direct_url)", config.database_direct_url,
-                    lambda: ping_direct_postgres(config.session_database_url),
-                    config.startup_retry_s, _POSTGRES_DOWN,
-                )  # fmt: skip
-                self.db_timer.observe_held(
-                    "workers.process.startup_retry.ping_direct_postgres", time.perf_counter() - pinging
-                )
+            self.pool, self.db_timer = await connect_database(config, self.registry)
         with self._phase("connect_redis"):
-            await connect_with_retry(
-                "Redis", config.redis_url, lambda: ping_redis(config.redis_url),
-                config.startup_retry_s, _REDIS_DOWN,
-            )  # fmt: skip
+            await wait_for_redis(config)
         with self._phase("migrate"):
-            if config.database_direct_url is None:
-                async with self.pool.acquire(name=_MIGRATIONS) as conn:
-                    await apply_migrations(conn)
-            else:  # its advisory lock needs one session: never through a transaction pooler
-                migrating = time.perf_counter()
-                async with connect(config.database_direct_url) as direct:
-                    await apply_migrations(direct)
-                self.db_timer.observe_held(_MIGRATIONS, time.perf_counter() - migrating)
+            await migrate(config, self.pool, self.db_timer)
         with self._phase("hold_instance_name"):
             taking = time.perf_counter()
             self.lease = await InstanceLease.acquire(
@@ -219,27 +162,12 @@ class Worker:
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)
             await self.instance_map.get_id(self.name)
-            events_table = [("events", "instance_name", "stream_ordering")]
-            self.generators = {
-                EVENTS: await MultiWriterIdGenerator.create(
-                    self.pool, stream_name=EVENTS, instance_name=self.name, tables=events_table,
-                    sequence_name="events_stream_seq", writers=self.writers(EVENTS),
-                    position_delay_s=EVENTS_POSITION_DELAY_S,
-                ),
-                BACKFILL: await MultiWriterIdGenerator.create(
-                    self.pool, stream_name=BACKFILL, instance_name=self.name, tables=events_table,
-                    sequence_name="events_backfill_stream_seq", writers=self.writers(BACKFILL),
-                    positive=False,
-                ),
-                CACHES: await MultiWriterIdGenerator.create(
-                    self.pool, stream_name=CACHES, instance_name=self.name,
-                    tables=[("cache_invalidation_stream_by_instance", "instance_name", "stream_id")],
-                    sequence_name="cache_invalidation_stream_seq", writers=self.writers(CACHES),
-                    track_positions_table=False,
-                ),
-            }  # fmt: skip
+            self.generators = await load_generators(self.pool, config)
             self.stored = await StoredStreams.load(
-                self.pool, config, self.writers, FederationClient(config.remote_servers).user_devices
+                self.pool,
+                config,
+                lambda stream: self.config.writers_of(stream),
+                FederationClient(config.remote_servers).user_devices,
             )
             self.generators.update(self.stored.generators)
         self.caches = SyncCaches(
@@ -270,16 +198,16 @@ class Worker:
             ),
         )
         streams: list[Stream[Any]] = [
-            events_stream(self.pool, self.generators[EVENTS], self.writers(EVENTS)),
-            backfill_stream(self.pool, self.generators[BACKFILL], self.writers(BACKFILL)),
-            caches_stream(self.pool, self.generators[CACHES], self.writers(CACHES)),
+            events_stream(self.pool, self.generators[EVENTS], self.config.writers_of(EVENTS)),
+            backfill_stream(self.pool, self.generators[BACKFILL], self.config.writers_of(BACKFILL)),
+            caches_stream(self.pool, self.generators[CACHES], self.config.writers_of(CACHES)),
             *self.stored.streams(),
         ]
         # What this run applies of the caches stream, for the audit's reconciliation of what readers
         # applied; a worker that serves no reads applies no invalidation that matters and keeps none.
         if config.serve_reads:
             self.applied = AppliedRangesRecorder(self.pool, self.name, CACHES)
-            for writer in self.writers(CACHES):
+            for writer in self.config.writers_of(CACHES):
                 self.applied.begin(writer, self.generators[CACHES].get_current_token_for_writer(writer))
         with self._phase("subscribe"):
             self.replication = ReplicationClient(
@@ -299,18 +227,27 @@ class Worker:
                 self.replication, self.caches, self.notifier, self.replication.handler.is_connected
             )
             self.sync.stored = self.stored.sections
-            if self.name in self.writers(DEVICE_LISTS):
-                self.stored.device_lists.cache_rows = CacheRows(
+            # The caches-stream rows this worker writes beside its changes (a device_lists writer,
+            # a room's end on a persister), applied here and published in the ordering rule's order.
+            if self.name in self.config.writers_of(CACHES):
+                self.cache_rows = CacheRows(
                     self.name, self.generators[CACHES], lambda rows: self.order.committed([], [], rows),
                     self.order.cache_row_uncertain, lambda rows: self.order.finished([], [], rows),
                 )  # fmt: skip
-                self.stored.one_time_keys.cache_rows = self.stored.device_lists.cache_rows
+            if self.name in self.config.writers_of(DEVICE_LISTS):
+                self.stored.device_lists.cache_rows = self.stored.one_time_keys.cache_rows = self.cache_rows
             await self.replication.start()
         with self._phase("check_position_hints"):
             hints = await self.replication.transport.hint_client()
             await discard_hints_ahead(hints, config.channel_prefix, self.generators)
         with self._phase("catch_up"):
-            await self._wait_caught_up(config.position_announce_interval_s * CATCH_UP_INTERVALS)
+            within_s = config.position_announce_interval_s * CATCH_UP_INTERVALS
+            heard = (EVENTS, BACKFILL, CACHES, *STORED_STREAMS)
+            unheard = await self.replication.wait_heard({n: config.writers_of(n) for n in heard}, within_s)
+            if unheard:
+                log.warning(
+                    "start-up: not heard from %s within %.1fs; serving anyway", sorted(unheard), within_s
+                )
         if self.applied is not None:
             self.applied.start()
         with self._phase("check_previous_release"):  # before any room is taken
@@ -328,23 +265,10 @@ class Worker:
                     config.writer_wait_s,
                 )  # fmt: skip
                 self.room_leases.hashed_writer = functools.partial(
-                    previous.hashed_writer, writers=self.writers(EVENTS)
+                    previous.hashed_writer, writers=self.config.writers_of(EVENTS)
                 )
-                self.persister = EventPersister(
-                    self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
-                    on_committed=self.order.committed, on_finished=self.order.finished,
-                    max_in_flight=config.persist_batches_in_flight, room_versions=self.room_versions,
-                    on_uncertain=self.order.uncertain, fence=self.lease.fence if self.lease else None,
-                    room_leases=self.room_leases,
-                )  # fmt: skip
-                self.backfill_persister = EventPersister(
-                    self.pool, self.name, self.generators[BACKFILL], None,
-                    on_committed=self.order.committed, on_finished=self.order.finished, backfill=True,
-                    room_versions=self.room_versions, on_uncertain=self.order.uncertain,
-                    fence=self.lease.fence if self.lease else None, room_leases=self.room_leases,
-                )  # fmt: skip
-                self.persister.start()
-                self.backfill_persister.start()
+                self.persister = self._persister(EVENTS, self.generators[CACHES])
+                self.backfill_persister = self._persister(BACKFILL, None)
         if "room_stats" in config.background_tasks:
             with self._phase("start_background"):
                 self.room_stats = RoomStatsTask(self.pool, self.generators[EVENTS], self.notifier)
@@ -367,138 +291,60 @@ class Worker:
             self.name, config.http_host, self.http_port, event_loop.name(),
         )  # fmt: skip
 
+    def _persister(self, stream: str, caches: MultiWriterIdGenerator | None) -> EventPersister:
+        """A started persister of `stream` (events, or backfill's negative orderings)."""
+        persister = EventPersister(
+            self.pool, self.name, self.generators[stream], caches,
+            on_committed=self.order.committed, on_finished=self.order.finished, backfill=stream == BACKFILL,
+            max_in_flight=self.config.persist_batches_in_flight, room_versions=self.room_versions,
+            on_uncertain=self.order.uncertain, fence=self.lease.fence if self.lease else None,
+            room_leases=self.room_leases,
+        )  # fmt: skip
+        persister.start()
+        return persister
+
+    async def _room_writes(self) -> RoomWrites:
+        """The room writes, with the room's end (purge, last member gone, deletions) where this
+        worker persists events and writes the caches stream."""
+        config, gate = self.config, RoomGate()
+        end, deletions = None, None
+        if self.persister is not None and self.cache_rows is not None:
+            end = RoomEnd(self.pool, config.server_name, self.persister, self.cache_rows, gate)
+            deletions = RoomDeletions(self.pool, self.name, end)
+            await deletions.interrupted()
+        previous = self.previous_release
+        return RoomWrites(
+            self.name, config.writers_of(EVENTS), self.pool, self.persister, self.backfill_persister,
+            self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
+            forwarder=self.ephemeral.requests, leases=self.room_leases, end=end, deletions=deletions,
+            hears=lambda writer: self.replication.handler.is_connected(EVENTS, writer), gate=gate,
+            owner_wait_s=config.writer_wait_s, by_hash=None if previous is None else lambda: previous.live,
+        )  # fmt: skip
+
     async def _serve(self) -> None:
         config = self.config
-        self.room_writes = RoomWrites(
-            self.name, self.writers(EVENTS), self.pool, self.persister, self.backfill_persister,
-            self.room_views, self.generators[EVENTS], self.notifier, config.server_name,
-        )  # fmt: skip
+        self.ephemeral = Ephemeral(self)  # typing, presence, worker requests; mounted below
+        self.room_writes = await self._room_writes()
         # A room's end (purge, last local member gone) drops what every worker keeps of it.
         self.caches.room_ended += [
             self.room_views.forget_room, self.sync.bodies.forget_room, self.room_versions.cache.invalidate,
         ]  # fmt: skip
-        if self.persister is not None and self.name in self.writers(CACHES):
-            self.room_writes.end = RoomEnd(
-                self.pool, config.server_name, self.persister,
-                CacheRows(
-                    self.name, self.generators[CACHES], lambda rows: self.order.committed([], [], rows),
-                    self.order.cache_row_uncertain, lambda rows: self.order.finished([], [], rows),
-                ),
-                self.room_writes.gate,
-            )  # fmt: skip
-            self.room_writes.deletions = RoomDeletions(self.pool, self.name, self.room_writes.end)
-            await self.room_writes.deletions.interrupted()
-        reads = config.serve_reads
-        if reads:
+        if config.serve_reads:
             self.messages = Messages(
-                self.pool, self.caches, self.writers(EVENTS), self.sync.decode, self.sync.current_token,
+                self.pool, self.caches, config.writers_of(EVENTS), self.sync.decode, self.sync.current_token,
                 self.room_versions,
             )  # fmt: skip
         self.rate_limits = RateLimiter(
             limiter_client(config), config.channel_prefix, RateLimitSettings.from_config(config), self.pool,
             self.registry,
         )  # fmt: skip
-        api = ClientApi(
-            ApiDeps(
-                pool=self.pool,
-                accounts=AccountSettings(
-                    config.server_name, config.registration, config.registration_shared_secret
-                ),
-                writes=self.room_writes,
-                sync=self.sync if reads else None,
-                messages=self.messages,
-                metrics=self.registry,
-                health=self.health,
-                accepting=lambda: self._accepting,
-                account_data=self.stored.account_data,
-                device_lists=self.stored.device_lists,
-                one_time_keys=self.stored.one_time_keys,
-                receipts=self.stored.receipts,
-                to_device=self.stored.to_device,
-                default_room_version=config.default_room_version,
-                federation_secret=config.worker_secret,
-                rate_limits=self.rate_limits,
-                reads=ReadRouting(self.name, reads, config.read_workers, config.worker_request_timeout_s),
-            )
-        )
-        app = api.application()
-        if self.caches.access_tokens is not None:
-            app[TOKEN_CACHE] = self.caches.access_tokens
-        app.middlewares.insert(0, request_timing(self.registry))
-        app.middlewares.insert(0, self.in_flight.middleware)
-        self.ephemeral = install_ephemeral(app, self)  # typing, presence, worker requests
-        filters = api.sync_routes.filters
-        self._served_caches += [filters.uploaded, filters.inline]
-        self._served_caches.append(self.ephemeral.presence.view.changes)
-        self.room_writes.forwarder = self.ephemeral.requests
-        self.room_writes.owner_wait_s = config.writer_wait_s
-        self.room_writes.leases = self.room_leases
-        if (previous := self.previous_release) is not None:
-            self.room_writes.placement.by_hash = lambda: previous.live
-        if api.deps.reads is not None:  # reads relayed by worker request, caught up to the relayer
-            api.deps.reads.requests = self.ephemeral.requests
-            api.deps.reads.wait_for_positions = self.ephemeral.wait_for_positions
-        self.room_writes.hears = lambda writer: self.replication.handler.is_connected(EVENTS, writer)
         self.sync.ephemeral = self.ephemeral
-        api.deps.ephemeral.typing = self.ephemeral.typing
-        api.deps.ephemeral.presence = self.ephemeral.presence
-        api.deps.ephemeral.sync_tracker = self.ephemeral.sync_tracker if self.config.serve_reads else None
-        app.add_routes(self.ephemeral.internal.room_routes(self.room_writes))
-        app.add_routes(self.ephemeral.internal.stream_write_routes(self.stored.writes))
         self.stored.set_forwarder(self.ephemeral.requests, config.writer_wait_s)
-        limits = runner_limits(
-            self.registry, self.config.http_max_line_bytes, self.config.http_max_header_bytes
+        app, caches = client_application(
+            self, self.ephemeral, self.room_writes, self.messages, self.rate_limits, self.health
         )
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0, **limits)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.http_host, self.config.http_port, backlog=1024)
-        await site.start()
-        if self.config.metrics_port is not None:
-            metrics_app = web.Application()
-            metrics_app.add_routes(health_routes(self.health, self.registry))
-            self._metrics_runner = web.AppRunner(metrics_app, access_log=None)
-            await self._metrics_runner.setup()
-            await web.TCPSite(self._metrics_runner, self.config.http_host, self.config.metrics_port).start()
-        if self.config.http_port == 0 and site._server is not None:
-            sockets = getattr(site._server, "sockets", None) or []
-            if sockets:
-                self.http_port = sockets[0].getsockname()[1]
-
-    async def _wait_caught_up(self, limit_s: float) -> None:
-        """Until every writer of every stream has been heard on this connection (bounded)."""
-        deadline = time.monotonic() + limit_s
-        pending = self._unheard()
-        while pending and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            pending = self._unheard()
-        if pending:
-            log.warning("start-up: not heard from %s within %.1fs; serving anyway", sorted(pending), limit_s)
-
-    def _unheard(self) -> set[tuple[str, str]]:
-        handler = self.replication.handler
-        return {
-            (stream, writer)
-            for stream in (EVENTS, BACKFILL, CACHES, *STORED_STREAMS)
-            for writer in self.writers(stream)
-            if writer != self.name and not handler.is_connected(stream, writer)
-        }
-
-    # -- configuration reload (SIGHUP) ----------------------------------------------------------
-
-    def reload(self, path: str) -> None:
-        """Read the configuration file again and apply what changes online (`workers.assembly.reload`)."""
-        if not self._ready or self._stopping:
-            log.warning(
-                "config reload ignored: the worker is %s", "stopping" if self._stopping else "starting"
-            )
-            return
-        if self._reload is None:
-            self._reload = ConfigReload(path, self.config, self.registry)
-        plan = self._reload.read()
-        if plan is not None:
-            self.live_writers.apply(plan)
-
-    # -- health and shutdown -------------------------------------------------------------------
+        self.served = await listen(app, caches, self, self.health)
+        self.http_port = self.served.port
 
     def _all_caches(self) -> list[CacheStats]:
         """For the scrape: every in-process cache, as far as start-up has built them."""
@@ -507,67 +353,25 @@ class Worker:
         return [
             *self.caches.all(), self.room_views.rooms, self.room_views.memberships,
             self.room_versions.cache, self.instance_map, self.sync.bodies, self.sync.recent,
-            self.sync.token_cache, PATTERN_CACHE, *self.stored.changes.values(), *self._served_caches,
+            self.sync.token_cache, PATTERN_CACHE, *self.stored.changes.values(),
+            *(self.served.caches if self.served is not None else []),
         ]  # fmt: skip
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        replication = self.replication.health()
-        detail: dict[str, Any] = {
-            "instance": self.name,
-            "accepting": self._accepting,
-            "replication": replication,
-            "persisted_upto": {s: g.get_current_token() for s, g in self.generators.items()},
-        }
-        if self.persister is not None:
-            detail["persister"] = {"events": self.persister.events, "batches": self.persister.batches,
-                                   "queued": self.persister.queued,
-                                   "batches_in_flight": self.persister.batches_in_flight}  # fmt: skip
-        if self.room_stats is not None:
-            detail["room_stats"] = {
-                "position": self.room_stats.position,
-                "processed": self.room_stats.processed,
-            }
-        ready, degraded, reasons, degraded_reasons = self.readiness()
-        detail.update(reasons=reasons, degraded=degraded, degraded_reasons=degraded_reasons)
-        return ready, detail
+    @property
+    def started(self) -> bool:
+        return self._ready
 
-    def readiness(self) -> tuple[bool, bool, list[str], list[str]]:
-        """(ready, degraded, why not ready, why degraded), from in-memory state only (no metrics,
-        no query): what /health/ready and the scrape-time gauges both report."""
-        client = self.replication
-        now = asyncio.get_running_loop().time()
-        silent = client.handler.silent_writers(now, client.silent_after_s)
-        replication: dict[str, Any] = {
-            "subscribed": client.transport.subscribed.is_set(),
-            "silent_writers": [{"stream": s, "instance": w, "quiet_s": round(q, 3)} for s, w, q in silent],
-            "streams": client.handler.stream_status(now),
-        }
-        reasons = self._unready_reasons(replication)
-        degraded_reasons = [
-            f"writer {w['instance']} of {w['stream']} silent for {w['quiet_s']}s"
-            for w in replication["silent_writers"]
-        ]
-        return not reasons, bool(silent), reasons, degraded_reasons
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
 
-    def _unready_reasons(self, replication: dict[str, Any]) -> list[str]:
-        """Why this worker is not ready (empty: ready). Silent writers are never a reason."""
-        reasons = []
-        if not self._ready:
-            reasons.append("starting")
-        if not self._accepting:
-            reasons.append("stopping" if not self.lease_lost.is_set() else "lost its instance name")
-        if not replication["subscribed"]:
-            reasons.append("Redis: not subscribed")
-        if self._postgres_probe is not None and self._postgres_probe.error is not None:
-            reasons.append(f"PostgreSQL: {self._postgres_probe.error}")
-        silent = {(w["stream"], w["instance"]) for w in replication["silent_writers"]}
-        for stream, writers in replication["streams"].items():
-            for writer, state in writers.items():
-                announced = state["announced"]
-                if (stream, writer) in silent or announced is None or state["position"] >= announced:
-                    continue
-                reasons.append(f"catching up: {stream} from {writer} at {state['position']} of {announced}")
-        return reasons
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def postgres_probe(self) -> PostgresProbe | None:
+        return self._postgres_probe
 
     def _lost_instance_name(self) -> None:
         """Another process may now take our name: refuse requests at once, then let the owner stop us."""
@@ -586,38 +390,40 @@ class Worker:
         if hasattr(self, "sync"):  # start-up may have failed before the handler existed
             self.sync.closing = True
         self.notifier.notify_all()
-        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [("stop_reload", self.live_writers.stop)]
+        steps: list[Step] = [("stop_reload", self.live_writers.stop)]
         if getattr(self, "room_writes", None) is not None and self.room_writes.deletions is not None:
             steps.append(("finish_room_deletions", self.room_writes.deletions.stop))
         for persister in (self.persister, self.backfill_persister):
             if persister is not None:
                 steps.append(("drain_writes", persister.stop))
         if self.room_leases is not None:
-            steps.append(("release_rooms", self.release_rooms))
+            steps.append(("release_rooms", self.live_writers.release_rooms))
         if hasattr(self, "stored"):
-            steps.append(("release_user_streams", self._release_stored))
+            steps.append(("release_user_streams", lambda: self.stored.drain(RELEASE_S)))
         if self.room_stats is not None:
             steps.append(("stop_background", self.room_stats.stop))
         if self.retention is not None:
             steps.append(("stop_retention", self.retention.stop))
         if self.federation_sender is not None:
             steps.append(("stop_federation_sender", self.federation_sender.stop))
-        if self._runner is not None:  # while replication runs, so a send in flight sees its event
+        if (served := self.served) is not None:  # while replication runs, so a send in flight sees its event
             steps.append(("end_requests", lambda: self.in_flight.settle(SHUTDOWN_GRACE_S)))
-            steps.append(("close_http", self._runner.cleanup))
+            steps.append(("close_http", served.runner.cleanup))
         if hasattr(self, "replication"):
             steps.append(("announce_and_unsubscribe", self.replication.stop))
         if self.applied is not None:
             steps.append(("record_applied", self.applied.stop))
-        if self._metrics_runner is not None:
-            steps.append(("close_metrics_http", self._metrics_runner.cleanup))
+        if served is not None and served.metrics_runner is not None:
+            steps.append(("close_metrics_http", served.metrics_runner.cleanup))
         if self.rate_limits is not None:
             steps.append(("close_rate_limits", self.rate_limits.close))
         if self._postgres_probe is not None:
             steps.append(("stop_probe", self._postgres_probe.stop))
         if self.previous_release is not None:
             steps.append(("stop_previous_release_check", self.previous_release.stop))
-        steps += [("close_generators", self._close_generators)]
+        steps.append(
+            ("close_generators", lambda: asyncio.gather(*(g.close() for g in self.generators.values())))
+        )
         if hasattr(self, "pool"):
             steps.append(("close_database", self.pool.close))
         if self.lease is not None:
@@ -635,41 +441,9 @@ class Worker:
                       outcome.describe())  # fmt: skip
         return outcome
 
-    def _timed(self, name: str, step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    def _timed(self, name: str, step: Callable[[], Awaitable[object]]) -> Callable[[], Awaitable[None]]:
         async def timed() -> None:
             with self._phase(f"shutdown:{name}"):
                 await step()
 
         return timed
-
-    async def release_rooms(self) -> None:
-        """Hand this persister's rooms on, once its writes drained and no commit outcome is left
-        unknown (such a batch may still commit: its rooms move only when this lease expires)."""
-        assert self.room_leases is not None
-        persisters = [p for p in (self.persister, self.backfill_persister) if p is not None]
-        unknown = sum(p.unknown_outcomes for p in persisters)
-        if unknown:
-            log.warning("rooms kept until the instance lease expires: %d batches of unknown outcome", unknown)
-            return
-        unfinished = sum(p.unfinished for p in persisters)
-        if unfinished:  # the drain was cut short: a release now could let them commit after it
-            log.warning("rooms kept until the instance lease expires: %d writes not drained", unfinished)
-            return
-        try:
-            await asyncio.wait_for(self.room_leases.release_all(), ROOM_RELEASE_S)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
-            log.warning("rooms not released (PostgreSQL: %s); they move when the instance lease expires",
-                        e or type(e).__name__)  # fmt: skip
-
-    async def _release_stored(self) -> None:
-        """Hand the stored streams' users (rooms, for receipts) written here on, once the
-        operations running here ended; not released, they move when the instance lease expires."""
-        try:
-            await self.stored.drain(ROOM_RELEASE_S)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
-            log.warning("stored-stream keys not released (PostgreSQL: %s); they move when the instance"
-                        " lease expires", e or type(e).__name__)  # fmt: skip
-
-    async def _close_generators(self) -> None:
-        for generator in self.generators.values():
-            await generator.close()

@@ -3,6 +3,10 @@
 `load_config(path)` is the only way in. Any problem (unreadable file, bad YAML, unknown or
 missing field, wrong type or value) raises `ConfigError` whose message names the file, each bad
 field and what is wrong with it; the CLI prints that message and exits with status 2.
+
+Over 500 lines: one field per setting, each with the description the generated reference
+(docs/configuration.md, `fanout config-reference`) prints, and its validators beside it; split,
+the model would scatter the one reference of what a worker takes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,15 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from workers.errors import WorkerError
 from workers.model import DEFAULT_ROOM_VERSION, SUPPORTED_ROOM_VERSIONS
+from workers.streams.account_data import ACCOUNT_DATA
+from workers.streams.caches import CACHES
+from workers.streams.device_lists import DEVICE_LISTS
+from workers.streams.events import BACKFILL, EVENTS
+from workers.streams.receipts import RECEIPTS
+from workers.streams.to_device import TO_DEVICE
+
+#: The stored streams: written by the events writers unless they have a list of their own.
+STORED_STREAMS = (ACCOUNT_DATA, DEVICE_LISTS, TO_DEVICE, RECEIPTS)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 ENV_PREFIX = "FANOUT_"
@@ -474,12 +487,29 @@ class WorkerConfig(BaseSettings):
                 raise ValueError(f"{name}: {e}") from None
         return value
 
-    def writers_of(self, stream: str) -> list[str]:
-        """The configured writers of `stream` (empty: nobody may write it)."""
+    def configured_writers(self, stream: str) -> list[str]:
+        """The writers `stream_writers` lists for `stream`, as written (empty: none listed); the
+        worker runs with `writers_of`."""
         return list(self.stream_writers.get(stream, []))
 
+    def writers_of(self, stream: str) -> list[str]:
+        """Who writes `stream`, the one rule start-up and reload share: backfill is written by the
+        events writers; the caches stream by its own writers (else the events writers) and by
+        every device_lists writer (it records the access tokens it ends there); a stored stream
+        without a list of its own by the events writers; any other stream by its list alone."""
+        listed = self.configured_writers
+        if stream == BACKFILL:
+            return listed(EVENTS)
+        if stream == CACHES:
+            own = listed(CACHES) or listed(EVENTS)
+            return own + [w for w in self.writers_of(DEVICE_LISTS) if w not in own]
+        if stream in STORED_STREAMS:
+            return listed(stream) or listed(EVENTS)
+        return listed(stream)
+
     def writes(self, stream: str) -> bool:
-        return self.instance_name in self.stream_writers.get(stream, [])
+        """Whether this instance writes `stream` (`writers_of`)."""
+        return self.instance_name in self.writers_of(stream)
 
     @classmethod
     def settings_customise_sources(

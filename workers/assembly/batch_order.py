@@ -21,9 +21,8 @@ from idgen import MultiWriterIdGenerator
 from pubsub.client import ReplicationClient
 from pubsub.streams import Stream
 from pubsub.types import Row
-from workers.assembly.stored import NAMES as STORED_STREAMS
 from workers.assembly.stored import StoredStreams
-from workers.config import WorkerConfig
+from workers.config import STORED_STREAMS, WorkerConfig
 from workers.handlers.caches.applied import AppliedRangesRecorder
 from workers.handlers.caches.lru import SyncCaches
 from workers.handlers.notify.notifier import DeferredWakes, Notifier

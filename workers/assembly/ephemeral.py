@@ -391,11 +391,3 @@ class Ephemeral:
         if not self.presence.is_writer:
             raise InternalError(409, "M_NOT_OWNER", f"{self.name} is not the presence writer")
         return await self.presence.get_presence(user_id)
-
-
-def install_ephemeral(application: web.Application, worker: WorkerParts) -> Ephemeral:
-    """`Ephemeral(worker)` mounted on `application` (build it first and `mount` it later when the
-    client API needs it before its application exists)."""
-    ephemeral = Ephemeral(worker)
-    ephemeral.mount(application)
-    return ephemeral

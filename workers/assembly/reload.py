@@ -42,9 +42,8 @@ from idgen import MultiWriterIdGenerator
 from pubsub.client import ReplicationClient
 from pubsub.tasks import cancel_and_wait
 from workers.assembly.ephemeral import Ephemeral
-from workers.assembly.stored import NAMES as STORED_STREAMS
 from workers.assembly.stored import StoredStreams
-from workers.config import ConfigError, WorkerConfig, load_config
+from workers.config import STORED_STREAMS, ConfigError, WorkerConfig, load_config
 from workers.handlers.caches.applied import AppliedRangesRecorder
 from workers.handlers.placement.room_leases import RoomLeases
 from workers.handlers.rooms.persist import EventPersister
@@ -54,8 +53,7 @@ from workers.process.instance_lease import fence_out
 from workers.process.previous_release import PreviousRelease
 from workers.routing import writer_for_room
 from workers.streams.caches import CACHES
-from workers.streams.device_lists import DEVICE_LISTS
-from workers.streams.events import BACKFILL, EVENTS
+from workers.streams.events import EVENTS
 
 
 class WorkerParts(Protocol):
@@ -77,10 +75,12 @@ class WorkerParts(Protocol):
 
     @property
     def pool(self) -> asyncpg.Pool: ...
-
-    def writers(self, stream: str) -> list[str]: ...
-
-    async def release_rooms(self) -> None: ...
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def started(self) -> bool: ...
+    @property
+    def stopping(self) -> bool: ...
 
 
 log = logging.getLogger(__name__)
@@ -95,21 +95,8 @@ LIVE_STREAMS = (EVENTS, CACHES, *STORED_STREAMS)
 POLL_S = 0.5
 #: The longest one settle of a removed writer's rows may take before it is tried again.
 SETTLE_S = 10.0
-
-
-def writers_of(config: WorkerConfig, stream: str) -> list[str]:
-    """The writers of `stream` in `config`, as the worker uses them: backfill is written by the
-    events writers; the caches stream by its own writers (else the events writers) and by every
-    device_lists writer (it records the access tokens it ends there); a stored stream without a
-    list of its own by the events writers."""
-    if stream == BACKFILL:
-        return config.writers_of(EVENTS)
-    if stream == CACHES:
-        own = config.writers_of(CACHES) or config.writers_of(EVENTS)
-        return own + [w for w in writers_of(config, DEVICE_LISTS) if w not in own]
-    if stream in STORED_STREAMS:
-        return config.writers_of(stream) or config.writers_of(EVENTS)
-    return config.writers_of(stream)
+#: How long a stopping writer tries to release its rooms and users (PostgreSQL may be unreachable).
+RELEASE_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,22 +150,22 @@ def plan_reload(old: WorkerConfig, new: WorkerConfig) -> ReloadPlan:
     ]
     stream_writers = dict(new.stream_writers)
     for stream in RESTART_STREAMS:
-        if old.writers_of(stream) != new.writers_of(stream):
+        if old.configured_writers(stream) != new.configured_writers(stream):
             restart_only.append(f"stream_writers.{stream}")
         stream_writers.pop(stream, None)
         if stream in old.stream_writers:
-            stream_writers[stream] = old.writers_of(stream)
+            stream_writers[stream] = old.configured_writers(stream)
     data: dict[str, Any] = {**old.model_dump(), "stream_writers": stream_writers}
     data["instance_map"] = new.instance_map
     try:
         config = load_config(None, **data)
     except ConfigError as e:
         raise ReloadRefused(str(e)) from None
-    if not writers_of(config, EVENTS):
+    if not config.writers_of(EVENTS):
         raise ReloadRefused("stream_writers names no writer of the 'events' stream")
     changes = []
     for stream in LIVE_STREAMS:
-        before, after = writers_of(old, stream), writers_of(config, stream)
+        before, after = old.writers_of(stream), config.writers_of(stream)
         if before == after:
             continue
         added = tuple(w for w in after if w not in before)
@@ -234,12 +221,27 @@ class LiveWriters:
 
     def __init__(self, worker: WorkerParts) -> None:
         self.worker = worker
+        self._reload: ConfigReload | None = None
         self._retiring: dict[str, asyncio.Task[None]] = {}
         self._rooms: asyncio.Task[None] | None = None
         #: A stored stream this worker no longer writes: its users handed on (`UserStreamWrites.drain`).
         self._users: list[asyncio.Task[bool]] = []
         #: Rooms this persister handed to another writer since it started.
         self.handed_on = 0
+
+    def reload(self, path: str) -> None:
+        """SIGHUP: read the configuration file `path` again and apply what changes online."""
+        worker = self.worker
+        if not worker.started or worker.stopping:
+            log.warning(
+                "config reload ignored: the worker is %s", "stopping" if worker.stopping else "starting"
+            )
+            return
+        if self._reload is None:
+            self._reload = ConfigReload(path, worker.config, worker.registry)
+        plan = self._reload.read()
+        if plan is not None:
+            self.apply(plan)
 
     def apply(self, plan: ReloadPlan) -> None:
         worker = self.worker
@@ -249,21 +251,21 @@ class LiveWriters:
         for name in [n for n in self._retiring if self._leaving(n) == []]:  # listed again
             self._retiring.pop(name).cancel()
         for stream, generator in worker.generators.items():
-            wanted = worker.writers(stream)
+            wanted = worker.config.writers_of(stream)
             leaving = [w for w in generator.writers if w not in wanted and w != worker.name]
             self._set_writers(stream, [*wanted, *leaving])
             for writer in leaving:
                 if writer not in self._retiring:
                     task = asyncio.create_task(self._retire(writer), name=f"retire:{writer}")
                     self._retiring[writer] = task
-        events = worker.writers(EVENTS)
+        events = worker.config.writers_of(EVENTS)
         writes = worker.room_writes
         writes.writers = list(events)
         writes.placement.set_writers(events)
         if worker.messages is not None:
             worker.messages.writers = list(events)
         for stream, stream_writes in worker.stored.writes.items():
-            stream_writes.writers = worker.writers(stream)
+            stream_writes.writers = worker.config.writers_of(stream)
             stream_writes.placement.set_writers(stream_writes.writers)
             users = stream_writes.leases
             if users is not None and not users.closed and worker.name not in stream_writes.writers:
@@ -299,7 +301,7 @@ class LiveWriters:
         return [
             stream
             for stream, generator in worker.generators.items()
-            if writer in generator.writers and writer not in worker.writers(stream)
+            if writer in generator.writers and writer not in worker.config.writers_of(stream)
         ]
 
     async def _retire(self, writer: str) -> None:
@@ -350,7 +352,7 @@ class LiveWriters:
         for persister in (worker.persister, worker.backfill_persister):
             if persister is not None:
                 await persister.stop()
-        await worker.release_rooms()
+        await self.release_rooms()
         log.warning(
             "%s is no longer a writer of events: queued writes finished, rooms released; it writes no"
             " events now and should be stopped (SIGTERM)", worker.name,
@@ -378,6 +380,26 @@ class LiveWriters:
             if len(ready) == len(moving):
                 return
             await asyncio.sleep(POLL_S)
+
+    async def release_rooms(self) -> None:
+        """Hand this persister's rooms on, once its writes drained and no commit outcome is left
+        unknown (such a batch may still commit: its rooms move only when this lease expires)."""
+        worker = self.worker
+        assert worker.room_leases is not None
+        persisters = [p for p in (worker.persister, worker.backfill_persister) if p is not None]
+        unknown = sum(p.unknown_outcomes for p in persisters)
+        if unknown:
+            log.warning("rooms kept until the instance lease expires: %d batches of unknown outcome", unknown)
+            return
+        unfinished = sum(p.unfinished for p in persisters)
+        if unfinished:  # the drain was cut short: a release now could let them commit after it
+            log.warning("rooms kept until the instance lease expires: %d writes not drained", unfinished)
+            return
+        try:
+            await asyncio.wait_for(worker.room_leases.release_all(), RELEASE_S)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            log.warning("rooms not released (PostgreSQL: %s); they move when the instance lease expires",
+                        e or type(e).__name__)  # fmt: skip
 
     async def stop(self) -> None:
         rooms = [self._rooms] if self._rooms is not None else []

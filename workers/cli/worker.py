@@ -24,7 +24,7 @@ async def run(config: WorkerConfig, path: str | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if path is not None:
-        loop.add_signal_handler(signal.SIGHUP, worker.reload, path)
+        loop.add_signal_handler(signal.SIGHUP, worker.live_writers.reload, path)
     try:
         await worker.start()
         print(f"ready http://{config.http_host}:{worker.http_port}", flush=True)

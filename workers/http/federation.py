@@ -18,7 +18,8 @@ import hmac
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.rooms.writes import RemoteInvite, RoomWrites, event_to_json
+from workers.handlers.rooms.forwarded import RemoteInvite, event_to_json
+from workers.handlers.rooms.writes import RoomWrites
 from workers.http.bodies import json_body
 from workers.http.errors import ApiError, checked
 

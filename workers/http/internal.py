@@ -53,8 +53,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.placement.forwarding import WORKER_AUTH_ERRCODE
 from workers.handlers.placement.stream_writes import UserStreamWrites
+from workers.handlers.rooms.forwarded import RemoteInvite, event_from_json
 from workers.handlers.rooms.purge import PurgeOptions
-from workers.handlers.rooms.writes import RemoteInvite, RoomWrites, event_from_json
+from workers.handlers.rooms.writes import RoomWrites
 from workers.http.errors import api_error_for
 from workers.http.requests import POSITIONS_HEADER, parse_positions
 from workers.streams.presence import PRESENCE_STATES

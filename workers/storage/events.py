@@ -301,11 +301,23 @@ async def events_for_rooms(
 
 async def events_by_ids(conn: Conn, event_ids: Sequence[str]) -> dict[str, Event]:
     """The stored events among `event_ids`, by id."""
+    return {e.event_id: e for e in await _events_where(conn, "event_id", "text", event_ids)}
+
+
+async def events_at(conn: Conn, orderings: Sequence[int]) -> dict[int, Event]:
+    """The events with these stream orderings, by ordering."""
+    return {e.stream_ordering: e for e in await _events_where(conn, "stream_ordering", "bigint", orderings)}
+
+
+async def _events_where(
+    conn: Conn, column: str, kind: str, values: Sequence[str] | Sequence[int]
+) -> list[Event]:
+    """The events whose `column` (of SQL type `kind`) is one of `values`, with their redactions."""
     records = await conn.fetch(
-        _with_redactions(f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id = ANY($1::text[])"),
-        list(event_ids),
+        _with_redactions(f"SELECT {_EVENT_COLUMNS} FROM events WHERE {column} = ANY($1::{kind}[])"),
+        list(values),
     )
-    return {r["event_id"]: _read_event(r) for r in records}
+    return [_read_event(r) for r in records]
 
 
 async def room_events(
@@ -464,15 +476,6 @@ async def state_at(
         *args,
     )
     return [_read_event(r) for r in records]
-
-
-async def events_at(conn: Conn, orderings: Sequence[int]) -> dict[int, Event]:
-    """The events with these stream orderings, by ordering."""
-    records = await conn.fetch(
-        _with_redactions(f"SELECT {_EVENT_COLUMNS} FROM events WHERE stream_ordering = ANY($1::bigint[])"),
-        list(orderings),
-    )
-    return {r["stream_ordering"]: _read_event(r) for r in records}
 
 
 async def visibility_changes(conn: Conn, room_id: str) -> tuple[tuple[int, str], ...]:

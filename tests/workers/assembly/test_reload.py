@@ -10,7 +10,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from workers.assembly.reload import ConfigReload, ReloadRefused, WriterChange, plan_reload, writers_of
+from workers.assembly.reload import ConfigReload, ReloadRefused, WriterChange, plan_reload
 from workers.config import WorkerConfig, load_config
 
 BASE: dict[str, Any] = {
@@ -80,7 +80,7 @@ def test_stored_streams_with_their_own_writers_do_not_follow_events() -> None:
     plan = plan_reload(config(stream_writers=pinned), config(stream_writers={**pinned, "events": ["p1"]}))
     streams = {c.stream for c in plan.changes}
     assert "account_data" not in streams and "to_device" in streams
-    assert writers_of(plan.config, "account_data") == ["p1", "p2"]
+    assert plan.config.writers_of("account_data") == ["p1", "p2"]
 
 
 def test_the_reloader_reads_the_file_and_refuses_bad_ones(

@@ -9,8 +9,9 @@ from typing import Any, cast
 import asyncpg
 import pytest
 
+from workers.assembly import stored
 from workers.assembly.stored import StoredStreams
-from workers.config import WorkerConfig
+from workers.config import STORED_STREAMS, WorkerConfig
 from workers.handlers.caches import change_cache
 from workers.handlers.sync.stored_sections import StoredSections
 from workers.streams import to_device
@@ -58,3 +59,8 @@ async def test_after_a_foreign_writer_the_floor_ends_above_its_ids(
     await sections.reopen_blind_caches()
     assert changes.may_have_changed("@u:x", before)  # below the new floor: "maybe", never "no"
     assert changes.floor >= allocated
+
+
+def test_the_stored_streams_are_the_configs() -> None:
+    """One list of the stored streams: the configuration's (`writers_of` applies it)."""
+    assert tuple(stored._STREAMS) == STORED_STREAMS

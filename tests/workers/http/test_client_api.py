@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from tests.workers.conftest import MakeWorker, client_for
-from workers.app import EVENTS_POSITION_DELAY_S
+from workers.assembly.generators import EVENTS_POSITION_DELAY_S
 from workers.harness.cluster_client import RequestRefused, timeline_events
 from workers.routing import writer_for_room
 

@@ -17,7 +17,7 @@ from typing import Any
 from pubsub.wire import ClearUserSync, UserSync
 from workers.handlers.caches.change_cache import FEW_CHANGED
 from workers.handlers.ephemeral.presence import PresenceChange, PresenceTracker, PresenceView, presence_event
-from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
+from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable, fetch_stream_rows
 from workers.streams.memory import MemoryPositions, StreamHistory
 from workers.streams.presence import PRESENCE, PresenceRow, presence_row
 
@@ -164,18 +164,13 @@ class PresenceService:
     async def fetch_updates(
         self, instance: str, from_token: int, to_token: int, limit: int
     ) -> list[tuple[int, PresenceRow]]:
-        answer = await self.forwarder.request(
-            instance,
-            "presence_rows",
-            "GET",
-            f"/_fanout/internal/streams/{PRESENCE}",
-            params={"from": str(from_token), "to": str(to_token), "limit": str(limit)},
-            idempotent=True,
+        fetched, snapshot = await fetch_stream_rows(
+            self.forwarder, instance, PRESENCE, from_token, to_token, limit
         )
         self.fetches += 1
-        if answer.get("reset"):
+        if snapshot is not None:
             self.resets += 1
-            rows = [presence_row(values) for values in answer.get("snapshot", [])]
+            rows = [presence_row(values) for values in snapshot]
             known = {row.user_id for row in rows}
             # Users we hold that the writer no longer knows (it restarted): offline.
             rows += [
@@ -184,7 +179,7 @@ class PresenceService:
                 if row[0] not in known and row[1] != "offline"
             ]
             return [(to_token, row) for row in rows][:limit]
-        return [(int(values[0]), presence_row(values[1:])) for values in answer["rows"]]
+        return [(int(values[0]), presence_row(values[1:])) for values in fetched]
 
     def apply(self, token: int, rows: Iterable[PresenceRow]) -> list[str]:
         users = []

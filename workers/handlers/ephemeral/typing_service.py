@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from workers.handlers.ephemeral.typing import MAX_TIMEOUT_MS, TypingChange, TypingRooms, TypingView
-from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
+from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable, fetch_stream_rows
 from workers.streams.memory import MemoryPositions, StreamHistory
 from workers.streams.typing import TYPING, TypingRow, typing_row
 
@@ -139,23 +139,18 @@ class TypingService:
         A "reset" answer (we are older than its history: it restarted, or we were away long)
         becomes rows at `to_token` that turn our view into its snapshot, rooms we hold that it
         lacks included (their typing ended)."""
-        answer = await self.forwarder.request(
-            instance,
-            "typing_rows",
-            "GET",
-            f"/_fanout/internal/streams/{TYPING}",
-            params={"from": str(from_token), "to": str(to_token), "limit": str(limit)},
-            idempotent=True,
+        rows, snapshot_rows = await fetch_stream_rows(
+            self.forwarder, instance, TYPING, from_token, to_token, limit
         )
         self.fetches += 1
-        if answer.get("reset"):
+        if snapshot_rows is not None:
             self.resets += 1
-            checked = [typing_row(room, users) for room, users in answer.get("snapshot", [])]
+            checked = [typing_row(room, users) for room, users in snapshot_rows]
             snapshot = {row.room_id: row.user_ids for row in checked}
             log.info("typing: resync from %s's snapshot (%d rooms) at %d", instance, len(snapshot), to_token)
             changes = self.view.reset_rows(snapshot)
             return [(to_token, TypingRow(room, users)) for room, users in changes][:limit]
-        return [(int(t), typing_row(room, users)) for t, room, users in answer["rows"]]
+        return [(int(t), typing_row(room, users)) for t, room, users in rows]
 
     def apply(self, token: int, rows: Iterable[TypingRow]) -> list[str]:
         """Replicated rows (reader side), before the position advances; returns the rooms to wake

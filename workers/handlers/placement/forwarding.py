@@ -97,3 +97,18 @@ async def retried_while_unavailable(
                 raise
         await asyncio.sleep(pause)
         pause = min(pause * 2, RETRY_MAX_S)
+
+
+async def fetch_stream_rows(
+    forwarder: Forwarder, instance: str, stream: str, from_token: int, to_token: int, limit: int
+) -> tuple[list[Any], list[Any] | None]:
+    """A memory stream's rows in (from_token, to_token] from its writer `instance` (its
+    `/_fanout/internal/streams/{stream}` route): (rows, None), or ([], the writer's snapshot) when
+    the writer answers "reset" (we are older than its history: it restarted, or we were away long)."""
+    answer = await forwarder.request(
+        instance, f"{stream}_rows", "GET", f"/_fanout/internal/streams/{stream}",
+        params={"from": str(from_token), "to": str(to_token), "limit": str(limit)}, idempotent=True,
+    )  # fmt: skip
+    if answer.get("reset"):
+        return [], list(answer.get("snapshot", []))
+    return list(answer["rows"]), None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from workers.errors import PersisterStopped
@@ -35,19 +36,28 @@ T = TypeVar("T")
 MAX_HOPS = 3
 
 
+@dataclass(slots=True)
+class OwnerWaits:
+    """Writes that had to wait for their key's writer, and the longest such wait."""
+
+    count: int = 0
+    longest_s: float = 0.0
+
+
 async def routed(
     placement: RoomPlacement,
     key: str,
     name: str,
-    attempt: Callable[[str], Awaitable[T]],
+    here: Callable[[], Awaitable[T]],
+    forward: Callable[[str], Awaitable[T]],
     *,
     retry: bool,
     within_s: float,
-) -> tuple[T, float | None]:
-    """`attempt(writer)` on the key's writer (`name` is this worker: the attempt runs here then),
-    followed and retried as the module says; its result and how long it waited for a writer
-    (None: it did not). Raises what the attempt raises, or `OwnerUnavailable` once `within_s` is
-    spent."""
+    waits: OwnerWaits,
+) -> T:
+    """The write on the key's writer: `here()` when that is this worker (`name`), else
+    `forward(writer)`; followed and retried as the module says, a wait counted in `waits`. Raises
+    what the attempt raises, or `OwnerUnavailable` once `within_s` is spent."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     pause = RETRY_FIRST_S
@@ -57,7 +67,7 @@ async def routed(
         owner = placement.owner(key)
         holder: str | None = None
         try:
-            result = await attempt(owner)
+            result = await (here() if owner == name else forward(owner))
         except NotOwner as e:
             holder, failure = e.holder, OwnerUnavailable(owner, str(e), unprocessed=True)
         except ForwardRefused as e:
@@ -76,7 +86,10 @@ async def routed(
             failure = OwnerUnavailable(owner, str(e), unprocessed=True)
         else:
             placement.learned(key, owner)
-            return result, (loop.time() - started if waited else None)
+            if waited:
+                waits.count += 1
+                waits.longest_s = max(waits.longest_s, loop.time() - started)
+            return result
         if holder is not None and holder != owner and hops < MAX_HOPS:
             placement.learned(key, holder)
             hops += 1

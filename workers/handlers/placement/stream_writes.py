@@ -54,7 +54,7 @@ from workers.handlers.notify.notifier import Notifier
 from workers.handlers.notify.visibility import wait_visible
 from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.placement.leases import KeyLeaseLost, KeyLeases
-from workers.handlers.placement.routed import routed
+from workers.handlers.placement.routed import OwnerWaits, routed
 from workers.process.instance_lease import Fence, LeaseLost
 from workers.routing import RoomPlacement, writer_for_room, writer_for_user
 from workers.storage import Conn
@@ -242,8 +242,7 @@ class UserStreamWrites:
         self.forwarded = 0
         self.late_answers = 0
         #: Operations that had to wait for their writer, and the longest such wait.
-        self.owner_waits = 0
-        self.longest_owner_wait_s = 0.0
+        self.owner_waits = OwnerWaits()
         self._running = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -273,18 +272,11 @@ class UserStreamWrites:
         if not self.writers:
             raise OwnerUnavailable(f"{self.stream} writer", f"stream_writers.{self.stream} is empty", 30)
 
-        async def attempt(owner: str) -> dict[str, Any]:
-            if owner == self.name:
-                return await self.run_here(key, op, args)
-            return await self._forward(owner, op, args, idempotent)
-
-        answer, waited_s = await routed(
-            self.placement, key, self.name, attempt, retry=idempotent, within_s=self.owner_wait_s
-        )
-        if waited_s is not None:
-            self.owner_waits += 1
-            self.longest_owner_wait_s = max(self.longest_owner_wait_s, waited_s)
-        return answer
+        return await routed(
+            self.placement, key, self.name, lambda: self.run_here(key, op, args),
+            lambda owner: self._forward(owner, op, args, idempotent),
+            retry=idempotent, within_s=self.owner_wait_s, waits=self.owner_waits,
+        )  # fmt: skip
 
     async def _forward(self, owner: str, op: str, args: dict[str, Any], idempotent: bool) -> dict[str, Any]:
         if self.forwarder is None:

@@ -2,6 +2,7 @@
 
 * `writes.py`: `RoomWrites`: sends, createRoom, remote invites and backfill from any worker, run on
   the room's persister
+* `forwarded.py`: room writes as they travel between workers (`Written`, `RemoteInvite`)
 * `admission.py`: the per-room admission: each write checked against the state the writes it depends
   on left
 * `rules.py`: who may send what into a room (`check`), the cached views the rules read, createRoom's

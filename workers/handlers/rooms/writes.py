@@ -24,7 +24,6 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -37,10 +36,11 @@ from workers.handlers.notify.notifier import Notifier
 from workers.handlers.notify.visibility import wait_visible
 from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.placement.room_leases import RoomLeases
-from workers.handlers.placement.routed import routed
+from workers.handlers.placement.routed import OwnerWaits, routed
 from workers.handlers.rooms import rules as rooms
 from workers.handlers.rooms.admission import RULES, Claim, RoomAdmission, Ticket, member
 from workers.handlers.rooms.deletions import RoomDeletions
+from workers.handlers.rooms.forwarded import RemoteInvite, Written, event_to_json
 from workers.handlers.rooms.persist import EventPersister
 from workers.handlers.rooms.purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
 from workers.handlers.rooms.versions import REDACTION_EVENT
@@ -52,111 +52,13 @@ from workers.storage.purge import BLOCKED_ROOM
 
 MAX_BACKFILL = 500
 T = TypeVar("T")
-MAX_INVITE_STATE = 50
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """Where an event landed."""
-
-    event_id: str
-    stream_ordering: int
-    instance_name: str
-
-    @classmethod
-    def of(cls, event: Event) -> Written:
-        return cls(event.event_id, event.stream_ordering, event.instance_name)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "event_id": self.event_id,
-            "stream_ordering": self.stream_ordering,
-            "instance_name": self.instance_name,
-        }
-
-    @classmethod
-    def from_json(cls, body: dict[str, Any]) -> Written:
-        event_id, ordering, instance = (
-            body.get("event_id"),
-            body.get("stream_ordering"),
-            body.get("instance_name"),
-        )
-        if not isinstance(event_id, str) or not isinstance(ordering, int) or not isinstance(instance, str):
-            raise OwnerUnavailable(str(instance), "answered without event_id/stream_ordering/instance_name")
-        return cls(event_id, ordering, instance)
-
-
-def event_to_json(event: NewEvent) -> dict[str, Any]:
-    return {
-        "event_id": event.event_id, "room_id": event.room_id, "type": event.type,
-        "sender": event.sender, "content": event.content, "state_key": event.state_key,
-    }  # fmt: skip
-
-
-def event_from_json(body: Any) -> NewEvent:
-    """A forwarded event; ValueError if any field is missing or of the wrong type."""
-    if not isinstance(body, dict):
-        raise ValueError("an event is an object")
-    event_id, room_id, kind, sender = (body.get(k) for k in ("event_id", "room_id", "type", "sender"))
-    content, state_key = body.get("content"), body.get("state_key")
-    if not all(isinstance(v, str) for v in (event_id, room_id, kind, sender)) or not isinstance(
-        content, dict
-    ):
-        raise ValueError("an event needs event_id, room_id, type, sender (strings) and content (object)")
-    if state_key is not None and not isinstance(state_key, str):
-        raise ValueError("state_key must be a string or null")
-    return NewEvent(str(event_id), str(room_id), str(kind), str(sender), content, state_key)
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteInvite:
-    """An invite from another server (federation's `PUT /invite/{roomId}/{eventId}` body, checked)."""
-
-    room_id: str
-    room_version: str
-    event: NewEvent
-    invite_state: list[dict[str, Any]]
-
-    @property
-    def invitee(self) -> str:
-        return str(self.event.state_key)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "room_version": self.room_version,
-            "event": event_to_json(self.event),
-            "invite_room_state": self.invite_state,
-        }
-
-    @classmethod
-    def from_json(cls, room_id: str, event_id: str, body: dict[str, Any]) -> RemoteInvite:
-        """The invite of a request body; ValueError when it is not one."""
-        version, raw, state = body.get("room_version"), body.get("event"), body.get("invite_room_state", [])
-        if not isinstance(version, str) or not isinstance(raw, dict):
-            raise ValueError("an invite has room_version (a string) and event (an object)")
-        event = event_from_json({**raw, "event_id": event_id, "room_id": room_id})
-        if event.type != MEMBER_EVENT or event.membership != "invite" or event.state_key is None:
-            raise ValueError("the event must be an m.room.member invite with a state_key")
-        if (
-            not isinstance(state, list)
-            or len(state) > MAX_INVITE_STATE
-            or not all(
-                isinstance(e, dict)
-                and isinstance(e.get("type"), str)
-                and isinstance(e.get("state_key", ""), str)
-                for e in state
-            )
-        ):
-            raise ValueError(f"invite_room_state is a list of up to {MAX_INVITE_STATE} stripped state events")
-        stripped = [
-            {"type": e["type"], "state_key": e.get("state_key", ""), "content": e.get("content", {}),
-             "sender": e.get("sender", event.sender)}
-            for e in state
-        ]  # fmt: skip
-        return cls(room_id, version, event, stripped)
 
 
 class RoomWrites:
+    """A worker's room writes: sent on to the room's owner, or checked and persisted here when this
+    worker owns the room. Everything it needs comes at construction; `writers` and `placement`
+    change online (a reload)."""
+
     def __init__(
         self,
         instance_name: str,
@@ -168,6 +70,15 @@ class RoomWrites:
         events_generator: MultiWriterIdGenerator,
         notifier: Notifier,
         server_name: str,
+        *,
+        forwarder: Forwarder | None = None,
+        leases: RoomLeases | None = None,
+        hears: Callable[[str], bool] = lambda _writer: True,
+        end: RoomEnd | None = None,
+        deletions: RoomDeletions | None = None,
+        gate: RoomGate | None = None,
+        owner_wait_s: float = 0.0,
+        by_hash: Callable[[], bool] | None = None,
     ) -> None:
         self.name = instance_name
         self.writers = list(event_writers)
@@ -178,29 +89,31 @@ class RoomWrites:
         self._events = events_generator
         self._notifier = notifier
         self.server_name = server_name
-        self.forwarder: Forwarder | None = None
+        #: Worker requests to the room's owner (None: this worker cannot forward).
+        self.forwarder = forwarder
         self.placement = RoomPlacement(self.writers, time.monotonic)
+        if by_hash is not None:  # while workers of the previous release run: rooms by the hash
+            self.placement.by_hash = by_hash
         #: The room leases this worker holds, when it writes events.
-        self.leases: RoomLeases | None = None
+        self.leases = leases
         #: Whether this worker currently hears a writer's events live (replication connected and
         #: its first POSITION seen); while it does not, waiting to see an event is pointless.
-        self.hears: Callable[[str], bool] = lambda _writer: True
+        self.hears = hears
         self._in_flight: dict[str, asyncio.Future[Written]] = {}
         #: The purge and last-member clean-up of the rooms written here (None: not set up).
-        self.end: RoomEnd | None = None
+        self.end = end
         #: The Delete Room API's version 2 tasks of the rooms written here (None: not set up).
-        self.deletions: RoomDeletions | None = None
+        self.deletions = deletions
         #: Writes admitted per room; a purge holds its room here (`RoomEnd` shares it).
-        self.gate = RoomGate()
+        self.gate = gate or RoomGate()
         #: Per room: each write checked against the state the writes before it that it depends on left.
         self.admission = RoomAdmission()
         #: How long a write keeps trying an owner that cannot take it now (restarting, stopping).
-        self.owner_wait_s = 0.0
+        self.owner_wait_s = owner_wait_s
         self.forwarded = 0
         self.late_answers = 0
         #: Writes that had to wait for their owner, and the longest such wait.
-        self.owner_waits = 0
-        self.longest_owner_wait_s = 0.0
+        self.owner_waits = OwnerWaits()
 
     # -- any worker -----------------------------------------------------------------------------
 
@@ -274,14 +187,10 @@ class RoomWrites:
         """Run the write on the room's owner: `here` when that is this worker, else `forward`;
         followed to the room's holder and retried for up to `owner_wait_s`
         (`workers.handlers.placement.routed`)."""
-        attempt = lambda owner: here() if owner == self.name else forward(owner)  # noqa: E731
-        result, waited_s = await routed(
-            self.placement, room_id, self.name, attempt, retry=retry, within_s=self.owner_wait_s
-        )
-        if waited_s is not None:
-            self.owner_waits += 1
-            self.longest_owner_wait_s = max(self.longest_owner_wait_s, waited_s)
-        return result
+        return await routed(
+            self.placement, room_id, self.name, here, forward,
+            retry=retry, within_s=self.owner_wait_s, waits=self.owner_waits,
+        )  # fmt: skip
 
     async def _forward_written(
         self, owner: str, endpoint: str, room_id: str, op: str, body: dict[str, Any], *, retry: bool

@@ -141,31 +141,22 @@ class DeviceLists:
         return {**written(position), "found": changed}
 
     async def _ensure_device(self, args: dict[str, Any]) -> dict[str, Any]:
-        user_id, device_id = text_arg(args, "user_id"), text_arg(args, "device_id")
         name = text_arg(args, "display_name", optional=True)
-
-        async def mutate(conn: Conn) -> bool:
-            return await users.create_device(conn, user_id, device_id, name)
-
-        return await self._change(user_id, mutate)
+        return await self._device_change(args, users.create_device, name)
 
     async def _set_keys(self, args: dict[str, Any]) -> dict[str, Any]:
-        user_id, device_id = text_arg(args, "user_id"), text_arg(args, "device_id")
-        keys = object_arg(args, "keys")
-
-        async def mutate(conn: Conn) -> bool:
-            return await store.set_device_keys(conn, user_id, device_id, keys)
-
-        return await self._change(user_id, mutate)
+        return await self._device_change(args, store.set_device_keys, object_arg(args, "keys"))
 
     async def _rename(self, args: dict[str, Any]) -> dict[str, Any]:
-        user_id, device_id = text_arg(args, "user_id"), text_arg(args, "device_id")
         name = text_arg(args, "display_name", optional=True)
+        return await self._device_change(args, users.rename_device, name)
 
-        async def mutate(conn: Conn) -> bool:
-            return await users.rename_device(conn, user_id, device_id, name)
-
-        return await self._change(user_id, mutate)
+    async def _device_change(
+        self, args: dict[str, Any], change: Callable[[Conn, str, str, Any], Awaitable[bool]], value: Any
+    ) -> dict[str, Any]:
+        """`change(conn, user, device, value)` of the device `args` name, recorded when it changed."""
+        user_id, device_id = text_arg(args, "user_id"), text_arg(args, "device_id")
+        return await self._change(user_id, lambda conn: change(conn, user_id, device_id, value))
 
     async def _delete(self, args: dict[str, Any]) -> dict[str, Any]:
         user_id = text_arg(args, "user_id")

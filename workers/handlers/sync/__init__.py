@@ -1,6 +1,7 @@
 """Reads: /sync (incremental, long-polled, from vector-clock tokens) and /messages.
 
 * `handler.py`: `SyncHandler`: the events of a user's rooms between two tokens, paged, long-polled
+* `window.py`: a sync's window of visible events (paged by the limits), an initial sync's timelines
 * `room_sections.py`: a window's events sorted into the rooms of a Matrix /sync answer
 * `stored_sections.py`: the stored streams' sections (account data, to-device, device lists,
   receipts, key counts)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -35,15 +35,16 @@ from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, S
 from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches.lru import CacheCounts, SyncCaches
 from workers.handlers.notify.notifier import Notifier
-from workers.handlers.rooms.history_visibility import JOINED, Changes, all_permissive, current, may_see_event
+from workers.handlers.rooms.history_visibility import JOINED, current
 from workers.handlers.rooms.versions import RoomVersions
 from workers.handlers.sync.filter import SyncFilter
-from workers.handlers.sync.recent_events import EventBodies, Placed, RecentEvents
+from workers.handlers.sync.recent_events import EventBodies, RecentEvents
 from workers.handlers.sync.room_sections import PENDING, RoomSections, empty_response
 from workers.handlers.sync.stored_sections import STORED_STREAMS, StoredSections, StoredUpdates
+from workers.handlers.sync.window import EventWindow, recent_timeline
 from workers.model import MEMBER_EVENT, Event, UserRooms
-from workers.storage import Conn, forgotten_rooms
 from workers.storage import events as store
+from workers.storage import forgotten_rooms
 from workers.storage import rooms as room_store
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,6 @@ class EphemeralSource(Protocol):
 CATCH_UP_WAIT_S = 10.0
 #: Sync tokens remembered by their text (about one per parked client; a few hundred bytes each).
 MAX_REMEMBERED_TOKENS = 20_000
-#: The most events an initial sync reads of a room to find the ones a timeline filter shows.
-MAX_RECENT = 1000
 #: The state events an invitee is shown (with the member events, filtered to theirs).
 STRIPPED_STATE = frozenset(
     {"m.room.create", "m.room.join_rules", "m.room.name", "m.room.avatar", "m.room.canonical_alias",
@@ -116,6 +115,11 @@ class SyncObservers:
 
 
 class SyncHandler:
+    """/sync for one worker: `sync(...)` answers an initial sync, or the window since a token
+    (long-polled until something the user may see arrives or the timeout ends); it also encodes
+    and decodes tokens and serves a room's state. The window's events come from `EventWindow`, the
+    stored streams' sections from `StoredSections`, typing and presence from `EphemeralSource`."""
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -142,6 +146,7 @@ class SyncHandler:
         #: Fed by the worker with every live event it applies (see `workers.handlers.sync.recent_events`).
         self.recent = recent
         self.bodies = EventBodies(pool)
+        self.window = EventWindow(pool, caches, generators["events"], recent, self.bodies, max_events)
         self.syncs = 0
         self.behind_timeouts = 0
         self.token_cache = CacheCounts("sync_tokens", lambda: len(self._tokens))
@@ -273,7 +278,7 @@ class SyncHandler:
                     if self._notifier.generation == moved and await waiter.wait(remaining):
                         woken_at = waiter.woken_at
                     continue
-                events, now = await self._events_between(user_id, user_rooms, since, now, sync_filter)
+                events, now = await self.window.between(user_id, user_rooms, since, now, sync_filter)
                 typing, presence = await self._ephemeral(user_id, user_rooms, sync_filter, since, now)
                 stored, now = await self._stored(user_id, device_id, user_rooms, since, now, events)
                 remaining = deadline - time.monotonic()
@@ -346,9 +351,10 @@ class SyncHandler:
                     continue
                 position, membership = history[-1]
                 if membership == "join":
-                    recent = await self._recent(
-                        conn, room_id, history, None, positions, events.stream, sections, visibility[room_id]
-                    )
+                    recent = await recent_timeline(
+                        conn, room_id, history=history, upto=None, positions=positions,
+                        default_position=events.stream, sections=sections, visibility=visibility[room_id],
+                    )  # fmt: skip
                     sections.add_joined_room(room_id, recent)
                 else:
                     last[position] = (room_id, history)
@@ -357,16 +363,10 @@ class SyncHandler:
                 if event.membership in PENDING:
                     sections.add_pending(event)
                 elif event.membership == "ban" or event.sender != user_id or sync_filter.include_leave:
-                    recent = await self._recent(
-                        conn,
-                        room_id,
-                        history,
-                        position,
-                        positions,
-                        events.stream,
-                        sections,
-                        visibility[room_id],
-                    )
+                    recent = await recent_timeline(
+                        conn, room_id, history=history, upto=position, positions=positions,
+                        default_position=events.stream, sections=sections, visibility=visibility[room_id],
+                    )  # fmt: skip
                     sections.add_left_room(room_id, recent)
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
         stored, now = await self._stored(user_id, device_id, user_rooms, None, now, [])
@@ -375,36 +375,6 @@ class SyncHandler:
         await self._drop_forgotten(user_id, user_rooms, sections)
         await sections.load_state(self._state_events, self._state_at, self._pending_state)
         return self._answered("initial", started, await self._response(sections, now))
-
-    async def _recent(
-        self,
-        conn: Conn,
-        room_id: str,
-        history: tuple[tuple[int, str], ...],
-        upto: int | None,
-        positions: dict[str, int],
-        default_position: int,
-        sections: RoomSections,
-        visibility: Changes,
-    ) -> list[Event]:
-        """A room's last `limit + 1` events up to `upto` that the user may see (its history
-        visibility) and the timeline filter shows, as far as the token reaches, oldest first.
-        A room whose history was always `shared` or wider is read from its end; otherwise up to
-        `MAX_RECENT` events are read to find the visible ones."""
-        wanted = sections.limit + 1
-        open_history = all_permissive(visibility)
-        everything = sections.filter.timeline.everything and open_history
-        found = await store.room_events(
-            conn, room_id, upto=upto, positions=positions, default_position=default_position,
-            descending=True, limit=wanted if everything else MAX_RECENT,
-        )  # fmt: skip
-        if not everything:
-            user_id = sections.user_id
-            found = [
-                e for e in found
-                if sections.shown(e) and (open_history or may_see_event(e, user_id, history, visibility))
-            ][:wanted]  # fmt: skip
-        return found[::-1]
 
     async def _drop_forgotten(self, user_id: str, user_rooms: UserRooms, sections: RoomSections) -> None:
         """Leave out of an initial sync the left rooms the user forgot (one indexed read, only when a
@@ -515,87 +485,6 @@ class SyncHandler:
                 return False
             await self._notifier.wait_for_position(min(remaining, 0.5))
         return True
-
-    async def _events_between(
-        self, user_id: str, user_rooms: UserRooms, since: SyncToken, now: SyncToken, sync_filter: SyncFilter
-    ) -> tuple[list[Event], SyncToken]:
-        """Visible events in (since, now] for the events component, and the token they reach.
-
-        Pages rather than gaps: when the window holds more than `max_events` events, or a room more
-        visible ones than the filter's timeline limit, `now` shrinks to a linear position just
-        before the first event that does not fit, and the next sync continues from there. Each
-        writer's position becomes max(since, min(now, cut)): exactly what was returned. So a chain
-        of syncs delivers every event, and `limited` is never needed in an incremental timeline."""
-        low, high = since.get("events"), now.get("events")
-        if not user_rooms.rooms:
-            return [], now
-        writers = set(low.instance_map) | set(high.instance_map) | set(self._generators["events"].writers)
-        windows = {
-            w: (low.get_stream_pos_for_instance(w), high.get_stream_pos_for_instance(w))
-            for w in writers
-            if low.get_stream_pos_for_instance(w) < high.get_stream_pos_for_instance(w)
-        }
-        windows |= {w: (0, 0) for w in writers if w not in windows}
-        default, limit = (low.stream, high.stream), self._max_events + 1
-        if self.recent.blind_over():
-            self.recent.reopen(await self._generators["events"].get_max_allocated_token())
-        candidates: Sequence[Placed] | None = self.recent.window(user_rooms.rooms, windows, default, limit)
-        from_memory = candidates is not None
-        if candidates is None:
-            async with self._pool.acquire() as conn:
-                candidates = await store.events_for_rooms(conn, user_rooms.rooms, windows, default, limit)
-        cut = candidates[self._max_events - 1].stream_ordering if len(candidates) > self._max_events else None
-        visibility = {r: await self._caches.room_visibility.get(r) for r in {e.room_id for e in candidates}}
-        while True:  # each turn cuts earlier, so it ends
-            visible, limit_cut = self._page(candidates, cut, user_id, user_rooms, visibility, sync_filter)
-            if limit_cut is None:
-                break
-            cut = limit_cut
-        if cut is not None:
-            page = high.bound_stream_token(cut).copy_and_advance(low)
-            now = SyncToken({**{s: now.get(s) for s in now.streams()}, "events": page})
-        if not from_memory:
-            return cast("list[Event]", visible), now
-        bodies = await self.bodies.get([e.event_id for e in visible])
-        return [bodies[e.event_id] for e in visible if e.event_id in bodies], now
-
-    @staticmethod
-    def _page(
-        candidates: Sequence[Placed],
-        cut: int | None,
-        user_id: str,
-        user_rooms: UserRooms,
-        visibility: Mapping[str, Changes],
-        sync_filter: SyncFilter,
-    ) -> tuple[list[Placed], int | None]:
-        """The events of `candidates` up to `cut` that `user_id` may see, and, when a room holds
-        more of them than the filter's timeline limit, the earlier cut that ends the page before
-        the first one that does not fit (then the page must be made again up to that cut: who may
-        see what depends on where the window ends)."""
-        # Where the window ends in each room: its last event here. A room's events are in stream
-        # order whichever writer wrote them (a room's next writer starts after its last one's
-        # last event) and every window holds an unbroken run of them, so a membership change is
-        # in the window exactly when it is at or below that.
-        room_end = {
-            e.room_id: e.stream_ordering for e in candidates if cut is None or e.stream_ordering <= cut
-        }
-        visible: list[Placed] = []
-        per_room: dict[str, int] = {}
-        shows = sync_filter.timeline
-        for event in candidates:
-            if cut is not None and event.stream_ordering > cut:
-                break
-            if not sync_filter.includes(event.room_id):
-                continue
-            history, rules = user_rooms.history.get(event.room_id, ()), visibility[event.room_id]
-            if not may_see_event(event, user_id, history, rules, room_end[event.room_id]):
-                continue
-            if shows.everything or shows.allows(event.type, event.sender):
-                count = per_room[event.room_id] = per_room.get(event.room_id, 0) + 1
-                if count > max(sync_filter.timeline_limit, 1):
-                    return visible, event.stream_ordering - 1
-            visible.append(event)
-        return visible, None
 
 
 def _ordered(token: SyncToken) -> SyncToken:

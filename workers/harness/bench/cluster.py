@@ -1,5 +1,8 @@
 """`fanout bench cluster`: what the worker cluster sustains, beside a raw ceiling measured in the same run.
 
+Over 500 lines: its phases share one set of servers, one report and the ceiling they are read
+against, and are run in this order by `fanout bench all`.
+
 Phases (each prints progress on stderr; the result is one JSON document plus a table). Each
 phase's database is dropped when it ends: millions of rows left behind would keep autovacuum busy
 on the two cores through the phases after it.

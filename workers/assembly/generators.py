@@ -1,0 +1,40 @@
+"""The ID generators of the events, backfill and caches streams: their tables and sequences (the
+stored streams' come with them, `workers.assembly.stored`). Loaded eagerly at start-up, so a write
+never waits on a lazy load.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from idgen import MultiWriterIdGenerator
+from workers.config import WorkerConfig
+from workers.streams.caches import CACHES
+from workers.streams.events import BACKFILL, EVENTS
+
+#: The events writer's `stream_positions` row may lag its writes by this long: the upsert rides on the
+#: next allocation (no round trip of its own per batch, none before the sends are answered).
+EVENTS_POSITION_DELAY_S = 0.05
+_EVENTS_TABLE = [("events", "instance_name", "stream_ordering")]
+
+
+async def load_generators(pool: asyncpg.Pool, config: WorkerConfig) -> dict[str, MultiWriterIdGenerator]:
+    """The events, backfill (negative orderings) and caches streams' generators for this worker."""
+    name = config.instance_name
+    return {
+        EVENTS: await MultiWriterIdGenerator.create(
+            pool, stream_name=EVENTS, instance_name=name, tables=_EVENTS_TABLE,
+            sequence_name="events_stream_seq", writers=config.writers_of(EVENTS),
+            position_delay_s=EVENTS_POSITION_DELAY_S,
+        ),
+        BACKFILL: await MultiWriterIdGenerator.create(
+            pool, stream_name=BACKFILL, instance_name=name, tables=_EVENTS_TABLE,
+            sequence_name="events_backfill_stream_seq", writers=config.writers_of(BACKFILL), positive=False,
+        ),
+        CACHES: await MultiWriterIdGenerator.create(
+            pool, stream_name=CACHES, instance_name=name,
+            tables=[("cache_invalidation_stream_by_instance", "instance_name", "stream_id")],
+            sequence_name="cache_invalidation_stream_seq", writers=config.writers_of(CACHES),
+            track_positions_table=False,
+        ),
+    }  # fmt: skip
