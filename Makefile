@@ -97,7 +97,7 @@ debootstrap:
 # The release check of the containers (docs/operations.md, "Running in containers"): starts dockerd
 # (as root) when no engine runs, makes the Debian base and builds the images (cached by content),
 # runs the stack with docker-compose under the demo's load, crashes and restarts, stops it and
-# starts it again; every step prints its figure. About 5 minutes cached, 10 from nothing.
+# starts it again; every step prints its figure. About 6 minutes cached, 10 from nothing.
 CONTAINERS_ACTIONS ?= 1500
 containers: $(STAMP) docker-compose dockerd debootstrap
 	$(BIN)/python -m workers.harness.containers --actions $(CONTAINERS_ACTIONS)
