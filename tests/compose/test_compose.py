@@ -4,6 +4,7 @@ Dockerfile's inputs, and every worker's configuration running a real worker agai
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,17 @@ def _services() -> dict[str, Any]:
     return services
 
 
+def _host_side(mapping: str) -> str:
+    """The host side of a port mapping, a `${VAR:-default}` at its default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", mapping).rsplit(":", 1)[0]
+
+
 def test_compose_file_describes_the_cluster() -> None:
     services = _services()
     assert set(services) == {"postgres", "redis", *WORKERS, *PROFILED}
     assert all(services[name]["profiles"] for name in PROFILED)  # only when asked for
-    host_ports = [p.split(":")[0] for s in services.values() for p in s.get("ports", [])]
-    assert "-" in services["sync"]["ports"][0].split(":")[0]  # a range: `--scale sync=N` fits
+    host_ports = [_host_side(p) for s in services.values() for p in s.get("ports", [])]
+    assert "-" in _host_side(services["sync"]["ports"][0])  # a range: `--scale sync=N` fits
     assert len(host_ports) == len(set(host_ports))
     for name in WORKERS:
         service = services[name]

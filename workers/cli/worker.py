@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 
@@ -27,7 +28,10 @@ async def run(config: WorkerConfig, path: str | None = None) -> int:
         loop.add_signal_handler(signal.SIGHUP, worker.live_writers.reload, path)
     try:
         await worker.start()
-        print(f"ready http://{config.http_host}:{worker.http_port}", flush=True)
+        ready = f"ready http://{config.http_host}:{worker.http_port}"
+        if config.log_format == "json":  # every line a JSON record, this one too
+            ready = json.dumps({"level": "INFO", "instance": config.instance_name, "message": ready})
+        print(ready, flush=True)
         stopped = asyncio.create_task(stop.wait())
         lost = asyncio.create_task(worker.lease_lost.wait())
         await asyncio.wait([stopped, lost], return_when=asyncio.FIRST_COMPLETED)
