@@ -287,7 +287,9 @@ class WorkerConfig(BaseSettings):
         " past the bound is skipped (named in one log line, exit code 1); keep it below the"
         " orchestrator's grace period (30 s by default)",
     )
-    log_format: Literal["text", "json"] = Field("text", description="Log lines as text or one JSON object")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text on stderr, or one JSON object a line on stdout (containers)"
+    )
     instance_map: dict[str, str] = Field(
         default_factory=dict,
         description="instance name -> base URL of its HTTP listener (http://host:port): where worker"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 from workers.config import WorkerConfig
 
@@ -29,8 +30,10 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(config: WorkerConfig) -> None:
-    """Install the root handler once, at the configured level and format."""
-    handler = logging.StreamHandler()
+    """Install the root handler once, at the configured level and format: JSON lines on stdout
+    (the stream a container's log collector reads as the process's records), text on stderr (a
+    person's terminal). A start-up failure's one line stays on stderr either way."""
+    handler = logging.StreamHandler(sys.stdout if config.log_format == "json" else sys.stderr)
     if config.log_format == "json":
         handler.setFormatter(JsonFormatter(config.instance_name))
     else:

@@ -1,7 +1,7 @@
 """What an image and a running container of the stack promise, checked on the real thing.
 
 An image: a non-root user, no compiler, none of the project's test dependencies (its `dev`
-extra). A running worker: its process is not root, every line it logs is a JSON object, and its
+extra). A running worker: its process is not root, every line it logs is a JSON object on stdout, and its
 configuration is the mounted file's with the environment's settings over it (the instance name
 from the file, `sync-{hostname}` for a replica; registration, database and Redis from the
 environment). Each check returns the problems it found (none: the promise holds) and a figure.
@@ -80,8 +80,8 @@ def runs_unprivileged(stack: Stack, container: Container) -> Finding:
 
 
 def logs_are_json(container: Container) -> Finding:
-    """Every line the container wrote (both streams, as `docker logs` keeps them apart) is a JSON
-    object with a level and a message."""
+    """Every line the container wrote is a JSON object with a level and a message, on stdout
+    (`docker logs` keeps the two streams apart): nothing on stderr."""
     result = run(["docker", "logs", container.id], timeout=60)
     problems: list[str] = []
     counts = {"stdout": 0, "stderr": 0}
@@ -97,6 +97,8 @@ def logs_are_json(container: Container) -> Finding:
             if not isinstance(record, dict) or not {"level", "message"} <= record.keys():
                 if len(problems) < 3:
                     problems.append(f"{container.name} logged a line that is no JSON record: {line[:120]}")
+    if counts["stderr"] or not counts["stdout"]:
+        problems.append(f"{container.name}: {counts['stdout']} lines on stdout, {counts['stderr']} on stderr")
     return Finding(f"{counts['stdout']} lines on stdout, {counts['stderr']} on stderr", problems)
 
 
