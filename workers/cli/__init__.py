@@ -48,6 +48,7 @@ BENCHES: dict[str, str] = {
     "scale": "workers.harness.bench.scale",
     "ratelimit": "workers.harness.bench.ratelimit",
     "crowd": "workers.harness.bench.crowd",
+    "peer": "workers.harness.bench.peer",
     "live": "workers.harness.bench.live",
     "demo": "workers.harness.bench.demo",
     "all": "workers.harness.bench.all",

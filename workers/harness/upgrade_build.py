@@ -93,7 +93,7 @@ def lock_changes(previous: str, current: str) -> str:
 
 
 @contextmanager
-def _build_lock(path: Path) -> Iterator[None]:
+def build_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -129,7 +129,7 @@ def build_previous_release(
         )
     home = (cache or root / ".cache" / "upgrade-check") / commit
     venv, src = home / "venv", home / "src"
-    with _build_lock(home.parent / f"{commit}.lock"):
+    with build_lock(home.parent / f"{commit}.lock"):
         shown = _git(root, "show", f"{commit}:{LOCK_FILE}")
         lock = shown.stdout.decode() if shown.returncode == 0 else ""
         stamp = {"commit": commit, "lock_sha256": hashlib.sha256(lock.encode()).hexdigest(),
