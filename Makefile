@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: demo test upgrade-check previous-release lint bench chaos scale venv jdbc redis-server pgbouncer docker-compose wrk audit-zip clean lock containers dockerd debootstrap
+.PHONY: demo test upgrade-check previous-release synapse-peer lint bench chaos scale venv jdbc redis-server pgbouncer docker-compose wrk audit-zip clean lock containers dockerd debootstrap
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,13 +105,18 @@ containers: $(STAMP) docker-compose dockerd debootstrap
 demo: $(STAMP) jdbc
 	$(BIN)/fanout demo
 
-test: $(STAMP) jdbc redis-server pgbouncer docker-compose previous-release
+test: $(STAMP) jdbc redis-server pgbouncer docker-compose previous-release synapse-peer
 	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 # The previous release (release/previous.toml's commit) in its own venv under .cache/upgrade-check,
 # built once (about a minute: its pinned dependencies from PyPI or pip's cache), reused after.
 previous-release: $(STAMP)
 	$(BIN)/python -m workers.harness.upgrade --build-only
+
+# Synapse 1.163.2, the peer of `fanout bench peer`, in its own venv under .cache/synapse-peer (never a
+# dependency of this project): built once (a few minutes from PyPI, seconds from pip's cache), reused after.
+synapse-peer: $(STAMP)
+	$(BIN)/fanout bench peer --build-only
 
 # That release as a cluster under load, upgraded worker by worker to this tree; then the history
 # check, the clients that started over and the phases' table (docs/operations.md, "Upgrading").

@@ -47,13 +47,6 @@ from workers.routing import writer_for_room
 SCRIPT = Path(__file__).with_name("send.lua")
 CLIENT = "/_matrix/client/v3"
 TARGET_VS_CEILING = 0.5
-#: Synapse 1.163 with Redis workers, measured on this kind of machine with the same kind of load
-#: (docs/performance.md): its best sends/s and its lowest CPU-seconds per 1,000 events over every
-#: worker process. Not measured here (no Synapse in the repository): the reference for the "ahead
-#: of Synapse" target, which asks for at least 30 times better on both.
-SYNAPSE_SENDS_PER_S = 41
-SYNAPSE_CPU_S_PER_1000 = 32.0
-AHEAD_OF_SYNAPSE = 30
 
 
 def _bare_app(token: str) -> web.Application:
@@ -273,31 +266,13 @@ def figures(result: dict[str, Any]) -> list[Figure]:
         forwarded = run["forwarded"]["requests_per_s"]
         found.append(Figure("http", f"send via a sync worker, {k} persister(s)", forwarded, "req/s", ceiling))
     two = result["runs"][-1]
-    found.append(
-        Figure(
-            "http",
-            f"sends/s, {two['persisters']} persisters"
-            f" (reference: Synapse 1.163, {SYNAPSE_SENDS_PER_S} sends/s)",
-            two["direct_requests_per_s"],
-            "req/s",
-            SYNAPSE_SENDS_PER_S,
-            f"ratio >= {AHEAD_OF_SYNAPSE}",
-            two["direct_requests_per_s"] >= AHEAD_OF_SYNAPSE * SYNAPSE_SENDS_PER_S,
-        )
-    )
-    cpu = two.get("direct_cpu_s_per_1000")
-    if cpu:
+    if two.get("direct_cpu_s_per_1000"):
         found.append(
             Figure(
                 "http",
-                "CPU-seconds per 1,000 sends, every worker process"
-                f" (reference: Synapse 1.163, {SYNAPSE_CPU_S_PER_1000})",
-                cpu,
+                f"CPU-seconds per 1,000 sends, every worker process, {two['persisters']} persisters",
+                two["direct_cpu_s_per_1000"],
                 "CPU-s",
-                SYNAPSE_CPU_S_PER_1000,
-                f"Synapse / ours >= {AHEAD_OF_SYNAPSE}",
-                SYNAPSE_CPU_S_PER_1000 / cpu >= AHEAD_OF_SYNAPSE,
-                round(SYNAPSE_CPU_S_PER_1000 / cpu, 1),
             )
         )
     return found

@@ -206,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-seconds", type=float, default=10.0, help="length of the latency phase")
     p.add_argument("--readers", type=positive_int, default=4, help="rooms (each with a reader) at that rate")
     p.add_argument("--quick", action="store_true", help="1 round, 3 s phases: a smoke run, not figures")
+    p.add_argument("--build-only", action="store_true", help="build (or reuse) Synapse's venv, then stop")
     return p
 
 
@@ -218,6 +219,8 @@ def main(argv: list[str]) -> int:
     except BuildError as e:
         print(f"fanout bench peer: {e}", file=sys.stderr)
         return 1
+    if args.build_only:
+        return 0
     started = time.monotonic()
     with EmbeddedServices() as services:
         result = event_loop.run(_run(args, services, built.python))

@@ -5,8 +5,8 @@
 builds the previous release (`workers.harness.upgrade_build`). A stamp in the venv records the
 requirement and the interpreter; a venv whose stamp matches is reused, any other is rebuilt. A file
 lock serializes builds (two test processes may ask at once). The build is checked by importing
-`synapse` in the venv, whose installed distribution must be VERSION. A failed build raises `BuildError`, whose text is
-one line saying why (pip's last lines) and what to do.
+`synapse` in the venv, whose installed distribution must be VERSION. A failed build raises
+`BuildError`, whose text is one line saying why (pip's last lines) and what to do.
 """
 
 from __future__ import annotations
