@@ -194,7 +194,8 @@ def figures(result: dict[str, Any]) -> list[Figure]:
             target=f">= {TARGET_SENDS_RATIO:g}", met=sends_ratio >= TARGET_SENDS_RATIO,
         ),
         Figure(
-            "peer", f"ahead of {synapse}: server CPU per event (Synapse / fanout)", cpu_ratio, "x", cpu_ceiling,
+            "peer", f"ahead of {synapse}: server CPU per event (Synapse / fanout)", cpu_ratio, "x",
+            cpu_ceiling,
             target=f">= {TARGET_CPU_RATIO:g}", met=cpu_ratio >= TARGET_CPU_RATIO,
         ),
         Figure("peer", f"ahead of {synapse}: PostgreSQL + Redis CPU per event", services_ratio, "x"),
