@@ -114,7 +114,7 @@ previous-release: $(STAMP)
 	$(BIN)/python -m workers.harness.upgrade --build-only
 
 # Synapse 1.163.2, the peer of `fanout bench peer`, in its own venv under .cache/synapse-peer (never a
-# dependency of this project): built once (a few minutes from PyPI, seconds from pip's cache), reused after.
+# dependency of this project): built once (about half a minute here, pip's cache off), reused after.
 synapse-peer: $(STAMP)
 	$(BIN)/fanout bench peer --build-only
 
