@@ -329,6 +329,7 @@ class Worker:
                 self.room_leases.hashed_writer = functools.partial(
                     previous.hashed_writer, writers=self.writers(EVENTS)
                 )
+                self.room_leases.on_taken = self.room_views.forget_room  # its state moved on elsewhere
                 self.persister = EventPersister(
                     self.pool, self.name, self.generators[EVENTS], self.generators[CACHES],
                     on_committed=self.order.committed, on_finished=self.order.finished,

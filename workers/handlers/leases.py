@@ -213,13 +213,22 @@ class KeyLeases:
             last = await conn.fetchrow(self._last_write, key)
         if last is not None and last["instance_name"] not in (None, self.name):
             writer, stream_id = last["instance_name"], last["stream_id"]
-            if not await wait_visible(
-                self._positions, writer, stream_id, self._notifier, self.hears, min(self._wait_s, SEEN_WAIT_S)
-            ):
-                raise self.moving(f"{self.what} {key} moves here from {writer}, whose last write is not seen")
+            await self._taken_from(key, int(epoch), writer, stream_id)
             self.taken_from_others += 1
             log.info("lease taken %s %s from=%s epoch=%d", self.what, key, writer, epoch)
         self.held[key] = int(epoch)
+
+    async def _taken_from(self, key: str, epoch: int, writer: str, stream_id: int) -> None:
+        """The take of `key` (under `epoch`) fenced `writer`, whose last write there is `stream_id`:
+        return once this writer may write the key, or raise `moving`. Here: once its own view of
+        `writer` covers that write (bounded)."""
+        if not await self._seen(writer, stream_id):
+            raise self.moving(f"{self.what} {key} moves here from {writer}, whose last write is not seen")
+
+    async def _seen(self, writer: str, stream_id: int) -> bool:
+        return await wait_visible(
+            self._positions, writer, stream_id, self._notifier, self.hears, min(self._wait_s, SEEN_WAIT_S)
+        )
 
     async def check(
         self, conn: Conn, keys: Collection[str], fence: Fence | None = None, *, session: bool = False

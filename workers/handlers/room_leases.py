@@ -1,10 +1,18 @@
 """Which persister writes a room now: the rooms' kind of key lease (`workers.handlers.leases`,
 which says how a lease is taken, checked, fenced and released), in `room_leases`.
 
-A room's last row is its last event: after a take from another persister, the new holder waits
-until its own view of that persister covers the room's last event, so a room's events stay in
-stream order for every reader and the rooms' rules are checked on caches that already applied
-them. The persister checks its batch's rooms with its instance lease in the batch's own
+A room's last row is its last event. After a take from another persister, the new holder makes
+that event's position true for everyone: its own view of the old holder covers it (the old holder
+announced it: every row of its at or below is final), waiting for that a little while the old
+holder is heard; else the old holder's instance lease has expired and the new holder fences it
+(`fence_expired`: it commits nothing more, anywhere). Then it records the hand-over
+(`room_handovers`: old writer, last event) and its events of the room carry it (`after`, on the
+live row and on the row catch-ups read back), so every reader applies the old writer's rows up to
+there before the new writer's first event of the room, whether either came live or from the
+database: a room's events stay in stream order for every reader even when the old holder died
+before it published its last ones. Neither side waits for a writer that may never return. The
+new holder forgets what it cached of the room (`on_taken`): the rules are checked on its state
+read afresh. The persister checks its batch's rooms with its instance lease in the batch's own
 transaction (`check`), or inside the batch's one INSERT (`guard`); a planned stop releases them
 once the persister drained and no commit outcome is left unknown (`release_all`).
 
@@ -16,6 +24,7 @@ stale-routed write to one is answered `NotRoomOwner` naming that writer, not tak
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Collection, Mapping
 
 import asyncpg
@@ -24,11 +33,14 @@ from workers.errors import PersisterError
 from workers.handlers.leases import KeyLeaseLost, KeyLeases, KeyMoving, LeaseTable, NotOwner, holder_of
 from workers.handlers.notifier import Notifier
 from workers.handlers.visibility import WriterPositions
-from workers.instance_lease import Fence
+from workers.instance_lease import Fence, fence_expired
 from workers.storage import Conn
 from workers.storage.events import Guard
+from workers.storage.room_handovers import record_handover
 
 __all__ = ["NotRoomOwner", "RoomLeaseLost", "RoomLeases", "RoomMoving", "holder_of"]
+
+log = logging.getLogger(__name__)
 
 ROOMS = LeaseTable("room_leases", "room_id")
 _LAST_EVENT = (
@@ -89,6 +101,44 @@ class RoomLeases(KeyLeases):
         )  # fmt: skip
         #: Rooms `release` handed to another writer (their stable choice now): room -> writer.
         self.moved: dict[str, str] = {}
+        #: Rooms taken from another writer: room -> (epoch, (old writer, its last event there)).
+        self._after: dict[str, tuple[int, tuple[str, int]]] = {}
+        #: Called with a room taken from another writer, before the first write there.
+        self.on_taken: Callable[[str], None] = lambda _room: None
+        #: Old holders fenced by a take (their instance lease had expired).
+        self.fenced = 0
+
+    @property
+    def any_taken(self) -> bool:
+        """Whether any room was taken from another writer (else `after` is None for every room)."""
+        return bool(self._after)
+
+    def after(self, room_id: str) -> tuple[str, int] | None:
+        """What this writer's events of `room_id` depend on, under the epoch held: (the writer it
+        was taken from, that writer's last event there), or None."""
+        after = self._after.get(room_id)
+        if after is None or self.held.get(room_id) != after[0]:
+            return None
+        return after[1]
+
+    async def _taken_from(self, key: str, epoch: int, writer: str, stream_id: int) -> None:
+        """Make `writer`'s rows up to `stream_id` final (seen announced, or `writer` fenced), then
+        record the hand-over (see the module docstring); raises `RoomMoving` when neither."""
+        if self._positions.get_current_token_for_writer(writer) < stream_id and not await self._seen(
+            writer, stream_id
+        ):
+            async with self._pool.acquire() as conn:
+                if not await fence_expired(conn, self._prefix + writer):
+                    raise RoomMoving(f"room {key} moves here from {writer}, whose last write is not seen")
+            self.fenced += 1
+            log.warning(
+                "room %s taken from %s, unheard and its lease expired: fenced it (it commits nothing"
+                " more); readers fetch its rows up to %d before this writer's", key, writer, stream_id,
+            )  # fmt: skip
+        async with self._pool.acquire() as conn:
+            await record_handover(conn, key, self.name, epoch, writer, stream_id)
+        self._after[key] = (epoch, (writer, stream_id))
+        self.on_taken(key)
 
     async def hold(self, key: str) -> None:
         """Return once this writer holds the room `key` and has seen its last event; raises

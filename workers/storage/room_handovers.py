@@ -1,0 +1,55 @@
+"""SQL for `room_handovers`: where a room changed writer, and the old writer's last event there.
+
+A row says: `writer` took the room under `epoch` when `after_writer` had written its last event at
+`after_stream_id`. So every event of `writer` in the room above `after_stream_id` comes after all
+of `after_writer`'s events there; the events stream's update function gives each such event the
+pair (`after`), as the writer does on its live rows (`workers.streams.events`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from workers.storage import Conn
+
+#: (after_writer, after_stream_id) per room, in increasing `after_stream_id`.
+Handovers = Mapping[str, Sequence[tuple[str, int]]]
+
+
+async def record_handover(
+    conn: Conn, room_id: str, writer: str, epoch: int, after_writer: str, after_stream_id: int
+) -> None:
+    """Record that `writer` took `room_id` under `epoch` after `after_writer`'s event at
+    `after_stream_id` (a repeat of the same take is a no-op)."""
+    await conn.execute(
+        "INSERT INTO room_handovers (room_id, writer, epoch, after_writer, after_stream_id)"
+        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+        room_id, writer, epoch, after_writer, after_stream_id,
+    )  # fmt: skip
+
+
+async def handovers_to(conn: Conn, writer: str, room_ids: Collection[str], below: int) -> Handovers:
+    """The hand-overs of `room_ids` to `writer` whose old writer's last event is below `below`."""
+    if not room_ids:
+        return {}
+    rows = await conn.fetch(
+        "SELECT room_id, after_writer, after_stream_id FROM room_handovers"
+        " WHERE writer = $1 AND room_id = ANY($2::text[]) AND after_stream_id < $3"
+        " ORDER BY after_stream_id",
+        writer, list(room_ids), below,
+    )  # fmt: skip
+    found: dict[str, list[tuple[str, int]]] = {}
+    for row in rows:
+        found.setdefault(row["room_id"], []).append((row["after_writer"], row["after_stream_id"]))
+    return found
+
+
+def after_of(handovers: Handovers, room_id: str, stream_ordering: int) -> tuple[str, int] | None:
+    """What an event of the hand-overs' writer at `stream_ordering` in `room_id` depends on: the
+    latest hand-over below it (its old writer and last event), or None."""
+    latest = None
+    for after in handovers.get(room_id, ()):
+        if after[1] >= stream_ordering:
+            break
+        latest = after
+    return latest
