@@ -16,7 +16,8 @@ A writer writes a key only while it holds the key's lease under the epoch it too
   key wrote). Readers then get the old holder's last rows before the new holder's first (Redis
   delivers to each subscriber in publish order), so one key's rows stay in stream order for every
   reader. Not covered within the bound (the old holder crashed before it announced its last
-  write): `KeyMoving`, and the key stays unwritable until it is.
+  write): `KeyMoving`, and the key stays unwritable until it is. (A room does not wait for that:
+  `room_leases` puts the hand-over point in the data, `_taken_from`.)
 * `check(conn, keys)`, inside the write's own transaction, reads the keys' rows `FOR KEY SHARE`
   (with the instance lease's check, in one statement) and fails (`KeyLeaseLost`) unless every one
   is still held under its epoch; a take waits for it.
