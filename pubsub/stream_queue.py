@@ -272,8 +272,11 @@ class StreamQueue:
     ) -> None:
         """Apply, advance, tell the listeners; live rows (`first`: the ordinal of the first queue
         entry they came in) are timed from their receipt, any rows from applied to listeners done."""
-        if rows and stream.dependency_index is not None:
-            rows = await self._meet_dependencies(stream, writer, rows)
+        if rows and (index := stream.dependency_index) is not None:
+            for _, row in rows:  # nearly always none names one: no call, no allocation
+                if row[index] is not None:
+                    rows = await self._meet_dependencies(stream, writer, rows)
+                    break
         if rows:
             await self._apply_cb(stream, writer, token, rows)
         stream.advance(writer, token)
