@@ -21,12 +21,13 @@ release's fields), and a trailing field it knows but the row lacks takes the Nam
 when it has one (the previous release's row). A new field without a default is a new stream (a new
 name), written beside the old one for a release. A row is always an array: an object is refused.
 
-Dependencies between writers (`dependency_field`): a row may name a `(writer, token)` of another
-writer of the same stream that must be applied before it (a key that moved from one writer to
-another: the new writer's first rows of that key come after every row the old one wrote for it).
-The field holds that pair or None; `StreamQueue` applies the other writer's rows up to the token,
-from the database, before the row. Whoever writes the pair guarantees that every row of that
-writer at or below the token is final (committed or never to be), so that position is true.
+Dependencies between writers (`dependency_field`): a row may name `(writer, token)` pairs of other
+writers of the same stream whose rows up to the token must be applied before it (a key that moved
+from one writer to another: the new writer's rows of that key come after every row the old one
+wrote for it). The field holds a sequence of such pairs, or None; `StreamQueue` applies the other
+writer's rows up to the token, from the database, before the row. Whoever writes a pair guarantees
+that every row of that writer at or below the token is final (committed or never to be), so that
+position is true.
 """
 
 from __future__ import annotations
@@ -142,9 +143,10 @@ class Stream(Generic[RowT]):
             return {}
         named = [row[index] for _, row in rows if row[index] is not None]
         needed: dict[str, int] = {}
-        for other, token in named:
-            if other != writer and token > needed.get(other, 0):
-                needed[other] = token
+        for pairs in named:
+            for other, token in pairs:
+                if other != writer and token > needed.get(other, 0):
+                    needed[other] = token
         return needed
 
     def positions(self) -> dict[str, int]:

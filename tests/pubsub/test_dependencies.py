@@ -21,7 +21,11 @@ from workers.harness.memory import MemoryGenerator
 
 class DepRow(NamedTuple):
     payload: str
-    after: tuple[str, int] | None = None
+    after: tuple[tuple[str, int], ...] | None = None
+
+
+def dep(payload: str, after: tuple[str, int] | None = None) -> DepRow:
+    return DepRow(payload, None if after is None else (after,))
 
 
 class BoundedGenerator(MemoryGenerator):
@@ -42,7 +46,7 @@ class Table:
         self.down = False
 
     def add(self, writer: str, token: int, payload: str, after: tuple[str, int] | None = None) -> None:
-        self.rows.setdefault(writer, []).append((token, DepRow(payload, after)))
+        self.rows.setdefault(writer, []).append((token, dep(payload, after)))
 
     async def update(self, writer: str, low: int, high: int, limit: int) -> list[tuple[int, DepRow]]:
         self.calls.append((writer, low, high))
@@ -52,7 +56,7 @@ class Table:
 
 
 def rd(writer: str, token: int, payload: str, prev: int, after: tuple[str, int] | None = None) -> str:
-    fields: list[Any] = [prev, 1, payload] + ([list(after)] if after is not None else [])
+    fields: list[Any] = [prev, 1, payload] + ([[list(after)]] if after is not None else [])
     return f"RDATA s {writer} {token} {json.dumps(fields)}"
 
 
@@ -68,8 +72,7 @@ def check_dependencies(applied: Applied, committed: dict[str, list[tuple[int, De
         key = (writer, token, row.payload)
         assert key not in seen, f"{key} applied twice"
         seen.add(key)
-        if row.after is not None:
-            other, upto = row.after
+        for other, upto in row.after or ():
             rows = committed.get(other, [])
             missing = [t for t, r in rows if t <= upto and (other, t, r.payload) not in seen]
             assert not missing, f"{writer}@{token} applied before {other}'s rows {missing}"
@@ -216,9 +219,9 @@ async def test_a_dependency_on_a_writer_the_stream_does_not_have_is_skipped(
 
 
 def test_the_checker_finds_a_row_applied_before_its_dependency() -> None:
-    committed = {"w1": [(1, DepRow("old"))], "w2": [(4, DepRow("new", ("w1", 1)))]}
+    committed = {"w1": [(1, DepRow("old"))], "w2": [(4, dep("new", ("w1", 1)))]}
     with pytest.raises(AssertionError, match="applied before w1's rows"):
-        check_dependencies([("w2", 4, DepRow("new", ("w1", 1))), ("w1", 1, DepRow("old"))], committed)
+        check_dependencies([("w2", 4, dep("new", ("w1", 1))), ("w1", 1, DepRow("old"))], committed)
     with pytest.raises(AssertionError, match="applied twice"):
         check_dependencies([("w1", 1, DepRow("old")), ("w1", 1, DepRow("old"))], committed)
-    check_dependencies([("w1", 1, DepRow("old")), ("w2", 4, DepRow("new", ("w1", 1)))], committed)
+    check_dependencies([("w1", 1, DepRow("old")), ("w2", 4, dep("new", ("w1", 1)))], committed)

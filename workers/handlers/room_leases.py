@@ -24,7 +24,6 @@ stale-routed write to one is answered `NotRoomOwner` naming that writer, not tak
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Collection, Mapping
 
 import asyncpg
@@ -33,16 +32,14 @@ from workers.errors import PersisterError
 from workers.handlers.leases import KeyLeaseLost, KeyLeases, KeyMoving, LeaseTable, NotOwner, holder_of
 from workers.handlers.notifier import Notifier
 from workers.handlers.visibility import WriterPositions
-from workers.instance_lease import Fence, fence_expired
+from workers.instance_lease import Fence
 from workers.storage import Conn
 from workers.storage.events import Guard
-from workers.storage.room_handovers import record_handover
+from workers.storage.handovers import RECORD_ROOM
 
 __all__ = ["NotRoomOwner", "RoomLeaseLost", "RoomLeases", "RoomMoving", "holder_of"]
 
-log = logging.getLogger(__name__)
-
-ROOMS = LeaseTable("room_leases", "room_id")
+ROOMS = LeaseTable("room_leases", "room_id", handovers=RECORD_ROOM)
 _LAST_EVENT = (
     "SELECT instance_name, stream_ordering AS stream_id FROM events WHERE room_id = $1"
     " AND stream_ordering > 0 ORDER BY stream_ordering DESC LIMIT 1"
@@ -101,44 +98,6 @@ class RoomLeases(KeyLeases):
         )  # fmt: skip
         #: Rooms `release` handed to another writer (their stable choice now): room -> writer.
         self.moved: dict[str, str] = {}
-        #: Rooms taken from another writer: room -> (epoch, (old writer, its last event there)).
-        self._after: dict[str, tuple[int, tuple[str, int]]] = {}
-        #: Called with a room taken from another writer, before the first write there.
-        self.on_taken: Callable[[str], None] = lambda _room: None
-        #: Old holders fenced by a take (their instance lease had expired).
-        self.fenced = 0
-
-    @property
-    def any_taken(self) -> bool:
-        """Whether any room was taken from another writer (else `after` is None for every room)."""
-        return bool(self._after)
-
-    def after(self, room_id: str) -> tuple[str, int] | None:
-        """What this writer's events of `room_id` depend on, under the epoch held: (the writer it
-        was taken from, that writer's last event there), or None."""
-        after = self._after.get(room_id)
-        if after is None or self.held.get(room_id) != after[0]:
-            return None
-        return after[1]
-
-    async def _taken_from(self, key: str, epoch: int, writer: str, stream_id: int) -> None:
-        """Make `writer`'s rows up to `stream_id` final (seen announced, or `writer` fenced), then
-        record the hand-over (see the module docstring); raises `RoomMoving` when neither."""
-        if self._positions.get_current_token_for_writer(writer) < stream_id and not await self._seen(
-            writer, stream_id
-        ):
-            async with self._pool.acquire() as conn:
-                if not await fence_expired(conn, self._prefix + writer):
-                    raise RoomMoving(f"room {key} moves here from {writer}, whose last write is not seen")
-            self.fenced += 1
-            log.warning(
-                "room %s taken from %s, unheard and its lease expired: fenced it (it commits nothing"
-                " more); readers fetch its rows up to %d before this writer's", key, writer, stream_id,
-            )  # fmt: skip
-        async with self._pool.acquire() as conn:
-            await record_handover(conn, key, self.name, epoch, writer, stream_id)
-        self._after[key] = (epoch, (writer, stream_id))
-        self.on_taken(key)
 
     async def hold(self, key: str) -> None:
         """Return once this writer holds the room `key` and has seen its last event; raises

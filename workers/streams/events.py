@@ -23,18 +23,15 @@ from pydantic import Field
 
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator
-from pubsub.wire import MAX_TOKEN
 from workers.model import REDACTION_EVENT, ROW_ID_PATTERN, Event, redacts_of
 from workers.storage.events import events_by_writer
-from workers.storage.room_handovers import after_of, handovers_to
+from workers.storage.handovers import after_of, handovers_to
 from workers.storage.rooms import room_versions
+from workers.streams.handovers import Afters
 
 EVENTS = "events"
 BACKFILL = "backfill"
 _Id = Annotated[str, Field(pattern=ROW_ID_PATTERN)]
-_Writer = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.\-]{1,200}$")]
-#: The old writer of a room that moved, and its last event there (see the module docstring).
-After = tuple[_Writer, Annotated[int, Field(ge=1, le=MAX_TOKEN)]]
 
 
 class EventRow(NamedTuple):
@@ -51,16 +48,16 @@ class EventRow(NamedTuple):
     #: For an m.room.redaction, the event it redacts: readers drop its cached body. (Trailing and
     #: optional: the writer leaves it out of every other row.)
     redacts: _Id | None = None
-    #: The room moved to this row's writer after `after` = (old writer, its last event in the room):
-    #: readers apply the old writer's rows up to there first. (Trailing and optional.)
-    after: After | None = None
+    #: The room moved to this row's writer after `after` = ((old writer, its last event in the
+    #: room),): readers apply the old writer's rows up to there first. (Trailing and optional.)
+    after: Afters | None = None
 
     @classmethod
     def of(cls, event: Event, room_version: str | None, after: tuple[str, int] | None = None) -> EventRow:
         """The row of a persisted event (catch-up reads them back with this)."""
         return cls(
             event.event_id, event.room_id, event.type, event.sender, event.state_key, event.membership,
-            room_version, redacts_of(event.type, event.content), after,
+            room_version, redacts_of(event.type, event.content), None if after is None else (after,),
         )  # fmt: skip
 
 
@@ -76,7 +73,7 @@ def with_after(event: Event, row: str, after: tuple[str, int]) -> str:
     """`row` (the event's row JSON from `row_json`) with its `after` field set (and `redacts`,
     which comes before it, as null when the row left it out)."""
     redacts = redacts_of(event.type, event.content) if event.type == REDACTION_EVENT else None
-    return f"{row[:-1]}{'' if redacts is not None else ',null'},[{json.dumps(after[0])},{after[1]}]]"
+    return f"{row[:-1]}{'' if redacts is not None else ',null'},[[{json.dumps(after[0])},{after[1]}]]]"
 
 
 def events_stream(pool: asyncpg.Pool, generator: IdGenerator, writers: Sequence[str]) -> Stream[EventRow]:

@@ -90,4 +90,4 @@ def test_a_moved_rooms_row_carries_what_it_depends_on() -> None:
         row, _, _ = events.parse_payload(Stream.encode_payload(staged, 0, 1), True)
         assert row == EventRow.of(event, "11", ("p1", 5))
         assert events.dependencies("p2", [(7, row)]) == {"p1": 5}
-    assert json.loads(with_after(event, row_json(event, None), ("p1", 5)))[-2:] == ["$target", ["p1", 5]]
+    assert json.loads(with_after(event, row_json(event, None), ("p1", 5)))[-2:] == ["$target", [["p1", 5]]]
