@@ -2,17 +2,12 @@
 which says how a lease is taken, checked, fenced and released), in `room_leases`.
 
 A room's last row is its last event. After a take from another persister, the new holder makes
-that event's position true for everyone: its own view of the old holder covers it (the old holder
-announced it: every row of its at or below is final), waiting for that a little while the old
-holder is heard; else the old holder's instance lease has expired and the new holder fences it
-(`fence_expired`: it commits nothing more, anywhere). Then it records the hand-over
-(`room_handovers`: old writer, last event) and its events of the room carry it (`after`, on the
-live row and on the row catch-ups read back), so every reader applies the old writer's rows up to
-there before the new writer's first event of the room, whether either came live or from the
-database: a room's events stay in stream order for every reader even when the old holder died
-before it published its last ones. Neither side waits for a writer that may never return. The
-new holder forgets what it cached of the room (`on_taken`): the rules are checked on its state
-read afresh. The persister checks its batch's rooms with its instance lease in the batch's own
+that event's position true for everyone and records the hand-over (`KeyLeases._taken_from`, in
+`room_handovers`); its events of the room carry it (`after`, on the live row and on the row
+catch-ups read back, `workers.streams.events`), so every reader applies the old writer's rows up
+to there before the new writer's first event of the room, whether either came live or from the
+database. The new holder forgets what it cached of the room (`on_taken`): the rules are checked on
+its state read afresh. The persister checks its batch's rooms with its instance lease in the batch's own
 transaction (`check`), or inside the batch's one INSERT (`guard`); a planned stop releases them
 once the persister drained and no commit outcome is left unknown (`release_all`).
 
