@@ -181,7 +181,12 @@ class Stream(Generic[RowT]):
         lose any message) instead of applying later rows past a hole.
 
         `row` is a row, or its JSON array text when the writer builds it directly (readers validate
-        either way)."""
+        either way). A last field that is None and defaults to None (an optional trailing field such
+        as a dependency) is left out: readers take its default, and most rows are a field shorter."""
+        if not isinstance(row, str) and row and row[-1] is None:
+            fields: tuple[str, ...] = getattr(type(row), "_fields", ())
+            if fields and getattr(type(row), "_field_defaults", {}).get(fields[-1], _REQUIRED) is None:
+                row = tuple(row[:-1])
         body = row if isinstance(row, str) else pydantic_core.to_json(row).decode()
         if prev is None:
             return body
