@@ -22,3 +22,8 @@ class StreamConfigError(PubSubError):
 
 class LateRowsError(PubSubError):
     """Rows were staged for a token the publisher has already announced: stage before finishing the ID."""
+
+
+class DependencyError(PubSubError):
+    """A row names a dependency this reader cannot meet truthfully (a token beyond the stream's
+    sequence): the row is not applied and its writer waits for its next POSITION."""

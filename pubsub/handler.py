@@ -21,6 +21,11 @@ Rules (see the package docstring for why):
   including `token`, in order: single-row tokens queued back to back are applied together.
   If `apply` raises, the generator is not advanced and the writer waits for the next POSITION,
   whose catch-up retries the rows.
+* A row may name another writer's `(writer, token)` it depends on (`Stream.dependency_field`, a
+  trailing row field, so the grammar and older readers are unchanged): before it is applied, live
+  or caught up, that writer is brought up to the token from the database, in the stream's queue
+  (`StreamQueue`); already covered, nothing happens (no query). A token beyond the sequence is
+  refused like any forged token, and the row's writer waits for its next POSITION.
 * Rejected input (bad line, forged writer, invalid row) is logged (rate-limited), counted by
   reason and never moves a position. A row of a known stream may carry trailing fields this
   release does not know: they are ignored (`pubsub.streams`). A line of a stream this process does

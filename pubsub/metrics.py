@@ -31,6 +31,11 @@ _LABELLED = {
     "dropped": ("fanout_repl_dropped", "Commands dropped on purpose (catch-up covers them)", ("reason",)),
     "catch_up_fetches": ("fanout_repl_catch_up_fetches", "Update-function calls", ("stream",)),
     "catch_up_rows": ("fanout_repl_catch_up_rows", "Rows fetched by catch-ups", ("stream",)),
+    "dependency_catch_ups": (
+        "fanout_repl_dependency_catch_ups",
+        "Catch-ups of a writer that a row of another writer depended on (a key that moved)",
+        ("stream",),
+    ),
     "reconnects": ("fanout_repl_reconnects", "(Re)subscriptions after the first", ("kind",)),
 }
 
@@ -53,6 +58,7 @@ class ReplicationMetrics:
         self.catch_up_fetches: dict[tuple[str, ...], int] = {}
         self.catch_up_rows: dict[tuple[str, ...], int] = {}
         self.reconnects: dict[tuple[str, ...], int] = {}
+        self.dependency_catch_ups: dict[tuple[str, ...], int] = {}
         #: (stream, writer) -> 1 when the writer stopped announcing, else 0.
         self.silent: dict[tuple[str, str], int] = {}
         self.gauge_source: GaugeSource | None = None
@@ -98,6 +104,10 @@ class ReplicationMetrics:
     def catch_up_fetched(self, stream: str, rows: int) -> None:
         key = (stream,)
         self.catch_up_rows[key] = self.catch_up_rows.get(key, 0) + rows
+
+    def dependency_catch_up(self, stream: str) -> None:
+        key = (stream,)
+        self.dependency_catch_ups[key] = self.dependency_catch_ups.get(key, 0) + 1
 
     def reconnect(self, kind: str) -> None:
         key = (kind,)

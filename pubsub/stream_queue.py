@@ -4,6 +4,11 @@
 through its `StreamQueue`, so a catch-up never races live rows and a stream never processes two
 commands at once. The queue is bounded: a full queue is emptied and the stream waits for the next
 POSITION, which catches up from the database. See `handler.py` for the rules this applies.
+
+Dependencies (`Stream.dependency_field`): before rows are applied, live or caught up, every other
+writer a row names is brought up to the token it names, from the database, in this queue (the same
+catch-up a POSITION whose prev is beyond what we know makes). It never waits for that writer: the
+rows are in the database, and the one who named the token guarantees they are final.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from time import monotonic
 from typing import Any, Protocol
 
 from pubsub.arrivals import Arrivals
+from pubsub.errors import DependencyError
 from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
 from pubsub.streams import ApplyCallback, Stream
@@ -266,6 +272,11 @@ class StreamQueue:
     ) -> None:
         """Apply, advance, tell the listeners; live rows (`first`: the ordinal of the first queue
         entry they came in) are timed from their receipt, any rows from applied to listeners done."""
+        if rows and (index := stream.dependency_index) is not None:
+            for _, row in rows:  # nearly always none names one: no call, no allocation
+                if row[index] is not None:
+                    rows = await self._meet_dependencies(stream, writer, rows)
+                    break
         if rows:
             await self._apply_cb(stream, writer, token, rows)
         stream.advance(writer, token)
@@ -287,6 +298,38 @@ class StreamQueue:
                 log.exception("position listener failed: stream=%s instance=%s", stream.name, writer)
         if rows:
             self._to_woken.observe(monotonic() - applied)
+
+    async def _meet_dependencies(
+        self, stream: Stream[Any], writer: str, rows: list[tuple[int, Any]]
+    ) -> list[tuple[int, Any]]:
+        """Bring every other writer that `rows` name up to the token named (from the database), then
+        return the rows still to apply (a nested dependency may have applied some of `writer`'s).
+        A named writer this stream does not have is skipped (counted): its rows cannot be asked
+        for. Raises `DependencyError` for a token beyond the stream's sequence."""
+        needed = stream.dependencies(writer, rows)
+        for other, upto in needed.items():
+            cur = stream.current_token(other)
+            if cur >= upto:
+                continue
+            if other not in stream.writers:
+                self._owner.metrics.drop("dependency_unknown_writer")
+                continue
+            if upto > self._bound and not await self._within_bound(other, upto):
+                raise DependencyError(
+                    f"stream {stream.name}: a row of {writer} depends on {other} at {upto},"
+                    " beyond the sequence"
+                )
+            self._owner.metrics.dependency_catch_up(stream.name)
+            log.info(
+                "catching up a dependency: stream=%s instance=%s from=%d to=%d before rows of %s",
+                stream.name, other, cur, upto, writer,
+            )  # fmt: skip
+            await self._catch_up(stream, other, cur, upto)
+            if stream.current_token(other) < upto:
+                await self._apply(stream, other, upto, [])
+        if needed and rows[0][0] <= (cur := stream.current_token(writer)):
+            rows = [r for r in rows if r[0] > cur]
+        return rows
 
     async def _within_bound(self, writer: str, token: int) -> bool:
         """Whether `token`, above the cached bound, is one the database can show: at most the

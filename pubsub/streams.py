@@ -20,6 +20,14 @@ at its end. A reader ignores trailing elements it does not know (any JSON: they 
 release's fields), and a trailing field it knows but the row lacks takes the NamedTuple's default
 when it has one (the previous release's row). A new field without a default is a new stream (a new
 name), written beside the old one for a release. A row is always an array: an object is refused.
+
+Dependencies between writers (`dependency_field`): a row may name `(writer, token)` pairs of other
+writers of the same stream whose rows up to the token must be applied before it (a key that moved
+from one writer to another: the new writer's rows of that key come after every row the old one
+wrote for it). The field holds a sequence of such pairs, or None; `StreamQueue` applies the other
+writer's rows up to the token, from the database, before the row. Whoever writes a pair guarantees
+that every row of that writer at or below the token is final (committed or never to be), so that
+position is true.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ class Stream(Generic[RowT]):
     __slots__ = (
         "_batched",
         "_numbered",
+        "dependency_index",
         "generator",
         "name",
         "positive",
@@ -70,6 +79,7 @@ class Stream(Generic[RowT]):
         writers: Iterable[str],
         *,
         positive: bool = True,
+        dependency_field: str | None = None,
     ) -> None:
         if NAME_PATTERN.fullmatch(name) is None:
             raise StreamConfigError(f"stream name {name!r}: use letters, digits, '_', '.', '-'")
@@ -84,6 +94,10 @@ class Stream(Generic[RowT]):
         self.positive = positive
         #: How many fields a row has: validated values beyond them are a later release's, ignored.
         self.width = len(fields)
+        if dependency_field is not None and dependency_field not in fields:
+            raise StreamConfigError(f"stream {name!r}: no row field {dependency_field!r} to depend on")
+        #: The row field naming the `(writer, token)` a row depends on (see the module docstring).
+        self.dependency_index = None if dependency_field is None else fields.index(dependency_field)
         hints = get_type_hints(row_type, include_extras=True)
         field_types = tuple(hints[f] for f in fields)
         field_defaults: dict[str, object] = getattr(row_type, "_field_defaults", {})
@@ -121,6 +135,20 @@ class Stream(Generic[RowT]):
         value = int(known())
         return value if self.positive else -value
 
+    def dependencies(self, writer: str, rows: Sequence[tuple[int, Any]]) -> dict[str, int]:
+        """The other writers `rows` of `writer` depend on, each with the highest token named; empty
+        when the stream has no dependency field or no row names one (the usual case: one pass)."""
+        index = self.dependency_index
+        if index is None:
+            return {}
+        named = [row[index] for _, row in rows if row[index] is not None]
+        needed: dict[str, int] = {}
+        for pairs in named:
+            for other, token in pairs:
+                if other != writer and token > needed.get(other, 0):
+                    needed[other] = token
+        return needed
+
     def positions(self) -> dict[str, int]:
         """Every writer's known position as wire tokens (the stream's vector clock here)."""
         factor = 1 if self.positive else -1
@@ -153,7 +181,12 @@ class Stream(Generic[RowT]):
         lose any message) instead of applying later rows past a hole.
 
         `row` is a row, or its JSON array text when the writer builds it directly (readers validate
-        either way)."""
+        either way). A last field that is None and defaults to None (an optional trailing field such
+        as a dependency) is left out: readers take its default, and most rows are a field shorter."""
+        if not isinstance(row, str) and row and row[-1] is None:
+            fields: tuple[str, ...] = getattr(type(row), "_fields", ())
+            if fields and getattr(type(row), "_field_defaults", {}).get(fields[-1], _REQUIRED) is None:
+                row = tuple(row[:-1])
         body = row if isinstance(row, str) else pydantic_core.to_json(row).decode()
         if prev is None:
             return body

@@ -267,6 +267,7 @@ class Worker:
                 self.room_leases.hashed_writer = functools.partial(
                     previous.hashed_writer, writers=self.config.writers_of(EVENTS)
                 )
+                self.room_leases.on_taken = self.room_views.forget_room  # its state moved on elsewhere
                 self.persister = self._persister(EVENTS, self.generators[CACHES])
                 self.backfill_persister = self._persister(BACKFILL, None)
         if "room_stats" in config.background_tasks:

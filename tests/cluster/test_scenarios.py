@@ -324,6 +324,72 @@ async def test_a_sigkilled_persisters_rooms_move_once_its_lease_expires(
     )  # fmt: skip
 
 
+async def test_a_persister_sigkilled_and_restarted_inside_a_redis_outage(
+    make_cluster: MakeCluster,
+    database_url: str,
+    redis_url: str,
+    proxies: Callable[[str], Awaitable[FaultProxy]],
+) -> None:
+    """Every worker loses Redis. Meanwhile a persister that holds rooms commits sends it cannot
+    publish and is SIGKILLed; its lease expires and its rooms move to the other persister, which
+    writes on. Redis comes back to the persisters first: the dead one is restarted, announces its
+    position to the other persister only, and is SIGKILLed again (a crash loop); then Redis comes
+    back to the sync workers, and the dead persister is restarted for good a little later. Every
+    reader must get each room's events in stream order (the old writer's last ones before the new
+    writer's first), each once, none lost, although no reader heard the old writer before it read
+    the new writer's events."""
+    lease_s = 2.0
+    writers_link, readers_link = await proxies(redis_url), await proxies(redis_url)
+    cluster = await make_cluster(
+        background_workers=0,
+        extra_config={"instance_lease_s": lease_s, "startup_retry_s": 60},
+        worker_config={
+            **{p: {"redis_url": through(redis_url, writers_link)} for p in WRITERS},
+            **{s: {"redis_url": through(redis_url, readers_link)} for s in ("sync1", "sync2")},
+        },
+    )
+    victim: list[str] = []
+
+    async def fault() -> None:
+        writers_link.cut()
+        readers_link.cut()
+        await asyncio.sleep(OUTAGE_S / 2)  # the victim commits what it cannot publish
+        victim.append(await _busiest_room_writer(database_url))
+        cluster.kill(victim[0])
+        await asyncio.sleep(lease_s + OUTAGE_S / 2)  # its rooms move to the other persister
+        writers_link.restore()
+        await cluster.start(victim)
+        cluster.kill(victim[0])
+        await asyncio.sleep(lease_s + OUTAGE_S / 2)  # the rest of its rooms move
+        readers_link.restore()
+        await asyncio.sleep(OUTAGE_S / 2)
+        await cluster.start(victim)
+
+    await under_load(
+        "a persister SIGKILLed (crash loop) inside a Redis outage, its rooms moved", cluster.urls,
+        cluster.sync_workers, database_url, fault, lambda: cluster.wait_ready(list(cluster.workers)),
+        load_plan=plan(1200), busy=True,
+    )  # fmt: skip
+    conn = await asyncpg.connect(database_url)
+    try:
+        moved = await conn.fetchval("SELECT count(*) FROM room_handovers WHERE after_writer = $1", victim[0])
+    finally:
+        await conn.close()
+    assert moved > 0, "no room moved from the killed persister: the scenario tested nothing"
+
+
+async def _busiest_room_writer(database_url: str) -> str:
+    """The persister that holds the most rooms now."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        writer: str = await conn.fetchval(
+            "SELECT writer FROM room_leases WHERE NOT released GROUP BY writer ORDER BY count(*) DESC LIMIT 1"
+        )
+        return writer
+    finally:
+        await conn.close()
+
+
 async def test_two_writers_starting_at_once_on_an_empty_database(
     make_cluster: MakeCluster, servers: Servers
 ) -> None:

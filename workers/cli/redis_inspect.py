@@ -73,13 +73,12 @@ def _named_fields(cmd: RData) -> str:
     if fields is None or not isinstance(values, list):
         return cmd.row_json
     prefix = ""
-    if cmd.token is not None and len(values) == len(fields) + 2:
+    if cmd.token is not None and len(values) >= 2:  # a numbered row starts with prev and its count
         prefix, values = f"prev={values[0]} rows={values[1]} ", values[2:]
-    if len(values) != len(fields):
+    if not values or len(values) > len(fields):  # trailing optional fields may be left out
         return cmd.row_json
-    return prefix + " ".join(
-        f"{name}={json.dumps(value)}" for name, value in zip(fields, values, strict=True)
-    )
+    named = zip(fields, values, strict=False)
+    return prefix + " ".join(f"{name}={json.dumps(value)}" for name, value in named)
 
 
 def describe(data: bytes, max_bytes: int = 1 << 20) -> str:

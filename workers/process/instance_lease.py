@@ -234,6 +234,21 @@ async def fence_out(conn: Conn, key: str, lease_s: float) -> bool:
     return True
 
 
+_FENCE_EXPIRED = (
+    "UPDATE instance_leases SET epoch = epoch + 1 WHERE lease_key = $1 AND expires_at <= now()"
+    " RETURNING epoch"
+)
+
+
+async def fence_expired(conn: Conn, key: str) -> bool:
+    """When the lease `key` has expired (its holder crashed, froze or was cut off), raise its epoch
+    and leave it expired: the statement waits for that holder's writes in flight, and it can
+    commit nothing more (a frozen holder that wakes finds its lease lost and stops), while the name
+    stays free for a restart to take at once. False while the lease is held (a live holder, or a
+    restart that took the name, and with it fenced the earlier process)."""
+    return await conn.fetchval(_FENCE_EXPIRED, key) is not None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -16,6 +16,7 @@ from pydantic import Field
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator
 from workers.storage import account_data as store
+from workers.streams.handovers import Afters, stored_with_afters
 
 ACCOUNT_DATA = "account_data"
 #: The stream's tables: (table, instance column, stream id column), for its ID generator.
@@ -34,6 +35,8 @@ class AccountDataRow(NamedTuple):
     user_id: _Id
     room_id: _Id | None
     data_type: Annotated[str, Field(min_length=1, max_length=255)]
+    #: Moved keys' old writers and their last rows (`workers.streams.handovers`). (Trailing, optional.)
+    after: Afters | None = None
 
 
 def account_data_stream(
@@ -44,6 +47,7 @@ def account_data_stream(
     ) -> list[tuple[int, AccountDataRow]]:
         async with pool.acquire() as conn:
             changes = await store.changes_by_writer(conn, instance, from_token, to_token, limit)
-        return [(stream_id, AccountDataRow(user, room, kind)) for stream_id, user, room, kind in changes]
+            rows = [(stream_id, AccountDataRow(user, room, kind)) for stream_id, user, room, kind in changes]
+            return await stored_with_afters(conn, ACCOUNT_DATA, instance, rows)
 
-    return Stream(ACCOUNT_DATA, AccountDataRow, update, generator, writers)
+    return Stream(ACCOUNT_DATA, AccountDataRow, update, generator, writers, dependency_field="after")

@@ -18,6 +18,7 @@ from pydantic import Field
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator
 from workers.storage import device_lists as store
+from workers.streams.handovers import Afters, stored_with_afters
 
 DEVICE_LISTS = "device_lists"
 TABLES = [
@@ -32,6 +33,8 @@ class DeviceListRow(NamedTuple):
     """A user id whose device list changed, or a remote server name with pokes waiting."""
 
     entity: Entity
+    #: Moved keys' old writers and their last rows (`workers.streams.handovers`). (Trailing, optional.)
+    after: Afters | None = None
 
 
 def device_lists_stream(
@@ -42,6 +45,7 @@ def device_lists_stream(
     ) -> list[tuple[int, DeviceListRow]]:
         async with pool.acquire() as conn:
             changes = await store.entities_by_writer(conn, instance, from_token, to_token, limit)
-        return [(stream_id, DeviceListRow(entity)) for stream_id, entity in changes]
+            rows = [(stream_id, DeviceListRow(entity)) for stream_id, entity in changes]
+            return await stored_with_afters(conn, DEVICE_LISTS, instance, rows)
 
-    return Stream(DEVICE_LISTS, DeviceListRow, update, generator, writers)
+    return Stream(DEVICE_LISTS, DeviceListRow, update, generator, writers, dependency_field="after")

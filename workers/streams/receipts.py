@@ -16,6 +16,7 @@ from pydantic import Field
 from pubsub.streams import Stream
 from pubsub.types import IdGenerator
 from workers.storage import receipts as store
+from workers.streams.handovers import Afters, stored_with_afters
 
 RECEIPTS = "receipts"
 TABLES = [("receipts", "instance_name", "stream_id")]
@@ -32,6 +33,8 @@ class ReceiptRow(NamedTuple):
     thread_id: _Text | None
     #: What the receipt says beside its event: `{"ts": ms}` for the receipts of this server.
     data: Annotated[dict[str, Any], Field(max_length=16)]
+    #: Moved keys' old writers and their last rows (`workers.streams.handovers`). (Trailing, optional.)
+    after: Afters | None = None
 
     @classmethod
     def of(cls, receipt: store.StoredReceipt) -> ReceiptRow:
@@ -47,6 +50,7 @@ def receipts_stream(pool: asyncpg.Pool, generator: IdGenerator, writers: Sequenc
     ) -> list[tuple[int, ReceiptRow]]:
         async with pool.acquire() as conn:
             changes = await store.receipts_by_writer(conn, instance, from_token, to_token, limit)
-        return [(stream_id, ReceiptRow.of(receipt)) for stream_id, receipt in changes]
+            rows = [(stream_id, ReceiptRow.of(receipt)) for stream_id, receipt in changes]
+            return await stored_with_afters(conn, RECEIPTS, instance, rows)
 
-    return Stream(RECEIPTS, ReceiptRow, update, generator, writers)
+    return Stream(RECEIPTS, ReceiptRow, update, generator, writers, dependency_field="after")

@@ -18,6 +18,7 @@ from pubsub.streams import Stream
 from pubsub.types import IdGenerator
 from workers.storage import to_device as store
 from workers.streams.device_lists import Entity
+from workers.streams.handovers import Afters, stored_with_afters
 
 TO_DEVICE = "to_device"
 TABLES = [
@@ -31,6 +32,8 @@ class ToDeviceRow(NamedTuple):
     """A local user id with new messages, or a remote server name with messages to send."""
 
     entity: Entity
+    #: Moved keys' old writers and their last rows (`workers.streams.handovers`). (Trailing, optional.)
+    after: Afters | None = None
 
 
 def to_device_stream(
@@ -41,6 +44,7 @@ def to_device_stream(
     ) -> list[tuple[int, ToDeviceRow]]:
         async with pool.acquire() as conn:
             changes = await store.entities_by_writer(conn, instance, from_token, to_token, limit)
-        return [(stream_id, ToDeviceRow(entity)) for stream_id, entity in changes]
+            rows = [(stream_id, ToDeviceRow(entity)) for stream_id, entity in changes]
+            return await stored_with_afters(conn, TO_DEVICE, instance, rows)
 
-    return Stream(TO_DEVICE, ToDeviceRow, update, generator, writers)
+    return Stream(TO_DEVICE, ToDeviceRow, update, generator, writers, dependency_field="after")

@@ -12,7 +12,7 @@ from tests.pubsub.fakes import MemoryGenerator, MemoryTable
 from workers import identifiers
 from workers.handlers.rooms import rules as rooms
 from workers.model import MEMBER_EVENT, MEMBERSHIPS, REDACTION_EVENT, Event
-from workers.streams.events import EventRow, row_json
+from workers.streams.events import EventRow, row_json, with_after
 
 _EVENTS = Stream("events", EventRow, MemoryTable().update, MemoryGenerator(["p1"]), ["p1"])
 
@@ -73,3 +73,21 @@ def test_only_a_redactions_row_has_the_trailing_field() -> None:
     redaction = message._replace(type=REDACTION_EVENT, content={"redacts": "$m"})
     assert len(json.loads(row_json(message, "10"))) == 7
     assert json.loads(row_json(redaction, "10"))[7:] == ["$m"]
+
+
+def test_a_moved_rooms_row_carries_what_it_depends_on() -> None:
+    """`with_after`: the staged row with the old writer's last event of the room, after `redacts`
+    (null when the row had none); readers get `EventRow.of(..., after)` and the stream names it."""
+    events = Stream(
+        "events", EventRow, MemoryTable().update, MemoryGenerator(["p1"]), ["p1"], dependency_field="after"
+    )
+    for event_type, content in (
+        ("m.room.message", {"body": "hi"}),
+        (REDACTION_EVENT, {"redacts": "$target"}),
+    ):
+        event = Event(7, "p2", rooms.new_event_id(), "!r:hs", event_type, "@u:hs", content, None, 1)
+        staged = with_after(event, row_json(event, "11"), ("p1", 5))
+        row, _, _ = events.parse_payload(Stream.encode_payload(staged, 0, 1), True)
+        assert row == EventRow.of(event, "11", ("p1", 5))
+        assert events.dependencies("p2", [(7, row)]) == {"p1": 5}
+    assert json.loads(with_after(event, row_json(event, None), ("p1", 5)))[-2:] == ["$target", [["p1", 5]]]

@@ -11,12 +11,17 @@ A writer writes a key only while it holds the key's lease under the epoch it too
   Held by another live writer: `NotOwner` naming it (the caller goes there).
   While workers of the previous release run (`workers.process.previous_release`), only the writer the key
   hashes to takes it (`hashed_writer`); another answers `KeyMoving`, as they route by the hash.
-* After a take from another writer, the new holder waits (bounded) until its own view of that
-  writer covers the key's last row (`last_write`: the writer and stream id of the newest row the
-  key wrote). Readers then get the old holder's last rows before the new holder's first (Redis
-  delivers to each subscriber in publish order), so one key's rows stay in stream order for every
-  reader. Not covered within the bound (the old holder crashed before it announced its last
-  write): `KeyMoving`, and the key stays unwritable until it is.
+* After a take from another writer, the hand-over point goes into the data. The new holder reads
+  the key's last row (`last_write`: the writer and stream id of the newest row the key wrote) and
+  makes every row of the old writer up to it final: its own view of the old writer covers it
+  (announced: a writer announces only positions below which all its IDs completed), or does after
+  a bounded wait while the old writer is heard, or else the old writer's instance lease has
+  expired and the new holder fences it (`fence_expired`: it commits nothing more, anywhere; a
+  frozen one stops when it wakes). Neither: `KeyMoving`. It then records the hand-over
+  (`table.handovers`), and its rows name it (`after`, `workers.streams.handovers`): readers apply
+  the old writer's rows up to there first, whether either came live or from the database, so one
+  key's rows stay in stream order for every reader even when the old holder died before it
+  published its last ones, and nobody waits for a writer that may never return.
 * `check(conn, keys)`, inside the write's own transaction, reads the keys' rows `FOR KEY SHARE`
   (with the instance lease's check, in one statement) and fails (`KeyLeaseLost`) unless every one
   is still held under its epoch; a take waits for it.
@@ -38,8 +43,9 @@ import asyncpg
 from workers.errors import PersisterError, WorkerError
 from workers.handlers.notify.notifier import Notifier
 from workers.handlers.notify.visibility import WriterPositions, wait_visible
-from workers.process.instance_lease import Fence
+from workers.process.instance_lease import Fence, fence_expired
 from workers.storage import Conn
+from workers.storage.handovers import RECORD_STREAM
 
 log = logging.getLogger(__name__)
 #: The longest one write waits here to see the key's last row (its caller may try again).
@@ -72,6 +78,9 @@ class LeaseTable:
     table: str
     key_column: str
     scope: tuple[str, str] | None = None
+    #: The statement recording a take from another writer ($1 key, $2 writer, $3 epoch, $4 old
+    #: writer, $5 its last row; then the scope's value).
+    handovers: str = RECORD_STREAM
 
     def _scoped(self, param: int) -> str:
         return "" if self.scope is None else f" AND {self.scope[0]} = ${param}"
@@ -132,7 +141,7 @@ RETURNING r.epoch
 
 def stream_table(stream: str) -> LeaseTable:
     """Where a stored stream's leases live: one row per (stream, entity) in `stream_leases`."""
-    return LeaseTable("stream_leases", "entity", ("stream", stream))
+    return LeaseTable("stream_leases", "entity", ("stream", stream), RECORD_STREAM)
 
 
 class KeyLeases:
@@ -180,6 +189,12 @@ class KeyLeases:
         self.closed = False
         self._taking: dict[str, asyncio.Lock] = {}
         self.taken_from_others = 0
+        #: Keys taken from another writer: key -> (epoch, (old writer, its last row of the key)).
+        self._after: dict[str, tuple[int, tuple[str, int]]] = {}
+        #: Called with a key taken from another writer, before the first write there.
+        self.on_taken: Callable[[str], None] = lambda _key: None
+        #: Old holders fenced by a take (their instance lease had expired).
+        self.fenced = 0
         #: The key's writer by the stable hash when only it may take the key (workers of the
         #: previous release run and route by it), else None (`workers.process.previous_release`).
         self.hashed_writer: Callable[[str], str | None] = lambda _key: None
@@ -213,13 +228,60 @@ class KeyLeases:
             last = await conn.fetchrow(self._last_write, key)
         if last is not None and last["instance_name"] not in (None, self.name):
             writer, stream_id = last["instance_name"], last["stream_id"]
-            if not await wait_visible(
-                self._positions, writer, stream_id, self._notifier, self.hears, min(self._wait_s, SEEN_WAIT_S)
-            ):
-                raise self.moving(f"{self.what} {key} moves here from {writer}, whose last write is not seen")
+            await self._taken_from(key, int(epoch), writer, stream_id)
             self.taken_from_others += 1
             log.info("lease taken %s %s from=%s epoch=%d", self.what, key, writer, epoch)
         self.held[key] = int(epoch)
+
+    async def _taken_from(self, key: str, epoch: int, writer: str, stream_id: int) -> None:
+        """The take of `key` (under `epoch`) fenced `writer` out of it; its last row there is
+        `stream_id`. Make `writer`'s rows up to it final (seen announced, or `writer` fenced), then
+        record the hand-over (see the module docstring); raises `moving` when neither."""
+        if self._positions.get_current_token_for_writer(writer) < stream_id and not await self._seen(
+            writer, stream_id
+        ):
+            async with self._pool.acquire() as conn:
+                if not await fence_expired(conn, self._prefix + writer):
+                    raise self.moving(
+                        f"{self.what} {key} moves here from {writer}, whose last write is not seen"
+                    )
+            self.fenced += 1
+            log.warning(
+                "%s %s taken from %s, unheard and its lease expired: fenced it (it commits nothing"
+                " more); readers fetch its rows up to %d before this writer's",
+                self.what, key, writer, stream_id,
+            )  # fmt: skip
+        table = self._table
+        async with self._pool.acquire() as conn:
+            await conn.execute(table.handovers, *table.args(key, self.name, epoch, writer, stream_id))
+        self._after[key] = (epoch, (writer, stream_id))
+        self.on_taken(key)
+
+    def after(self, key: str) -> tuple[str, int] | None:
+        """What this writer's rows of `key` depend on, under the epoch held: (the writer it was
+        taken from, that writer's last row of it), or None."""
+        after = self._after.get(key)
+        if after is None or self.held.get(key) != after[0]:
+            return None
+        return after[1]
+
+    @property
+    def any_taken(self) -> bool:
+        """Whether any key was taken from another writer (else `after` is None for every key)."""
+        return bool(self._after)
+
+    def afters(self) -> list[tuple[str, int]]:
+        """Every writer a key was taken from, with the highest last row taken over from it: what
+        all of this writer's rows may name (a stored row does not always name its key)."""
+        highest: dict[str, int] = {}
+        for _, (writer, stream_id) in self._after.values():
+            highest[writer] = max(stream_id, highest.get(writer, 0))
+        return sorted(highest.items())
+
+    async def _seen(self, writer: str, stream_id: int) -> bool:
+        return await wait_visible(
+            self._positions, writer, stream_id, self._notifier, self.hears, min(self._wait_s, SEEN_WAIT_S)
+        )
 
     async def check(
         self, conn: Conn, keys: Collection[str], fence: Fence | None = None, *, session: bool = False

@@ -1,10 +1,13 @@
 """Which persister writes a room now: the rooms' kind of key lease (`workers.handlers.placement.leases`,
 which says how a lease is taken, checked, fenced and released), in `room_leases`.
 
-A room's last row is its last event: after a take from another persister, the new holder waits
-until its own view of that persister covers the room's last event, so a room's events stay in
-stream order for every reader and the rooms' rules are checked on caches that already applied
-them. The persister checks its batch's rooms with its instance lease in the batch's own
+A room's last row is its last event. After a take from another persister, the new holder makes
+that event's position true for everyone and records the hand-over (`KeyLeases._taken_from`, in
+`room_handovers`); its events of the room carry it (`after`, on the live row and on the row
+catch-ups read back, `workers.streams.events`), so every reader applies the old writer's rows up
+to there before the new writer's first event of the room, whether either came live or from the
+database. The new holder forgets what it cached of the room (`on_taken`): the rules are checked on
+its state read afresh. The persister checks its batch's rooms with its instance lease in the batch's own
 transaction (`check`), or inside the batch's one INSERT (`guard`); a planned stop releases them
 once the persister drained and no commit outcome is left unknown (`release_all`).
 
@@ -34,10 +37,11 @@ from workers.handlers.placement.leases import (
 from workers.process.instance_lease import Fence
 from workers.storage import Conn
 from workers.storage.events import Guard
+from workers.storage.handovers import RECORD_ROOM
 
 __all__ = ["NotRoomOwner", "RoomLeaseLost", "RoomLeases", "RoomMoving", "holder_of"]
 
-ROOMS = LeaseTable("room_leases", "room_id")
+ROOMS = LeaseTable("room_leases", "room_id", handovers=RECORD_ROOM)
 _LAST_EVENT = (
     "SELECT instance_name, stream_ordering AS stream_id FROM events WHERE room_id = $1"
     " AND stream_ordering > 0 ORDER BY stream_ordering DESC LIMIT 1"

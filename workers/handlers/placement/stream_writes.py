@@ -14,7 +14,8 @@ On the writer, `StreamWriter.write` runs one write:
 2. one transaction: `body(conn, ids)` writes the rows and returns the stream rows `(id, row)` it
    wrote (one per entity that changed: a user, a remote server); last, the write's key still held
    under its epoch and the instance name still this process's (one statement, `KeyLeases.check`);
-3. `committed(stream, rows)`: the worker applies them to its own caches and stages their RDATA;
+3. `committed(stream, rows)`: the worker applies them to its own caches and stages their RDATA
+   (rows of a writer that took keys from another name those hand-overs, `after`);
 4. leave the ID block (the IDs finish, the position is upserted), then `finished(...)`: the
    worker publishes and wakes its own readers (once its position covers the write).
 A failed transaction leaves its IDs as harmless gaps. When the answer to COMMIT is lost, the writer
@@ -59,6 +60,7 @@ from workers.process.instance_lease import Fence, LeaseLost
 from workers.routing import RoomPlacement, writer_for_room, writer_for_user
 from workers.storage import Conn
 from workers.storage.commit_outcome import CURRENT_XID_SQL, committed, outcome_unknown, xid_committed
+from workers.streams.handovers import with_afters
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +161,8 @@ class StreamWriter:
                         failure = None
             if failure is None:
                 assert rows is not None
+                if self.leases is not None and self.leases.any_taken:  # rows name the keys' hand-overs
+                    rows = with_afters(rows, self.leases.afters())
                 try:
                     woken = await self._committed(self.stream, rows)
                 except Exception as e:  # committed, but not applied here (say, its database link broke)

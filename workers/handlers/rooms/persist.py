@@ -66,6 +66,7 @@ from workers.storage.events import (
     needs_transaction,
 )
 from workers.storage.named_pool import NamedPool
+from workers.streams.events import with_after
 
 log = logging.getLogger(__name__)
 #: Events per batch at most: past this, bigger batches stopped paying off in `fanout bench cluster`.
@@ -338,6 +339,8 @@ class EventPersister:
             stored, rows = zip(
                 *[event.json_texts(versions.get(event.room_id)) for event in events], strict=True
             )
+            if self._room_leases is not None and self._room_leases.any_taken and not self._backfill:
+                rows = self._after_handovers(events, rows)
             pid = 0
             committing = False
             try:
@@ -386,6 +389,16 @@ class EventPersister:
             if not future.done():
                 future.set_result(event)
         return stored_already
+
+    def _after_handovers(self, events: Sequence[Event], rows: Sequence[str]) -> tuple[str, ...]:
+        """The rows, those of rooms taken from another writer with what they depend on
+        (`RoomLeases.after`: readers apply the old writer's rows up to there first)."""
+        assert self._room_leases is not None
+        after = self._room_leases.after
+        return tuple(
+            row if (moved := after(event.room_id)) is None else with_after(event, row, moved)
+            for event, row in zip(events, rows, strict=True)
+        )
 
     def _guard(self, events: Sequence[Event], invalidations: Sequence[object]) -> Guard | None:
         """The room leases' check as a condition of the batch's one statement, when the batch is
