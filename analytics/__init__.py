@@ -19,6 +19,14 @@
 The definitions of every figure are in docs/audit.md. The package needs pyspark (matplotlib for
 the charts) and never imports `workers`, `pubsub` or `idgen`: under spark-submit it is shipped alone
 (`--py-files dist/analytics.zip`, built by `make audit-zip`).
+
+The others:
+
+* `__main__.py`: `python -m analytics ...` is `fanout audit ...`
+* `errors.py`: The audit's errors: what the user must fix or check, said in one line, each with its
+  exit code
+* `locations.py`: Where the audit reads and writes: a local path or any URI Spark knows (`file://`,
+  `hdfs://`, `s3a://`)
 """
 
 from __future__ import annotations

@@ -246,3 +246,18 @@ def test_a_long_module_says_why() -> None:
         and "over 500 lines" not in (ast.get_docstring(ast.parse(path.read_text())) or "").lower()
     ]
     assert unexplained == []
+
+
+def test_every_package_maps_its_modules() -> None:
+    """Each package's `__init__` docstring names every module (`name.py`) and package (`name/`)
+    directly in it."""
+    unmapped = []
+    for name, path in _modules().items():
+        if path.name != "__init__.py":
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        here = path.parent
+        members = [p.name for p in here.glob("*.py") if p.name != "__init__.py"]
+        members += [f"{p.name}/" for p in here.iterdir() if (p / "__init__.py").exists()]
+        unmapped += [f"{name}: {m}" for m in sorted(members) if m not in doc]
+    assert unmapped == []

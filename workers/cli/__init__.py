@@ -4,6 +4,25 @@ Each subcommand lives in its own module with a `main(argv: list[str]) -> int`; t
 dispatches, so `fanout X --help` is always the owning module's own parser, and importing a
 subcommand's module happens only when it runs (`fanout worker` never loads the harness or Spark).
 Exit status 2 means bad usage or bad configuration (one clear message, no traceback).
+
+Its modules:
+
+* `worker.py`: `fanout worker --config FILE`: run one worker process until SIGTERM or SIGINT
+* `__main__.py`: `python -m workers.cli` is the `fanout` command
+* `check_config.py`: `fanout check-config PATH`: validate worker configuration and print what it
+  resolves to
+* `config_reference.py`: `fanout config-reference [--write FILE | --check FILE]`: the configuration
+  reference, from the model
+* `migrate.py`: `fanout migrate --database-url URL`: apply the schema migrations (safe to run
+  concurrently)
+* `redis_inspect.py`: `fanout inspect`: read the replication traffic, or every stream's vector
+  clock, as a person would
+* `registration_token.py`: `fanout registration-token {create,list,delete}`: the registration tokens
+  of a cluster (`registration: token`), straight in its database, for an operator ...
+* `services.py`: `fanout services up`: the embedded PostgreSQL and Redis in the foreground, until
+  Ctrl-C or SIGTERM
+* `writers.py`: `fanout writers plan OLD NEW`: what changing `stream_writers.events` from OLD to NEW
+  moves
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
   write checks)
 * `startup_retry.py`, `startup_errors.py`: start-up connections retried for a bounded window; each
   expected failure as one line and an exit code
+* `connect.py`: the first steps: PostgreSQL, Redis and the migrations, each retried
 * `shutdown.py`: the shutdown steps under one deadline (`shutdown_timeout_s`)
 * `reachability.py`: a background PostgreSQL probe, so /health answers without a query
 * `connection_budget.py`: PostgreSQL's connection budget against `max_connections`

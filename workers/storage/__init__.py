@@ -1,6 +1,43 @@
 """Storage: the schema migrations (`migrations/*.sql`, applied by `migrate.py`) and one module of SQL
 per domain. Functions take a connection, never a pool, so the caller decides what runs in one
-transaction. Storage imports nothing of `workers` but `model`; never `http`, `handlers` or `harness`."""
+transaction. Storage imports nothing of `workers` but `model`; never `http`, `handlers` or `harness`.
+
+Its modules:
+
+* `account_data.py`: SQL of the account_data stream: global account data, room account data and room
+  tags
+* `commit_outcome.py`: Whether a write committed when its connection broke at COMMIT
+* `device_lists.py`: SQL of the device_lists stream: which local users' device lists changed, and
+  the outbound pokes (one per remote server that shares a room with the user) that a ...
+* `devices.py`: Device keys: local devices' uploaded keys, and cached device lists of remote users
+* `directory.py`: Room aliases (`#name:server` -> `!room:server`)
+* `events.py`: SQL for events, current state, membership and the caches log
+* `forgotten_rooms.py`: Rooms a user forgot (`POST /rooms/{roomId}/forget`), and which of them /sync
+  leaves out
+* `handovers.py`: SQL for `room_handovers` and `stream_handovers`: where a key changed writer, and
+  the old writer's last row of it
+* `named_pool.py`: Every database transaction named and timed: a pool whose `acquire()` blocks are
+  measured
+* `one_time_keys.py`: One-time and fallback keys of local devices: stored on upload, handed out on
+  claim
+* `passwords.py`: Password hashes: argon2id (argon2-cffi), computed in a thread so a login never
+  stalls the loop
+* `purge.py`: SQL of a room's end on this server: who must leave before a purge, the purge itself,
+  whether a room id is blocked (`blocked_rooms`), and whether any local user ...
+* `receipts.py`: SQL of the receipts stream: per (room, receipt type, user, thread) the latest event
+  read
+* `registration_tokens.py`: Registration tokens: who may register when `registration: token`
+* `room_deletions.py`: The `room_deletions` table: the Delete Room API's version 2 tasks and their
+  status
+* `rooms.py`: The `rooms` table (each room's version, and whether it lives on another server) and
+  the invites that remote servers sent to local users (a stand-in for ...
+* `to_device.py`: SQL of the to_device stream: messages waiting for local devices (`device_inbox`)
+  and for remote servers (`device_federation_outbox`), and the transaction ids ...
+* `user_admin.py`: Whether a user is a server admin (the `admin` column of `users`): who may call
+  the admin API and who the rate limits let through
+* `users.py`: Accounts, devices, access tokens, uploaded sync filters and registration nonces
+* `windows.py`: `Window`: the rows of a multi-writer stream between two tokens, as a SQL condition
+"""
 
 from __future__ import annotations
 
