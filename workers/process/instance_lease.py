@@ -197,7 +197,13 @@ class InstanceLease:
             with contextlib.suppress(Exception):
                 released = self._conn.execute(_RELEASE, self.key, self.fence.epoch)
                 await asyncio.wait_for(released, min(self._lease_s, 3.0))
-        self._conn.terminate() if self.lost or self._conn.is_closed() else await self._conn.close()
+        if self.lost or self._conn.is_closed():
+            self._conn.terminate()
+            return
+        try:
+            await self._conn.close(timeout=min(self._lease_s, 3.0))
+        except Exception:  # a renewal cancelled mid-statement left it busy, or the server is gone
+            self._conn.terminate()
 
 
 async def _connect(database_url: str, lease_s: float) -> asyncpg.Connection[Any]:
