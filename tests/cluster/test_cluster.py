@@ -33,7 +33,8 @@ async def test_exactly_once_in_order_under_two_persisters(
         await driver.setup()
         report = await driver.run()
     assert report.problems == []
-    assert report.events_sent > 200 and report.syncs > 50  # churn leaves some users in fewer rooms
+    # Sends are about half of the 400 actions (racing membership pairs and churn take the rest).
+    assert report.events_sent > 150 and report.syncs > 50
     async with connect(database_url) as conn:
         writers = await conn.fetch(
             "SELECT DISTINCT room_id, instance_name FROM events WHERE type = 'm.room.message'"
