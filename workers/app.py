@@ -178,6 +178,7 @@ class Worker:
             config.cache_max_entries,
             access_token=token_loader(self.pool),  # every worker applies the caches stream's rows
             access_token_entries=config.access_token_cache_entries,
+            applies_events=config.serve_reads,
         )
         self.room_versions = RoomVersions(self.pool, config.cache_max_entries)
         self.sync = SyncHandler(

@@ -222,6 +222,16 @@ class UserRooms:
         """The rooms the user is joined to now."""
         return {r for r, changes in self.history.items() if changes and changes[-1][1] == "join"}
 
+    def with_change(self, room_id: str, position: int, membership: str) -> UserRooms:
+        """These rooms after the user's member event at `position` (live, so positive) set
+        `membership` in `room_id`: what a load from the database would return once it is stored.
+        Unchanged when the history holds it already (a load may have read it before its row came)."""
+        changes = self.history.get(room_id, ())
+        if any(at == position for at, _ in changes):
+            return self
+        merged = tuple(sorted((*changes, (position, membership))))
+        return UserRooms(self.rooms | {room_id}, {**self.history, room_id: merged})
+
 
 @dataclass(slots=True)
 class StateChanges:

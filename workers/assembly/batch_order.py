@@ -85,7 +85,7 @@ class BatchOrder:
         if stream.name == EVENTS:
             placed = cast("Sequence[tuple[int, EventRow]]", rows)  # a stream's rows are of its row type
             event_rows = [r for _, r in placed]
-            w.caches.on_events(event_rows)
+            w.caches.on_events(placed)
             w.sync.recent.add([ref_of_row(t, instance, r) for t, r in placed])
             for event_row in event_rows:
                 w.room_versions.learn(event_row.room_id, event_row.room_version)
@@ -129,7 +129,7 @@ class BatchOrder:
     ) -> None:
         """Inside the ID blocks, after commit: invalidate our caches, stage the rows for RDATA."""
         w = self._worker
-        w.caches.on_events(events)
+        w.caches.on_events((e.stream_ordering, e) for e in events)
         w.room_views.on_events(events)
         redacted = [e for e in events if e.type == REDACTION_EVENT]  # their targets' bodies are stale
         w.sync.bodies.forget([r for e in redacted if (r := redacts_of(e.type, e.content)) is not None])
@@ -157,7 +157,7 @@ class BatchOrder:
             w.replication.stage_unknown(BACKFILL, max(-e.stream_ordering for e in events))
         if cache_ids:
             w.replication.stage_unknown(CACHES, max(cache_ids))
-        w.caches.on_events(events)
+        w.caches.forget_events(events)
         w.room_views.on_events(events)
 
     def cache_row_uncertain(self, stream_id: int, row: CacheInvalidation) -> None:

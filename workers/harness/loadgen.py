@@ -450,6 +450,7 @@ class LoadDriver:
             for task in readers:
                 task.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
+            await self.racer.close()
         await verify_load(self, instance_ids)
         self.report.problems += self.racer.check()
         self.report.problems += self.report.mix.count_readers(self.readers, self.racer.tally)

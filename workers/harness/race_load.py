@@ -25,7 +25,6 @@ from workers.harness.membership_races import (
     check_races,
     prepare,
 )
-from workers.storage import connect
 
 #: The largest head start of the first side of a pair: both land in the same persister batch.
 SPREAD_S = 0.004
@@ -41,6 +40,30 @@ class MembershipRacer:
         self.tally = RaceTally()
         #: Changes made to reach a race's start: (the moves made, each stored) counted by the caller.
         self.prepared = 0
+        #: Opened at the first race: a connection per look-up cost the machine a backend per race.
+        self._pool: asyncpg.Pool | None = None
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def _member_events(
+        self, room: str, user: str, after: int | None
+    ) -> list[tuple[int, str, str, str]]:
+        """(stream ordering, event id, membership, sender) of `user`'s member events in `room` after
+        `after` (None: only the last one), oldest first."""
+        if self._pool is None:
+            self._pool = await asyncpg.create_pool(self.database_url, min_size=0, max_size=2)
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT stream_ordering, event_id, json::jsonb->'content'->>'membership' AS membership,"
+                " sender FROM events WHERE room_id = $1 AND type = 'm.room.member' AND state_key = $2"
+                " AND stream_ordering > coalesce($3::bigint, -9223372036854775808)"
+                " ORDER BY stream_ordering DESC LIMIT CASE WHEN $3::bigint IS NULL THEN 1 END",
+                room, user, after,
+            )  # fmt: skip
+        return [(r["stream_ordering"], r["event_id"], r["membership"], r["sender"]) for r in reversed(rows)]
 
     def _workers(self, client: ClusterClient) -> tuple[str | None, str | None]:
         """Two different workers of those the client may reach (a load balancer's when it has
@@ -80,8 +103,8 @@ class MembershipRacer:
         delay = self.rng.uniform(0, SPREAD_S)
         user, owner_id = str(target.user_id), str(owner.user_id)
         try:
-            before = await _member_events(self.database_url, room, user, None)
-        except (OSError, asyncpg.PostgresError, TimeoutError):
+            before = await self._member_events(room, user, None)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             return written, None  # a fault scenario took the database: no race this time
 
         async def second() -> Move:
@@ -105,8 +128,8 @@ class MembershipRacer:
                 raise answer
         self.tally.count(accepted, refused)
         try:
-            rows = await _member_events(self.database_url, room, user, before[-1][0] if before else None)
-        except (OSError, asyncpg.PostgresError, TimeoutError):
+            rows = await self._member_events(room, user, before[-1][0] if before else None)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
             return written + len(accepted), None
         # The membership API answers no event id: each stored change is told apart by its
         # membership and sender, which differ between the two sides of every pair.
@@ -128,19 +151,3 @@ def _move(membership: str, sender: str, user: str, owner: str) -> Move:
     if sender == user:
         return ("me", membership)
     return ("owner", "kick" if membership == "leave" else membership)
-
-
-async def _member_events(
-    database_url: str, room: str, user: str, after: int | None
-) -> list[tuple[int, str, str, str]]:
-    """(stream ordering, event id, membership, sender) of `user`'s member events in `room` after
-    `after` (None: only the last one), oldest first."""
-    async with connect(database_url) as conn:
-        rows = await conn.fetch(
-            "SELECT stream_ordering, event_id, json::jsonb->'content'->>'membership' AS membership, sender"
-            " FROM events WHERE room_id = $1 AND type = 'm.room.member' AND state_key = $2"
-            " AND stream_ordering > coalesce($3::bigint, -9223372036854775808)"
-            " ORDER BY stream_ordering DESC LIMIT CASE WHEN $3::bigint IS NULL THEN 1 END",
-            room, user, after,
-        )  # fmt: skip
-    return [(r["stream_ordering"], r["event_id"], r["membership"], r["sender"]) for r in reversed(rows)]

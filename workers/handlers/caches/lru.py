@@ -31,6 +31,7 @@ from workers.storage.users import Requester
 
 K = TypeVar("K")
 V = TypeVar("V")
+_MISSING: Any = object()
 
 
 class LruCache(Generic[K, V]):
@@ -84,6 +85,15 @@ class LruCache(Generic[K, V]):
         if len(self._entries) > self.max_size:
             self._entries.popitem(last=False)
             self.evictions += 1
+
+    def update(self, key: K, change: Callable[[V], V]) -> None:
+        """Replace the entry of `key`, if there is one, by `change` of it (a change learned from a
+        row, applied without a load). A load in flight is not stored, as after `invalidate`: it
+        may have read the database before the row's commit."""
+        self._generation += 1
+        value = self._entries.get(key, _MISSING)
+        if value is not _MISSING:
+            self._entries[key] = change(value)
 
     def invalidate(self, key: K) -> None:
         self._generation += 1
@@ -169,6 +179,13 @@ class EventLike(Protocol):
     def state_key(self) -> str | None: ...
 
 
+class StateLike(EventLike, Protocol):
+    """An event or an events-stream row with the membership it sets (None: not a member event)."""
+
+    @property
+    def membership(self) -> str | None: ...
+
+
 class SyncCaches:
     """The caches a sync worker reads: a user's rooms (with the user's membership history), a room's
     joined members, a room's state, a room's history visibility changes."""
@@ -182,7 +199,13 @@ class SyncCaches:
         max_size: int = 10_000,
         access_token: Callable[[str], Awaitable[Requester]] | None = None,
         access_token_entries: int = 100_000,
+        *,
+        applies_events: bool = False,
     ) -> None:
+        #: Whether this worker applies every writer's events (`on_events`, live or caught up):
+        #: they keep the room caches exact, so the caches stream's current-state rows (written
+        #: for the workers that do not) are not applied to them here.
+        self.applies_events = applies_events
         self.rooms_for_user: LruCache[str, UserRooms] = LruCache("rooms_for_user", max_size, rooms_for_user)
         self.joined_members: LruCache[str, frozenset[str]] = LruCache(
             "joined_members", max_size, joined_members
@@ -231,8 +254,36 @@ class SyncCaches:
             users |= await self.joined_members.get(room_id)
         return users
 
-    def on_events(self, events: Iterable[EventLike]) -> None:
-        """Invalidate what new events change: state events change the room; memberships the member too."""
+    def on_events(self, placed: Iterable[tuple[int, StateLike]]) -> None:
+        """Apply committed events at their stream positions: a state event drops its room's state;
+        a live member event updates its room's members and its member's rooms in place (a
+        reload of every member's rooms per membership change is what made churn costly); a
+        backfilled one, or a history visibility change, drops what it changes."""
+        for position, event in placed:
+            if event.state_key is None:
+                continue
+            room_id, key = event.room_id, event.state_key
+            self.current_state.invalidate(room_id)
+            if event.type == VISIBILITY_EVENT:
+                self.room_visibility.invalidate(room_id)
+            if event.type != MEMBER_EVENT:
+                continue
+            membership = event.membership
+            if position <= 0 or membership is None:
+                self.joined_members.invalidate(room_id)
+                self.rooms_for_user.invalidate(key)
+                continue
+            self._member_changed(position, room_id, key, membership)
+
+    def _member_changed(self, position: int, room_id: str, user_id: str, membership: str) -> None:
+        if membership == "join":
+            self.joined_members.update(room_id, lambda members: members | {user_id})
+        else:
+            self.joined_members.update(room_id, lambda members: members - {user_id})
+        self.rooms_for_user.update(user_id, lambda rooms: rooms.with_change(room_id, position, membership))
+
+    def forget_events(self, events: Iterable[EventLike]) -> None:
+        """Drop what events whose commit is unknown may have changed (the next read loads it)."""
         for event in events:
             if event.state_key is None:
                 continue
@@ -248,6 +299,8 @@ class SyncCaches:
         by_name = {cache.name: cache for cache in self.all()}
         for row in rows:
             if row.cache_func == CURRENT_STATE_CACHE:
+                if self.applies_events:
+                    continue
                 for key in row.keys or ():
                     if key.startswith("!"):  # a room id; the user ids after it start with "@"
                         self.current_state.invalidate(key)

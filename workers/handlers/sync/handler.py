@@ -466,7 +466,15 @@ class SyncHandler:
         now = self.current_token()
         if _ordered(since).is_before_or_eq(_ordered(now)):
             return since
-        maxima = {s: await self._generators[s].get_max_allocated_token() for s in ORDERED_STREAMS}
+        maxima: dict[str, int] = {}
+        for stream in self._ordered_streams:
+            component, generator = since.get(stream), self._generators[stream]
+            if component.is_before_or_eq(now.get(stream)):
+                continue
+            # A client that moved from another worker is ahead by a replication delay, within
+            # what this worker knows was handed out: only a component beyond that reads its sequence.
+            if component.get_max_stream_pos() > generator.known_allocated_token():
+                maxima[stream] = await generator.get_max_allocated_token()
         bounded = since.bound(maxima)
         if bounded != since:
             # Never a 400: after a database restore every client holds such a token. Answer from
