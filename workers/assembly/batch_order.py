@@ -102,7 +102,7 @@ class BatchOrder:
             for row in cache_rows:
                 w.metrics.commit_to_applied.observe(max(0.0, now_ms - row.invalidation_ts) / 1000)
         elif stream.name in STORED_STREAMS:
-            woken_rooms, woken_users = await w.stored.apply(stream.name, rows)
+            woken_rooms, woken_users = await w.stored.apply(stream.name, rows, instance)
             rooms |= woken_rooms
             users |= woken_users
 

@@ -172,8 +172,11 @@ class StoredStreams:
             self._pool, caches, self.changes, self.generators, self.to_device, self.one_time_keys.counts
         )
 
-    async def apply(self, stream: str, rows: Sequence[tuple[int, Row]]) -> tuple[set[str], set[str]]:
-        """Record `rows` ((token, row) pairs) in the stream's change cache; (rooms, users) to wake."""
+    async def apply(
+        self, stream: str, rows: Sequence[tuple[int, Row]], writer: str | None = None
+    ) -> tuple[set[str], set[str]]:
+        """Record `rows` ((token, row) pairs) of `writer` (None: rows whose commit is unknown) in
+        the stream's change cache; (rooms, users) to wake."""
         changes = self.changes[stream]
         rooms: set[str] = set()
         users: set[str] = set()
@@ -187,7 +190,7 @@ class StoredStreams:
                 continue
             if not entity.startswith("@"):
                 continue  # a remote server's queue: only the federation sender reads it
-            changes.changed(entity, token)
+            changes.changed(entity, token, writer)
             users.add(entity)
             if stream == device_lists.DEVICE_LISTS:  # the user's room-mates see the change too
                 rooms |= (await self._caches.rooms_for_user.get(entity)).rooms
@@ -196,7 +199,7 @@ class StoredStreams:
     async def committed(self, stream: str, rows: Sequence[tuple[int, Row]]) -> tuple[set[str], set[str]]:
         """A local write committed: apply it here, stage its RDATA (inside the ID block); whom to
         wake once it is visible."""
-        rooms, users = await self.apply(stream, rows)
+        rooms, users = await self.apply(stream, rows, self.name)
         if rows:
             self._replication.stage_rows(stream, rows)
         return rooms, users

@@ -13,6 +13,8 @@ and when the cache `reopen`s after being `blind`.
 
 It also answers "who changed after p?" (`changed_after`), so a sync that would otherwise test
 every user it shares a room with (a thousand, in a big room) tests only the few that changed.
+Told which writer wrote each change, it answers "did X change inside this window of per-writer
+positions?" for the common case without a query (`changed_within`).
 
 Each question counts as a hit when answered here and as a miss when the caller must ask the
 database (below the floor, or blind); `evictions` counts entities dropped to bound its size.
@@ -22,6 +24,9 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Iterable
+
+from idgen import MultiWriterStreamToken
 
 #: How long after the last line of a writer this process does not follow the cache stays blind.
 BLIND_S = 30.0
@@ -32,7 +37,8 @@ FEW_CHANGED = 100
 
 class StreamChangeCache:
     __slots__ = (
-        "_blind_until", "_last", "_order", "evictions", "floor", "hits", "max_entries", "misses", "name",
+        "_blind_until", "_last", "_order", "_writer", "evictions", "floor", "hits", "max_entries", "misses",
+        "name",
     )  # fmt: skip
     invalidations = 0
 
@@ -41,6 +47,8 @@ class StreamChangeCache:
         self.floor = floor
         self.max_entries = max_entries
         self._last: dict[str, int] = {}
+        #: entity -> the writer of its last change, when the feeder said (see `changed_within`).
+        self._writer: dict[str, str] = {}
         #: (stream id, entity) sorted; an entry whose entity changed again later is stale and
         #: skipped (its id differs from `_last`), and dropped when the list is rebuilt.
         self._order: list[tuple[int, str]] = []
@@ -68,11 +76,16 @@ class StreamChangeCache:
     def _blind(self) -> bool:
         return bool(self._blind_until)
 
-    def changed(self, entity: str, stream_id: int) -> None:
-        """`entity` changed at `stream_id`."""
+    def changed(self, entity: str, stream_id: int, writer: str | None = None) -> None:
+        """`entity` changed at `stream_id`, written by `writer` (None: not known for certain, as
+        for a write whose commit is unknown)."""
         if stream_id <= self._last.get(entity, self.floor):
             return
         self._last[entity] = stream_id
+        if writer is None:
+            self._writer.pop(entity, None)
+        else:
+            self._writer[entity] = writer
         order = self._order
         if not order or order[-1] < (stream_id, entity):
             order.append((stream_id, entity))
@@ -91,6 +104,7 @@ class StreamChangeCache:
             cut += 1
             if last.get(name) == oldest:
                 del last[name]
+                self._writer.pop(name, None)
                 self.floor = max(self.floor, oldest)
                 count -= 1
                 self.evictions += 1
@@ -123,6 +137,34 @@ class StreamChangeCache:
         order, last = self._order, self._last
         start = bisect.bisect_right(order, (since, "\U0010ffff"))
         return [name for stream_id, name in order[start:] if last.get(name) == stream_id]
+
+    def changed_within(
+        self, entities: Iterable[str], low: MultiWriterStreamToken, high: MultiWriterStreamToken
+    ) -> tuple[set[str], list[str]]:
+        """Of `entities`, (those that certainly changed inside the window (low, high] of per-writer
+        positions, those this cache cannot tell about). An entity whose last change is at or below
+        `low.stream` did not change; one whose last change lies inside its writer's part of the
+        window did; for the others (a change beyond `high`, an unknown writer, below the floor,
+        blind) only the database can say, since an earlier change of another writer may lie inside."""
+        if low.stream < self.floor or self._blind():
+            self.misses += 1
+            return set(), list(entities)
+        self.hits += 1
+        last, writers, floor = self._last, self._writer, self.floor
+        changed: set[str] = set()
+        unsure: list[str] = []
+        for entity in entities:
+            at = last.get(entity, floor)
+            if at <= low.stream:
+                continue
+            writer = writers.get(entity)
+            if writer is not None and (
+                low.get_stream_pos_for_instance(writer) < at <= high.get_stream_pos_for_instance(writer)
+            ):
+                changed.add(entity)
+            else:
+                unsure.append(entity)
+        return changed, unsure
 
     def last(self, entity: str) -> int | None:
         """The highest position at which `entity` changed, when above the floor."""

@@ -17,7 +17,8 @@ this user since?" without a query in the common case.
   unused fallback keys, with every answer, from the worker's counts cache (invalidated by the
   caches-stream row each upload and claim writes, `workers.handlers.stored.one_time_keys`; a count is not
   news, so it never ends a long-poll by itself).
-* device lists (incremental syncs only): `changed` holds the users sharing a joined room with the
+* device lists (incremental syncs only), from the change cache where it can tell (the database
+  otherwise): `changed` holds the users sharing a joined room with the
   syncing user (themself included) whose device list changed in the window, and those who newly
   share one (they joined a room of the user's, or the user joined theirs); `left` holds those who
   no longer share any room after a leave in the window.
@@ -229,11 +230,10 @@ class StoredSections:
         else:
             sharing = await self._caches.sharing_a_room(user_id)
             candidates = cache.any_may_have_changed(sorted(sharing), low.stream)
-        changed: set[str] = set()
-        if candidates:
+        high = now.get(DEVICE_LISTS)
+        changed, unsure = cache.changed_within(candidates, low, high)
+        if unsure:
             async with self._pool.acquire() as conn:
-                changed = await device_store.changed_users(
-                    conn, candidates, Window.between(low, now.get(DEVICE_LISTS))
-                )
+                changed |= await device_store.changed_users(conn, unsure, Window.between(low, high))
         updates.changed = sorted((changed | newly) & sharing)
         updates.left = sorted(gone - sharing)

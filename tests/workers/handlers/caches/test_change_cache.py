@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from idgen import MultiWriterStreamToken
 from workers.handlers.caches import change_cache
 from workers.handlers.caches.change_cache import StreamChangeCache
 
@@ -100,3 +101,33 @@ def test_changed_after_is_none_while_blind(monkeypatch: pytest.MonkeyPatch) -> N
     assert cache.changed_after(10) == ["@a"] and cache.changed_after(9) is None
     cache.blind()
     assert cache.changed_after(10) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from("abcd"), st.sampled_from(["w1", "w2"]), st.booleans()), max_size=30
+    ),
+    low=st.tuples(st.integers(0, 30), st.integers(0, 30)),
+    high=st.tuples(st.integers(0, 30), st.integers(0, 30)),
+    size=st.integers(1, 6),
+)  # fmt: skip
+def test_changed_within_a_window_is_certain_or_left_to_the_database(
+    rows: list[tuple[str, str, bool]], low: tuple[int, int], high: tuple[int, int], size: int
+) -> None:
+    """Whatever the order of the writers' rows (each writer's in its order), the sizes and the
+    windows: an entity said to have changed in (low, high] did, and one neither said to nor left
+    unsure did not. Rows of a write whose commit is unknown carry no writer."""
+    cache = StreamChangeCache("s", floor=0, max_entries=size)
+    applied: list[tuple[str, int, str]] = []
+    for position, (entity, writer, known) in enumerate(rows, start=1):
+        cache.changed(entity, position, writer if known else None)
+        applied.append((entity, position, writer))
+    lows = {"w1": low[0], "w2": low[1]}
+    highs = {"w1": max(low[0], high[0]), "w2": max(low[1], high[1])}
+    low_token = MultiWriterStreamToken.from_positions(min(lows.values()), lows)
+    high_token = MultiWriterStreamToken.from_positions(min(highs.values()), highs)
+    changed, unsure = cache.changed_within("abcd", low_token, high_token)
+    truth = {e for e, at, w in applied if lows[w] < at <= highs[w]}
+    assert changed <= truth
+    assert truth <= changed | set(unsure)

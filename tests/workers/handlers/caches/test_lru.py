@@ -104,7 +104,9 @@ class _Member(NamedTuple):
         ),
         max_size=30,
     ),
-    loads=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30), st.sampled_from(["@a", "@b", "!r1", "!r2"]))),
+    loads=st.lists(
+        st.tuples(st.integers(0, 30), st.integers(0, 30), st.sampled_from(["@a", "@b", "!r1", "!r2"]))
+    ),
 )  # fmt: skip
 def test_member_events_applied_in_place_give_what_a_load_gives(
     changes: list[tuple[str, str, str]], loads: list[tuple[int, int, str]]
