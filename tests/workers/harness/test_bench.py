@@ -133,6 +133,9 @@ def test_bench_crowd_and_live_count_every_poll_and_send(tmp_path: Path) -> None:
         assert run["idle_answers"] >= 200 and run["repoll_cpu_ms"] > 0  # a 3 s window: each re-polled
         assert 0 < run["rss_held_mb"] <= run["rss_max_mb"]
         assert run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
+        assert run["client_processes"] >= 1
+        assert run["client_idle_cpu_ms"] > 0 and run["client_wake_cpu_ms"] > 0
+        assert 0 < run["client_wake_busiest_share"] <= run["client_wake_cores"]
     live = results["live"]
     for side, processes in (("fanout", {"persister1", "persister2", "sync1"}), ("ceiling", {"bare"})):
         assert [r["rate"] for r in live[side]] == ["20/s", "max"]
@@ -144,6 +147,7 @@ def test_bench_crowd_and_live_count_every_poll_and_send(tmp_path: Path) -> None:
             assert run["seen_after_200"]["p50_ms"] <= run["seen_after_start"]["p50_ms"]
             assert set(run["cpu_s_per_1000"]) == processes | {"all"}
     assert "| crowd | send 200 -> wake, p99 |" in table and "| crowd | readers woken" in table
+    assert "client processes: CPU per answer, idle |" in table
     for server in ("bare uvicorn+httptools", "bare granian"):
         row = f"| crowd | {server} vs bare aiohttp:"
         assert f"{row} CPU per re-poll |" in table

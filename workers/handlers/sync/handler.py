@@ -40,6 +40,7 @@ from workers.handlers.rooms.versions import RoomVersions
 from workers.handlers.sync.filter import SyncFilter
 from workers.handlers.sync.recent_events import EventBodies, RecentEvents
 from workers.handlers.sync.room_sections import PENDING, RoomSections, empty_response
+from workers.handlers.sync.shared_answers import SharedAnswers, answer_key
 from workers.handlers.sync.stored_sections import STORED_STREAMS, StoredSections, StoredUpdates
 from workers.handlers.sync.window import EventWindow, recent_timeline
 from workers.model import MEMBER_EVENT, Event, UserRooms
@@ -156,6 +157,8 @@ class SyncHandler:
         self.stored: StoredSections | None = None
         self._ratelog = RateLimitedLog(log)
         self.closing = False
+        #: Answers that readers woken alike share (the /sync route encodes through it).
+        self.answers = SharedAnswers()
         #: token text -> token, the latest handed out or parsed (oldest dropped first).
         self._tokens: dict[str, SyncToken] = {}
         self._ordered_streams = [s for s in ORDERED_STREAMS if s in generators]
@@ -283,18 +286,10 @@ class SyncHandler:
                 stored, now = await self._stored(user_id, device_id, user_rooms, since, now, events)
                 remaining = deadline - time.monotonic()
                 if events or typing or presence or stored or full_state or remaining <= 0 or self.closing:
-                    sections = RoomSections(user_id, sync_filter)
-                    sections.add_window(events)
-                    for room_id in sections.newly_joined():
-                        if current(await self._caches.room_visibility.get(room_id)) != JOINED:
-                            sections.history_hidden_before(room_id)
-                    if full_state:
-                        sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
-                    sections.add_ephemeral(typing, presence)
                     await self._add_key_counts(stored, user_id, device_id)
-                    sections.add_stored(stored)
-                    await sections.load_state(self._state_events, self._state_at, self._pending_state)
-                    body = await self._response(sections, now)
+                    body = await self._window_answer(
+                        user_id, user_rooms, sync_filter, full_state, events, typing, presence, stored, now
+                    )
                     if woken_at is not None and events:
                         self._observe(woken_at, events)
                     news = bool(events or typing or presence or stored or full_state or self.closing)
@@ -302,6 +297,42 @@ class SyncHandler:
                 if self._notifier.generation == moved and await waiter.wait(remaining):
                     # Registered before anything newer than `now` could notify: no lost wake-up.
                     woken_at = waiter.woken_at
+
+    async def _window_answer(
+        self,
+        user_id: str,
+        user_rooms: UserRooms,
+        sync_filter: SyncFilter,
+        full_state: bool,
+        events: list[Event],
+        typing: dict[str, dict[str, Any]],
+        presence: list[dict[str, Any]],
+        stored: StoredUpdates,
+        now: SyncToken,
+    ) -> dict[str, Any]:
+        """An incremental answer's body: the window's rooms, placed and with their state, and the
+        ephemeral and stored sections (the key counts already in `stored`); the body another
+        reader got, when its answer is the same (`workers.handlers.sync.shared_answers`)."""
+        next_batch = await self.encode(now)
+        own_news = bool(typing or presence or full_state)
+        key = answer_key(user_id, next_batch, sync_filter, events, own_news, stored)
+        kept = self.answers.get(key)
+        if kept is not None:
+            return kept
+        sections = RoomSections(user_id, sync_filter)
+        sections.add_window(events)
+        for room_id in sections.newly_joined():
+            if current(await self._caches.room_visibility.get(room_id)) != JOINED:
+                sections.history_hidden_before(room_id)
+        if full_state:
+            sections.want_full_state(r for r in user_rooms.joined() if sync_filter.includes(r))
+        sections.add_ephemeral(typing, presence)
+        sections.add_stored(stored)
+        await sections.load_state(self._state_events, self._state_at, self._pending_state)
+        versions = await self.room_versions.of_rooms(sections.rooms())
+        body = sections.response(next_batch, versions)
+        self.answers.keep(key, body)
+        return body
 
     def _owes_clean_up(self, user_id: str, device_id: str | None, since: SyncToken) -> bool:
         return self.stored is not None and self.stored.owes_clean_up(user_id, device_id, since)

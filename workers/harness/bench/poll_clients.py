@@ -6,7 +6,9 @@ loop), so that the client side is not what limits a benchmark. Each process open
 `open_per_s / processes` a second, then keeps every poll going until closed. It counts the
 answers (and the failed requests) and, for the polls marked `measured`, records each event whose
 body starts with `MARK` with the time its answer arrived (CLOCK_MONOTONIC: the same clock in every
-process of the machine, so the parent compares it with its own send times).
+process of the machine, so the parent compares it with its own send times). Each process also
+reports its own CPU time (user + system, every thread), so that a benchmark can show the client
+side's CPU per answer and that no client process is saturated.
 
 The file-descriptor limit of a client process is raised to its hard limit by `raise_fd_limit`
 (the benchmarks raise their own too, so the workers they start inherit it).
@@ -58,6 +60,22 @@ class Poll:
 Seen = tuple[str, float, int]
 
 
+@dataclass(frozen=True)
+class ClientUsage:
+    """What one client process has done so far: answers received, requests failed, and its CPU
+    seconds (user + system, all its threads)."""
+
+    answers: int
+    failed: int
+    cpu_s: float
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time so far, user + system, every thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 class PollClients:
     """`processes` client processes keeping `polls` going against `sync_url`."""
 
@@ -81,10 +99,14 @@ class PollClients:
             if await self._pool.recv(conn, timeout_s) != "opened":
                 raise RuntimeError("a client process did not open its polls")
 
+    async def usage(self) -> list[ClientUsage]:
+        """Each process's answers, failures and CPU time so far, in process order."""
+        return [ClientUsage(*counts) for counts in await self._ask("count", 30)]
+
     async def answers(self) -> tuple[int, int]:
         """(answers received, requests failed) so far, over every process."""
-        counts = await self._ask("count", 30)
-        return sum(c[0] for c in counts), sum(c[1] for c in counts)
+        usage = await self.usage()
+        return sum(u.answers for u in usage), sum(u.failed for u in usage)
 
     async def seen(self) -> list[Seen]:
         """Every marked event the measured polls have brought so far."""
@@ -148,7 +170,7 @@ async def _keep_polling(
         loop = asyncio.get_running_loop()
         while (command := await loop.run_in_executor(None, conn.recv)) is not None:
             if command == "count":
-                conn.send(tuple(counts))
+                conn.send((*counts, cpu_seconds()))
             elif command == "seen":
                 conn.send(seen)
                 seen = []
