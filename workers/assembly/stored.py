@@ -95,8 +95,9 @@ class StoredStreams:
         for stream, generator in generators.items():
             # Rows at or below every position known now were written before this process.
             self.changes[stream] = StreamChangeCache(
-                f"{stream}_changes", _highest(generator), config.cache_max_entries * 10
-            )
+                f"{stream}_changes", _highest(generator), config.cache_max_entries * 10,
+                by_writer=stream == device_lists.DEVICE_LISTS,  # a sync's device-list changes from memory
+            )  # fmt: skip
         self.writes: dict[str, UserStreamWrites] = {}
 
     @classmethod

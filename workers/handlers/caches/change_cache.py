@@ -13,8 +13,9 @@ and when the cache `reopen`s after being `blind`.
 
 It also answers "who changed after p?" (`changed_after`), so a sync that would otherwise test
 every user it shares a room with (a thousand, in a big room) tests only the few that changed.
-Told which writer wrote each change, it answers "did X change inside this window of per-writer
-positions?" for the common case without a query (`changed_within`).
+Made `by_writer`, it keeps each entity's last few changes with the writer of each, and answers
+"did X change inside this window of per-writer positions?" without a query unless what it kept
+cannot tell (`changed_within`).
 
 Each question counts as a hit when answered here and as a miss when the caller must ask the
 database (below the floor, or blind); `evictions` counts entities dropped to bound its size.
@@ -33,22 +34,27 @@ BLIND_S = 30.0
 #: Up to this many changed entities, a sync tests each of them for a shared room instead of
 #: collecting everyone it shares a room with.
 FEW_CHANGED = 100
+#: The changes kept per entity, with their writers, by a cache made `by_writer`.
+RECENT_CHANGES = 4
 
 
 class StreamChangeCache:
     __slots__ = (
-        "_blind_until", "_last", "_order", "_writer", "evictions", "floor", "hits", "max_entries", "misses",
-        "name",
+        "_blind_until", "_last", "_order", "_partial", "_recent", "evictions", "floor", "hits", "max_entries",
+        "misses", "name",
     )  # fmt: skip
     invalidations = 0
 
-    def __init__(self, name: str, floor: int, max_entries: int = 100_000) -> None:
+    def __init__(self, name: str, floor: int, max_entries: int = 100_000, *, by_writer: bool = False) -> None:
         self.name = name
         self.floor = floor
         self.max_entries = max_entries
         self._last: dict[str, int] = {}
-        #: entity -> the writer of its last change, when the feeder said (see `changed_within`).
-        self._writer: dict[str, str] = {}
+        #: With `by_writer`: entity -> its last `RECENT_CHANGES` changes above the floor, (stream
+        #: id, writer or "" when not known for certain), in stream order (see `changed_within`).
+        self._recent: dict[str, list[tuple[int, str]]] | None = {} if by_writer else None
+        #: The entities some of whose changes above the floor were dropped from `_recent`.
+        self._partial: set[str] = set()
         #: (stream id, entity) sorted; an entry whose entity changed again later is stale and
         #: skipped (its id differs from `_last`), and dropped when the list is rebuilt.
         self._order: list[tuple[int, str]] = []
@@ -79,13 +85,11 @@ class StreamChangeCache:
     def changed(self, entity: str, stream_id: int, writer: str | None = None) -> None:
         """`entity` changed at `stream_id`, written by `writer` (None: not known for certain, as
         for a write whose commit is unknown)."""
+        if self._recent is not None and stream_id > self.floor:
+            self._remember(entity, stream_id, writer or "")
         if stream_id <= self._last.get(entity, self.floor):
             return
         self._last[entity] = stream_id
-        if writer is None:
-            self._writer.pop(entity, None)
-        else:
-            self._writer[entity] = writer
         order = self._order
         if not order or order[-1] < (stream_id, entity):
             order.append((stream_id, entity))
@@ -96,6 +100,18 @@ class StreamChangeCache:
         if len(order) > 4 * self.max_entries + 64:
             self._order = sorted((s, n) for n, s in self._last.items())
 
+    def _remember(self, entity: str, stream_id: int, writer: str) -> None:
+        """Keep the change in the entity's recent ones (a row of another writer may come a little
+        behind a later one: it is placed in order, not dropped)."""
+        assert self._recent is not None
+        changes = self._recent.setdefault(entity, [])
+        if (stream_id, writer) in changes:
+            return
+        bisect.insort(changes, (stream_id, writer))
+        if len(changes) > RECENT_CHANGES:
+            del changes[0]
+            self._partial.add(entity)
+
     def _drop_oldest(self, count: int) -> None:
         """Forget the `count` oldest entities (an eighth at a time: one list shift, not one each)."""
         last, order, cut = self._last, self._order, 0
@@ -104,7 +120,9 @@ class StreamChangeCache:
             cut += 1
             if last.get(name) == oldest:
                 del last[name]
-                self._writer.pop(name, None)
+                if self._recent is not None:
+                    self._recent.pop(name, None)
+                    self._partial.discard(name)
                 self.floor = max(self.floor, oldest)
                 count -= 1
                 self.evictions += 1
@@ -142,28 +160,37 @@ class StreamChangeCache:
         self, entities: Iterable[str], low: MultiWriterStreamToken, high: MultiWriterStreamToken
     ) -> tuple[set[str], list[str]]:
         """Of `entities`, (those that certainly changed inside the window (low, high] of per-writer
-        positions, those this cache cannot tell about). An entity whose last change is at or below
-        `low.stream` did not change; one whose last change lies inside its writer's part of the
-        window did; for the others (a change beyond `high`, an unknown writer, below the floor,
-        blind) only the database can say, since an earlier change of another writer may lie inside."""
+        positions, those only the database can tell about). An entity whose last change is at or
+        below `low.stream` did not change. Otherwise (a cache made `by_writer`) its kept changes
+        say: one inside its writer's part of the window, it did; every change above `low.stream`
+        kept, with its writer, and each outside its writer's part, it did not. Anything else (a
+        change of unknown writer or dropped, below the floor, blind) is left to the database."""
         if low.stream < self.floor or self._blind():
             self.misses += 1
             return set(), list(entities)
         self.hits += 1
-        last, writers, floor = self._last, self._writer, self.floor
+        last, floor, recent, partial = self._last, self.floor, self._recent, self._partial
         changed: set[str] = set()
         unsure: list[str] = []
         for entity in entities:
-            at = last.get(entity, floor)
-            if at <= low.stream:
+            if last.get(entity, floor) <= low.stream:
                 continue
-            writer = writers.get(entity)
-            if writer is not None and (
-                low.get_stream_pos_for_instance(writer) < at <= high.get_stream_pos_for_instance(writer)
-            ):
-                changed.add(entity)
-            else:
+            changes = None if recent is None else recent.get(entity)
+            if changes is None:
                 unsure.append(entity)
+                continue
+            known = entity not in partial or changes[0][0] <= low.stream
+            for at, writer in changes:
+                if at <= low.stream:
+                    continue
+                if not writer:
+                    known = False
+                elif low.get_stream_pos_for_instance(writer) < at <= high.get_stream_pos_for_instance(writer):
+                    changed.add(entity)
+                    break
+            else:
+                if not known:
+                    unsure.append(entity)
         return changed, unsure
 
     def last(self, entity: str) -> int | None:

@@ -71,6 +71,9 @@ class EphemeralSource(Protocol):
 
 
 CATCH_UP_WAIT_S = 10.0
+#: How far behind another worker this one usually is: a `since` beyond this worker's token is
+#: waited for this long before the sequences are read to see whether it can be reached at all.
+LIKELY_DELAY_S = 0.25
 #: Sync tokens remembered by their text (about one per parked client; a few hundred bytes each).
 MAX_REMEMBERED_TOKENS = 20_000
 #: The state events an invitee is shown (with the member events, filtered to theirs).
@@ -255,8 +258,13 @@ class SyncHandler:
         given = await self.decode(since_text)
         since = given
         if not _ordered(since).is_before_or_eq(_ordered(self.current_token())):
-            since = await self._bounded(since)
-            if not await self._wait_until_covered(since, min(timeout_s, self._catch_up_wait_s)):
+            within = min(timeout_s, self._catch_up_wait_s)
+            waited = time.monotonic()
+            # A client that moved from another worker is ahead by a replication delay: wait for it
+            # first, and read the sequences only for a token still beyond (a restore, a forgery).
+            if not await self._wait_until_covered(since, min(within, LIKELY_DELAY_S)):
+                since = await self._bounded(since)
+            if not await self._wait_until_covered(since, within - (time.monotonic() - waited)):
                 # We are behind the client and did not catch up in time: nothing new, same token.
                 self.behind_timeouts += 1
                 self.observers.behind()
@@ -502,8 +510,6 @@ class SyncHandler:
             component, generator = since.get(stream), self._generators[stream]
             if component.is_before_or_eq(now.get(stream)):
                 continue
-            # A client that moved from another worker is ahead by a replication delay, within
-            # what this worker knows was handed out: only a component beyond that reads its sequence.
             if component.get_max_stream_pos() > generator.known_allocated_token():
                 maxima[stream] = await generator.get_max_allocated_token()
         bounded = since.bound(maxima)

@@ -103,31 +103,57 @@ def test_changed_after_is_none_while_blind(monkeypatch: pytest.MonkeyPatch) -> N
     assert cache.changed_after(10) is None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     rows=st.lists(
         st.tuples(st.sampled_from("abcd"), st.sampled_from(["w1", "w2"]), st.booleans()), max_size=30
     ),
+    interleaving=st.lists(st.booleans(), max_size=60),
     low=st.tuples(st.integers(0, 30), st.integers(0, 30)),
     high=st.tuples(st.integers(0, 30), st.integers(0, 30)),
     size=st.integers(1, 6),
 )  # fmt: skip
 def test_changed_within_a_window_is_certain_or_left_to_the_database(
-    rows: list[tuple[str, str, bool]], low: tuple[int, int], high: tuple[int, int], size: int
+    rows: list[tuple[str, str, bool]],
+    interleaving: list[bool],
+    low: tuple[int, int],
+    high: tuple[int, int],
+    size: int,
 ) -> None:
-    """Whatever the order of the writers' rows (each writer's in its order), the sizes and the
-    windows: an entity said to have changed in (low, high] did, and one neither said to nor left
-    unsure did not. Rows of a write whose commit is unknown carry no writer."""
-    cache = StreamChangeCache("s", floor=0, max_entries=size)
-    applied: list[tuple[str, int, str]] = []
-    for position, (entity, writer, known) in enumerate(rows, start=1):
+    """Whatever the interleaving of the writers' rows (each writer's in its order), the sizes and
+    the windows: an entity said to have changed in (low, high] did, and one neither said to nor
+    left to the database did not. Rows of a write whose commit is unknown carry no writer."""
+    cache = StreamChangeCache("s", floor=0, max_entries=size, by_writer=True)
+    placed = [(position, *row) for position, row in enumerate(rows, start=1)]
+    queues = {w: [r for r in placed if r[2] == w] for w in ("w1", "w2")}
+    turns = iter(interleaving)
+    while queues["w1"] or queues["w2"]:
+        writer = "w1" if not queues["w2"] or (queues["w1"] and next(turns, True)) else "w2"
+        position, entity, _, known = queues[writer].pop(0)
         cache.changed(entity, position, writer if known else None)
-        applied.append((entity, position, writer))
     lows = {"w1": low[0], "w2": low[1]}
     highs = {"w1": max(low[0], high[0]), "w2": max(low[1], high[1])}
     low_token = MultiWriterStreamToken.from_positions(min(lows.values()), lows)
     high_token = MultiWriterStreamToken.from_positions(min(highs.values()), highs)
     changed, unsure = cache.changed_within("abcd", low_token, high_token)
-    truth = {e for e, at, w in applied if lows[w] < at <= highs[w]}
+    truth = {e for at, e, w, _ in placed if lows[w] < at <= highs[w]}
     assert changed <= truth
     assert truth <= changed | set(unsure)
+
+
+def test_changed_within_answers_the_usual_windows_without_the_database() -> None:
+    cache = StreamChangeCache("s", floor=0, by_writer=True)
+    for position in (5, 10, 15, 20, 25):  # more than it keeps: the change at 5 is dropped
+        cache.changed("@a", position, "w1")
+    cache.changed("@b", 12, "w2")
+    cache.changed("@c", 30, "w1")  # after the window's end
+    cache.changed("@d", 13, None)  # a write whose commit is unknown
+
+    def token(w1: int, w2: int) -> MultiWriterStreamToken:
+        return MultiWriterStreamToken.from_positions(min(w1, w2), {"w1": w1, "w2": w2})
+
+    changed, unsure = cache.changed_within(["@a", "@b", "@c", "@d", "@e"], token(11, 11), token(16, 16))
+    assert changed == {"@a", "@b"} and unsure == ["@d"]
+    # Only "@a"'s dropped change could lie in this window: the database must say.
+    changed, unsure = cache.changed_within(["@a", "@c"], token(4, 4), token(6, 6))
+    assert changed == set() and unsure == ["@a"]
