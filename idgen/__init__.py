@@ -6,12 +6,13 @@
 | `multi_writer.py` | `MultiWriterIdGenerator`: the asyncpg edge (allocation, completion, position upserts) |
 | `startup.py` | a generator's start-up read: positions checked against the sequence and tables, repaired |
 | `_lane.py` | the few pool connections a generator keeps while busy |
+| `sequence_reads.py` | `SequenceReads`: the sequence reads of a pool's generators, one statement per turn |
 | `tokens.py` | `MultiWriterStreamToken` (a vector clock) and `SyncToken` (one per stream), and their texts |
 | `instance_map.py` | `InstanceMap`: the small integers tokens use instead of instance names |
 | `errors.py` | `IdGenError` and below, each saying what to do |
 
 `idgen` never imports `pubsub`, `workers` or `analytics`; only `multi_writer.py`, `startup.py`,
-`_lane.py` and `instance_map.py` touch the database.
+`_lane.py`, `sequence_reads.py` and `instance_map.py` touch the database.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from idgen.errors import (
 from idgen.instance_map import InstanceMap
 from idgen.multi_writer import MultiWriterIdGenerator, Probe
 from idgen.positions import StreamPositions
+from idgen.sequence_reads import SequenceReads
 from idgen.startup import StreamTable
 from idgen.tokens import MultiWriterStreamToken, SyncToken
 
@@ -38,6 +40,7 @@ __all__ = [
     "MultiWriterStreamToken",
     "NotAWriterError",
     "Probe",
+    "SequenceReads",
     "StreamPositions",
     "StreamTable",
     "SyncToken",

@@ -68,11 +68,6 @@ class Lane:
             self.discard(conn)
         return None
 
-    def acquire_spare(self) -> Connection | None:
-        """An idle kept connection, or None (also once closed): for a read that may as well take
-        one from the pool, and must never make the lane hold one more."""
-        return None if self._closed else self._pop_idle()
-
     async def acquire(self) -> Connection:
         while True:
             if self._closed:

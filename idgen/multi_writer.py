@@ -48,7 +48,8 @@ import asyncpg
 from idgen._lane import Lane
 from idgen.errors import NotAWriterError
 from idgen.positions import StreamPositions
-from idgen.startup import StartupRead, StreamTable, load_positions, sequence_max
+from idgen.sequence_reads import SequenceReads
+from idgen.startup import StartupRead, StreamTable, load_positions
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class MultiWriterIdGenerator:
         "_position_task",
         "_position_timer",
         "_probe_sql",
+        "_reads",
         "_sequence",
         "_sign",
         "_sql_next",
@@ -165,6 +167,7 @@ class MultiWriterIdGenerator:
     _known_max: int
     _lane: Lane
     _pool: asyncpg.Pool[asyncpg.Record]
+    _reads: SequenceReads
     #: Called (no arguments; must neither block nor raise) each time a block's IDs finish, before the position
     #: upsert, as Synapse notifies replication: a position published before `stream_positions`
     #: holds it is sound, since a stale row only ever holds a reader's start-up position back.
@@ -210,6 +213,7 @@ class MultiWriterIdGenerator:
         track_positions_table: bool = True,
         max_connections: int = 2,
         position_delay_s: float = 0.0,
+        sequence_reads: SequenceReads | None = None,
     ) -> MultiWriterIdGenerator:
         """Check the sequence against the tables and `stream_positions`, load positions, and return.
 
@@ -218,6 +222,8 @@ class MultiWriterIdGenerator:
         next allocation carries it in its own statement (no round trip of its own while busy), or,
         when none comes, an upsert `position_delay_s` later does. The row then lags by up to that
         long, which is sound: a stale row only holds a reader's start-up position back.
+        `sequence_reads`: shared by the generators of one pool, so that their sequence reads share
+        statements (`idgen.sequence_reads`); a generator without one reads alone.
         Raises InconsistentSequenceError when `stream_positions` is ahead of the sequence.
         """
         if not tables:
@@ -239,6 +245,8 @@ class MultiWriterIdGenerator:
         self._lane = Lane(pool, max_connections, IDLE_RELEASE_S)
         self._stored = 0
         self._known_max = 0
+        self._reads = sequence_reads or SequenceReads(pool)
+        self._reads.register(self._sequence, self._learn_max)
         self._position_delay = position_delay_s
         self._position_timer = None
         self._position_task = None
@@ -481,23 +489,15 @@ class MultiWriterIdGenerator:
         return {name: sign * pos for name, pos in self._book.positions().items()}
 
     async def get_max_allocated_token(self) -> int:
-        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence; on
-        a busy writer, on a connection its lane holds idle: no pool acquire per read)."""
-        # Only a connection the lane holds idle: a read never makes a lane keep one more.
-        conn = self._lane.acquire_spare()
-        if conn is None:
-            async with self._pool.acquire() as pooled:
-                value = await sequence_max(pooled, self._sequence)
-        else:
-            try:
-                value = await sequence_max(conn, self._sequence)
-            except BaseException:
-                self._lane.discard(conn)
-                raise
-            self._lane.release(conn)
+        """The highest ID ever handed out by anyone, in-flight IDs included (reads the sequence, in
+        one statement with the reads the pool's other generators ask for in the same turn:
+        `idgen.sequence_reads`)."""
+        await self._reads.read(self._sequence)  # `_learn_max` has raised `_known_max` to it
+        return self._sign * self._known_max
+
+    def _learn_max(self, value: int) -> None:
         if value > self._known_max:
             self._known_max = value
-        return self._sign * value
 
     def known_allocated_token(self) -> int:
         """A lower bound of `get_max_allocated_token` without I/O: the highest ID this process

@@ -137,12 +137,15 @@ async def load_positions(conn: Connection, read: StartupRead) -> tuple[StreamPos
     return book, own_stored
 
 
+def sequence_max_sql(sequence: str) -> str:
+    """A subquery: the highest value `sequence` handed out (0 before its first), in-flight values
+    included."""
+    return f"(SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {sequence})"
+
+
 async def sequence_max(conn: Connection, sequence: str) -> int:
-    """The highest value `sequence` handed out (0 before its first), in-flight values included."""
-    value = await conn.fetchval(
-        f"SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM {sequence}"
-    )
-    return int(value)
+    """The value of `sequence_max_sql`."""
+    return int(await conn.fetchval(f"SELECT {sequence_max_sql(sequence)}"))
 
 
 async def _tables_max(conn: Connection, read: StartupRead) -> list[int]:

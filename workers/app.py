@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from idgen import InstanceMap, MultiWriterIdGenerator
+from idgen import InstanceMap, MultiWriterIdGenerator, SequenceReads
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from workers.assembly.batch_order import BatchOrder
@@ -162,12 +162,14 @@ class Worker:
         with self._phase("load_id_generators"):
             self.instance_map = InstanceMap(self.pool)
             await self.instance_map.get_id(self.name)
-            self.generators = await load_generators(self.pool, config)
+            reads = SequenceReads(self.pool)
+            self.generators = await load_generators(self.pool, config, reads)
             self.stored = await StoredStreams.load(
                 self.pool,
                 config,
                 lambda stream: self.config.writers_of(stream),
                 FederationClient(config.remote_servers).user_devices,
+                reads,
             )
             self.generators.update(self.stored.generators)
         self.caches = SyncCaches(

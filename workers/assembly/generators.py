@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from idgen import MultiWriterIdGenerator
+from idgen import MultiWriterIdGenerator, SequenceReads
 from workers.config import WorkerConfig
 from workers.streams.caches import CACHES
 from workers.streams.events import BACKFILL, EVENTS
@@ -18,23 +18,27 @@ EVENTS_POSITION_DELAY_S = 0.05
 _EVENTS_TABLE = [("events", "instance_name", "stream_ordering")]
 
 
-async def load_generators(pool: asyncpg.Pool, config: WorkerConfig) -> dict[str, MultiWriterIdGenerator]:
-    """The events, backfill (negative orderings) and caches streams' generators for this worker."""
+async def load_generators(
+    pool: asyncpg.Pool, config: WorkerConfig, reads: SequenceReads
+) -> dict[str, MultiWriterIdGenerator]:
+    """The events, backfill (negative orderings) and caches streams' generators for this worker,
+    their sequence reads shared through `reads`."""
     name = config.instance_name
     return {
         EVENTS: await MultiWriterIdGenerator.create(
             pool, stream_name=EVENTS, instance_name=name, tables=_EVENTS_TABLE,
             sequence_name="events_stream_seq", writers=config.writers_of(EVENTS),
-            position_delay_s=EVENTS_POSITION_DELAY_S,
+            position_delay_s=EVENTS_POSITION_DELAY_S, sequence_reads=reads,
         ),
         BACKFILL: await MultiWriterIdGenerator.create(
             pool, stream_name=BACKFILL, instance_name=name, tables=_EVENTS_TABLE,
             sequence_name="events_backfill_stream_seq", writers=config.writers_of(BACKFILL), positive=False,
+            sequence_reads=reads,
         ),
         CACHES: await MultiWriterIdGenerator.create(
             pool, stream_name=CACHES, instance_name=name,
             tables=[("cache_invalidation_stream_by_instance", "instance_name", "stream_id")],
             sequence_name="cache_invalidation_stream_seq", writers=config.writers_of(CACHES),
-            track_positions_table=False,
+            track_positions_table=False, sequence_reads=reads,
         ),
     }  # fmt: skip

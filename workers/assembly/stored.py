@@ -29,7 +29,7 @@ from typing import Any
 
 import asyncpg
 
-from idgen import MultiWriterIdGenerator
+from idgen import MultiWriterIdGenerator, SequenceReads
 from pubsub.client import ReplicationClient
 from pubsub.streams import Stream
 from pubsub.types import Row
@@ -107,8 +107,10 @@ class StoredStreams:
         config: WorkerConfig,
         writers: Callable[[str], list[str]],
         fetch_remote: RemoteDevices,
+        reads: SequenceReads | None = None,
     ) -> StoredStreams:
-        """Load the streams' ID generators; the rest comes with `bind`."""
+        """Load the streams' ID generators (their sequence reads shared through `reads`); the
+        rest comes with `bind`."""
         generators = {
             stream: await MultiWriterIdGenerator.create(
                 pool,
@@ -117,6 +119,7 @@ class StoredStreams:
                 tables=tables,
                 sequence_name=sequence,
                 writers=writers(stream),
+                sequence_reads=reads,
             )
             for stream, (tables, sequence, _factory) in _STREAMS.items()
         }
