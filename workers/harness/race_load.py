@@ -134,8 +134,11 @@ class MembershipRacer:
         # The membership API answers no event id: each stored change is told apart by its
         # membership and sender, which differ between the two sides of every pair.
         stored = {_move(m, sender, user, owner_id): (e, o) for o, e, m, sender in rows}
+        # Judged from the membership stored before the race, not the one the load meant to set
+        # up: after a fault the load's idea of it may be wrong (a change committed, answered 5xx).
+        start = before[-1][2] if before else "leave"
         outcome = RaceOutcome(
-            pair.name, room, user, pair.start,
+            pair.name, room, user, start,
             tuple((m, *stored.get(m, ("", None))) for m in accepted), tuple(refused),
             tuple(m for m in refused if m in stored),
         )  # fmt: skip
