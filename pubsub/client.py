@@ -122,6 +122,8 @@ class ReplicationClient:
             per_stream_channels=settings.per_stream_channels,
             announce_interval_s=settings.announce_interval_s,
             heartbeat_ttl_s=settings.announce_interval_s * settings.silent_writer_intervals,
+            # Half the readers' silence threshold: an idle writer is never taken for a silent one.
+            keepalive_intervals=max(1, settings.silent_writer_intervals // 2),
         )
         self.handler.on_replicate = self.publisher.request_announce_all
         self._base_channel = keys.base_channel(settings.channel_prefix)
