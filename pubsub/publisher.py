@@ -99,6 +99,7 @@ class StreamPublisher:
         # Half an interval early: ticks drift by a little, and a keep-alive due at a tick must not
         # wait for the next one.
         self._keepalive_s = (max(1, keepalive_intervals) - 0.5) * announce_interval_s
+        self._keepalive_every_s = max(1, keepalive_intervals) * announce_interval_s
         self._beat_at = float("-inf")
         self._sources = {
             s.name: _Source(s, keys.stream_channel(prefix, s.name, per_stream_channels), 0) for s in streams
@@ -196,8 +197,10 @@ class StreamPublisher:
             if announce:
                 self._announce_all = False
                 last_all = now
-            if tick:
-                next_tick = loop.time() + self.announce_interval_s
+            if tick:  # a process writing no stream has only its heartbeat to keep
+                next_tick = loop.time() + (
+                    self.announce_interval_s if self._sources else self._keepalive_every_s
+                )
             await self.flush(announce=announce, keepalive=tick)
             if tick:
                 await self._write_hints(now)
