@@ -122,6 +122,8 @@ class ReplicationClient:
             per_stream_channels=settings.per_stream_channels,
             announce_interval_s=settings.announce_interval_s,
             heartbeat_ttl_s=settings.announce_interval_s * settings.silent_writer_intervals,
+            # Half the readers' silence threshold: an idle writer is never taken for a silent one.
+            keepalive_intervals=max(1, settings.silent_writer_intervals // 2),
         )
         self.handler.on_replicate = self.publisher.request_announce_all
         self._base_channel = keys.base_channel(settings.channel_prefix)
@@ -262,9 +264,11 @@ class ReplicationClient:
         return self.settings.announce_interval_s * self.settings.silent_writer_intervals
 
     async def _health_loop(self) -> None:
+        """Log each writer that fell silent or was heard again; `health()` computes its answer
+        itself, so the log may lag by half the silence threshold."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.settings.announce_interval_s)
+            await asyncio.sleep(max(self.settings.announce_interval_s, self.silent_after_s / 2))
             silent = {(s, w) for s, w, _ in self.handler.silent_writers(loop.time(), self.silent_after_s)}
             for stream, writer in sorted(silent - self._silent):
                 log.warning("writer silent: stream=%s instance=%s for more than %.1fs", stream, writer,

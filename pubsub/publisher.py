@@ -10,15 +10,23 @@ Contract for the application (per write):
 Rows are staged before the ID is marked finished, so by the time `current_token(self)` passes
 a token its rows are known here. A flush sends every staged token <= current_token(self), in
 order, with `batch` on all rows but the last of a token, then a POSITION when the current token
-is beyond the last row (IDs allocated by others, or unused). Every `announce_interval_s`, and after
-a REPLICATE or our own (re)subscribe, each stream gets `POSITION s self sent sent` even when idle,
-so readers notice lost RDATA within one interval and an idle writer never holds a token back.
-Answers to REPLICATE are coalesced: a burst (every worker restarting at once, or a flood) gets at
-most one POSITION per stream every `REPLICATE_COALESCE_S`.
+is beyond the last row (IDs allocated by others, or unused).
+
+Every `announce_interval_s` (a tick) a stream gets `POSITION s self sent sent` when it sent rows
+since its last POSITION (so readers notice lost RDATA within one interval) and, when idle, once
+every `keepalive_intervals` ticks: what tells readers the writer is alive (they call it silent after
+`silent_writer_intervals`; the client keeps the keep-alive at half of that). An idle writer whose
+own position moved because other writers moved (`current_token(self)` follows them) announces it
+at the next tick like any move, so it never holds readers' minimum back; repeating an unchanged
+position every second would tell a reader nothing new. After a REPLICATE or our own
+(re)subscribe every stream gets its POSITION at once. Answers to REPLICATE are coalesced: a burst
+(every worker restarting at once, or a flood) gets at most one POSITION per stream every
+`REPLICATE_COALESCE_S`.
 
 A failed publish is logged and counted, not retried: the rows are in the database and the next
-POSITION (whose prev is beyond them) makes readers fetch them. The same tick refreshes the hint
-keys (positions hash, heartbeat with TTL) for people and `fanout inspect`.
+POSITION (whose prev is beyond them) makes readers fetch them. Ticks also refresh the hint keys
+for people and `fanout inspect`: a stream's positions-hash field when it moved, the heartbeat
+(with TTL) at the keep-alive's cadence.
 """
 
 from __future__ import annotations
@@ -51,12 +59,17 @@ _UNKNOWN = object()
 
 
 class _Source:
-    __slots__ = ("channel", "sent_upto", "staged", "stream")
+    __slots__ = ("announced_upto", "channel", "hinted_upto", "last_line_at", "sent_upto", "staged", "stream")
 
     def __init__(self, stream: Stream[Any], channel: str, sent_upto: int) -> None:
         self.stream = stream
         self.channel = channel
         self.sent_upto = sent_upto
+        #: The `new` token of the last POSITION sent, and when (loop time) the last line went.
+        self.announced_upto = -1
+        self.last_line_at = float("-inf")
+        #: What the positions hash holds for us (None: not written by this process yet).
+        self.hinted_upto: int | None = None
         #: token -> its row, or the list of its rows when it has several (rows are never lists).
         self.staged: dict[int, Row | str | list[Row | str]] = {}
 
@@ -75,6 +88,7 @@ class StreamPublisher:
         per_stream_channels: bool,
         announce_interval_s: float,
         heartbeat_ttl_s: float,
+        keepalive_intervals: int = 1,
     ) -> None:
         self.instance_name = instance_name
         self.transport = transport
@@ -82,6 +96,11 @@ class StreamPublisher:
         self.prefix = prefix
         self.announce_interval_s = announce_interval_s
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        # Half an interval early: ticks drift by a little, and a keep-alive due at a tick must not
+        # wait for the next one.
+        self._keepalive_s = (max(1, keepalive_intervals) - 0.5) * announce_interval_s
+        self._keepalive_every_s = max(1, keepalive_intervals) * announce_interval_s
+        self._beat_at = float("-inf")
         self._sources = {
             s.name: _Source(s, keys.stream_channel(prefix, s.name, per_stream_channels), 0) for s in streams
         }
@@ -148,8 +167,12 @@ class StreamPublisher:
         self._poke.set()
 
     def request_announce_all(self) -> None:
-        """Someone sent REPLICATE, or we (re)subscribed: announce every stream's position."""
+        """Someone sent REPLICATE, or we (re)subscribed: announce every stream's position (and
+        write every hint again at the next tick: a Redis that restarted has lost them)."""
         self._announce_all = True
+        self._beat_at = float("-inf")
+        for source in self._sources.values():
+            source.hinted_upto = None
         self._poke.set()
 
     async def _run(self) -> None:
@@ -170,17 +193,24 @@ class StreamPublisher:
                 return
             now = loop.time()
             tick = now >= next_tick
-            announce = tick or (self._announce_all and now >= last_all + REPLICATE_COALESCE_S)
+            announce = self._announce_all and now >= last_all + REPLICATE_COALESCE_S
             if announce:
                 self._announce_all = False
                 last_all = now
+            if tick:  # a process writing no stream has only its heartbeat to keep
+                next_tick = loop.time() + (
+                    self.announce_interval_s if self._sources else self._keepalive_every_s
+                )
+            await self.flush(announce=announce, keepalive=tick)
             if tick:
-                next_tick = loop.time() + self.announce_interval_s
-            await self.flush(announce=announce)
-            if tick:
-                await self._write_hints()
+                await self._write_hints(now)
 
-    def _build_lines(self, source: _Source, announce: bool) -> list[tuple[str, str]]:
+    def _due(self, source: _Source, now: float) -> bool:
+        """At a tick: whether `source` owes readers a POSITION though it did not move (rows went
+        out since its last POSITION, or its keep-alive is due)."""
+        return source.sent_upto > source.announced_upto or now - source.last_line_at >= self._keepalive_s
+
+    def _build_lines(self, source: _Source, announce: bool, now: float) -> list[tuple[str, str]]:
         stream, me, channel = source.stream, self.instance_name, source.channel
         name, encode = stream.name, stream.encode_payload
         current = stream.current_token(me)
@@ -217,14 +247,20 @@ class StreamPublisher:
             new = max(current, prev)
             lines.append((channel, format_command(Position(name, me, prev, new))))
             self.metrics.command_out("POSITION", name)
+            source.announced_upto = new
+        if lines:
+            source.last_line_at = now
         source.sent_upto = max(current, source.sent_upto)
         return lines
 
-    async def flush(self, *, announce: bool = False) -> None:
-        """Publish what is ready on every stream (and a POSITION each when `announce`)."""
+    async def flush(self, *, announce: bool = False, keepalive: bool = False) -> None:
+        """Publish what is ready on every stream, and a POSITION for each stream when `announce`,
+        for each stream that owes one (see the module docstring) when `keepalive`."""
         lines: list[tuple[str, str]] = []
+        now = asyncio.get_running_loop().time()
         for source in self._sources.values():
-            lines.extend(self._build_lines(source, announce))
+            force = announce or (keepalive and self._due(source, now))
+            lines.extend(self._build_lines(source, force, now))
         if not lines:
             return
         try:
@@ -235,18 +271,31 @@ class StreamPublisher:
                 "publish", "publish failed (%s): %d lines lost; readers will catch up", e, len(lines)
             )
 
-    async def _write_hints(self) -> None:
-        """Positions hash and heartbeat key: for people and tools, never the source of truth."""
+    async def _write_hints(self, now: float) -> None:
+        """Positions hash and heartbeat key: for people and tools, never the source of truth. A
+        field is written when its position moved, the heartbeat at the keep-alive's cadence (well
+        inside its TTL); nothing at all at most ticks of an idle writer."""
+        moved = [s for s in self._sources.values() if s.hinted_upto != s.sent_upto]
+        beat_due = now - self._beat_at >= self._keepalive_s
+        if not moved and not beat_due:
+            return
         try:
             pipe = (await self.transport.hint_client()).pipeline(transaction=False)
-            for name, source in self._sources.items():
-                pipe.hset(keys.positions_key(self.prefix, name), self.instance_name, str(source.sent_upto))
-            beat = {"ts": round(time.time(), 3), "streams": sorted(self._sources)}
-            pipe.set(keys.heartbeat_key(self.prefix, self.instance_name), json.dumps(beat),
-                     px=max(1, int(self.heartbeat_ttl_s * 1000)))  # fmt: skip
+            written = [(source, source.sent_upto) for source in moved]
+            for source, upto in written:
+                pipe.hset(keys.positions_key(self.prefix, source.stream.name), self.instance_name, str(upto))
+            if beat_due:
+                beat = {"ts": round(time.time(), 3), "streams": sorted(self._sources)}
+                pipe.set(keys.heartbeat_key(self.prefix, self.instance_name), json.dumps(beat),
+                         px=max(1, int(self.heartbeat_ttl_s * 1000)))  # fmt: skip
             await pipe.execute()
         except LINK_ERRORS as e:
             self._ratelog.warning("hints", "could not refresh position hints (%s)", e)
+            return
+        for source, upto in written:
+            source.hinted_upto = upto
+        if beat_due:
+            self._beat_at = now
 
     def positions(self) -> dict[str, int]:
         """What has been announced per stream (the writer's view)."""

@@ -78,6 +78,7 @@ from workers.storage import pooled
 from workers.streams.caches import CACHES, caches_stream
 from workers.streams.device_lists import DEVICE_LISTS
 from workers.streams.events import BACKFILL, EVENTS, backfill_stream, events_stream
+from workers.streams.to_device import TO_DEVICE
 
 log = logging.getLogger(__name__)
 #: How long a stopping persister tries to release its rooms (PostgreSQL may be unreachable).
@@ -282,7 +283,10 @@ class Worker:
             self.retention = InvalidationRetentionTask(self.pool, config.invalidation_retention_days)
             self.retention.start()
         if "federation_sender" in config.background_tasks:
-            self.federation_sender = FederationSenderStandIn(self.pool, self.registry)
+            queues = (self.stored.generators[DEVICE_LISTS], self.stored.generators[TO_DEVICE])
+            self.federation_sender = FederationSenderStandIn(
+                self.pool, self.registry, lambda: [generator.get_positions() for generator in queues]
+            )
             self.federation_sender.start()
         self._postgres_probe = PostgresProbe(self.pool, config.position_announce_interval_s)
         self._postgres_probe.start()

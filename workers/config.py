@@ -215,10 +215,18 @@ class WorkerConfig(BaseSettings):
         8190, ge=1024, le=1 << 20, description="Longest HTTP header (400 above)"
     )
     position_announce_interval_s: float = Field(
-        1.0, gt=0, le=60, description="Seconds between a writer's POSITION announcements (also when idle)"
+        1.0,
+        gt=0,
+        le=60,
+        description="Seconds between a writer's announcement ticks: a stream that moved (or sent rows)"
+        " since its last POSITION announces it at the next tick; an idle stream repeats it every"
+        " silent_writer_intervals // 2 ticks",
     )
     silent_writer_intervals: int = Field(
-        5, ge=2, description="Announce intervals before a writer is 'silent'"
+        5,
+        ge=2,
+        description="Announce intervals before a writer is 'silent' (an idle writer announces at least"
+        " twice within)",
     )
     max_line_bytes: int = Field(1 << 20, ge=1024, description="Longest accepted pub/sub line")
     catch_up_batch_size: int = Field(

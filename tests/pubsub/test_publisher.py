@@ -3,16 +3,20 @@ define, whichever way the publisher builds them."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pubsub import keys
 from pubsub.metrics import ReplicationMetrics
-from pubsub.publisher import StreamPublisher
+from pubsub.publisher import REPLICATE_COALESCE_S, StreamPublisher
 from pubsub.redis_transport import RedisTransport
 from pubsub.streams import Stream
 from pubsub.wire import format_rdata
+from tests.conftest import RedisTarget
+from tests.pubsub.conftest import STREAM, Node, NodeFactory, wait_for
 from tests.pubsub.fakes import MemoryGenerator, MemoryTable, Row, memory_stream
 
 
@@ -84,10 +88,6 @@ async def test_flushed_lines_are_the_wire_format(rows_per_token: list[list[Row |
 async def test_a_burst_of_replicate_gets_one_answer_per_interval() -> None:
     """300 REPLICATEs over about 0.3 s (every worker of a big cluster restarting at once, or a
     flood): a handful of POSITIONs, not one per REPLICATE."""
-    import asyncio
-
-    from pubsub.publisher import REPLICATE_COALESCE_S
-
     stream = memory_stream("s", ["me"], MemoryTable())
     recorder = _Recorder()
     publisher = StreamPublisher(
@@ -106,3 +106,54 @@ async def test_a_burst_of_replicate_gets_one_answer_per_interval() -> None:
     finally:
         await publisher.stop()
     assert 1 <= answers <= 10, answers  # the burst lasts ~0.3-0.6 s: a few intervals of 0.1 s
+
+
+def _positions_out(node: Node) -> float:
+    return node.metric("fanout_repl_commands_out_total", command="POSITION", stream=STREAM)
+
+
+async def test_an_idle_stream_owes_a_position_only_after_rows_or_a_move(make_node: NodeFactory) -> None:
+    """With ticks driven by hand (the loop's own are a minute apart): a tick repeats nothing while
+    nothing moved, sends one POSITION after rows (so a reader that lost the last RDATA hears of it
+    within one tick), and announces an idle writer's position that other writers moved, which is
+    what lets readers' linear position pass it."""
+    reader = await make_node("r1", writers=["w1", "w2"], announce_interval_s=60)
+    w1 = await make_node("w1", writers=["w1", "w2"], announce_interval_s=60)
+    w2 = await make_node("w2", writers=["w1", "w2"], announce_interval_s=60)
+    await wait_for(lambda: all(reader.client.handler.is_connected(STREAM, w) for w in ("w1", "w2")))
+    await asyncio.sleep(3 * REPLICATE_COALESCE_S)  # the answers to the start's REPLICATEs are out
+    await w1.client.publisher.flush(keepalive=True)  # whatever the start owed
+    before = _positions_out(w1)
+    await w1.client.publisher.flush(keepalive=True)
+    assert _positions_out(w1) == before
+    await w1.write(3)
+    await wait_for(lambda: reader.applied_count() == 3, what="rows")
+    sent = _positions_out(w1)
+    await w1.client.publisher.flush(keepalive=True)
+    assert _positions_out(w1) == sent + 1
+    await w1.client.publisher.flush(keepalive=True)
+    assert _positions_out(w1) == sent + 1
+
+    top = w1.generator.get_current_token_for_writer("w1")
+    await wait_for(lambda: w2.generator.get_current_token_for_writer("w2") >= top, what="w2 follows w1")
+    assert reader.generator.get_current_token() < top  # held at the idle w2 until it speaks
+    await w2.client.publisher.flush(keepalive=True)
+    await wait_for(lambda: reader.generator.get_current_token() >= top, what="the reader passes idle w2")
+
+
+async def test_an_idle_writer_keeps_announcing_at_the_keepalive_cadence(
+    make_node: NodeFactory, redis_target: RedisTarget, channel_prefix: str
+) -> None:
+    """Nothing written: POSITIONs still come (every third tick here), so readers keep hearing the
+    writer, and the heartbeat key stays."""
+    settings = {"announce_interval_s": 0.05, "silent_writer_intervals": 6}
+    reader = await make_node("r1", **settings)
+    writer = await make_node("w1", **settings)
+    await wait_for(lambda: reader.client.handler.is_connected(STREAM, "w1"), what="connected")
+    start = _positions_out(writer)
+    await wait_for(lambda: _positions_out(writer) >= start + 3, what="three keep-alives")
+    raw = redis_target.client()
+    try:
+        assert await raw.pttl(keys.heartbeat_key(channel_prefix, "w1")) > 0
+    finally:
+        await raw.aclose()

@@ -70,6 +70,7 @@ BENCHES: dict[str, str] = {
     "peer": "workers.harness.bench.peer",
     "live": "workers.harness.bench.live",
     "demo": "workers.harness.bench.demo",
+    "idle": "workers.harness.bench.idle",
     "all": "workers.harness.bench.all",
 }
 

@@ -72,13 +72,30 @@ async def _create_database(url: str) -> None:
             await conn.execute(f'CREATE DATABASE "{name}"')
 
 
-async def _room_stats_position(database_url: str) -> tuple[int, int]:
+async def room_stats_position(database_url: str) -> tuple[int, int]:
     async with connect(database_url) as conn:
         position = await conn.fetchval(
             "SELECT position FROM background_progress WHERE task_name = 'room_stats'"
         )
         top = await conn.fetchval("SELECT coalesce(max(stream_ordering), 0) FROM events")
     return int(position or 0), int(top)
+
+
+def demo_cluster(
+    database_url: str, redis_url: str, workdir: Path, announce_interval_s: float
+) -> LocalCluster:
+    """The demo's cluster, not started: 2 persisters (writing events, account data, device lists
+    and to-device), 2 sync workers, background1 (room stats, and the typing and presence writer).
+    `fanout bench idle` measures this same topology at rest."""
+    return LocalCluster(
+        database_url, redis_url, workdir, channel_prefix=f"demo-{uuid.uuid4().hex[:8]}",
+        announce_interval_s=announce_interval_s, registration="open",
+        stream_writers={
+            "typing": ["background1"], "presence": ["background1"],
+            "account_data": ["persister1", "persister2"], "device_lists": ["persister1", "persister2"],
+            "to_device": ["persister1", "persister2"],
+        },
+    )  # fmt: skip
 
 
 async def run_demo(
@@ -89,15 +106,7 @@ async def run_demo(
     say(f"database {database_url}")
     say(f"redis    {redis_url}")
     await migrate_url(database_url)
-    cluster = LocalCluster(
-        database_url, redis_url, workdir / "workers", channel_prefix=f"demo-{uuid.uuid4().hex[:8]}",
-        announce_interval_s=args.announce_interval, registration="open",
-        stream_writers={
-            "typing": ["background1"], "presence": ["background1"],
-            "account_data": ["persister1", "persister2"], "device_lists": ["persister1", "persister2"],
-            "to_device": ["persister1", "persister2"],
-        },
-    )  # fmt: skip
+    cluster = demo_cluster(database_url, redis_url, workdir / "workers", args.announce_interval)
     say(f"starting {len(cluster.workers)} workers ({', '.join(cluster.workers)}); logs in {cluster.workdir}")
     started = time.monotonic()
     await cluster.start()
@@ -118,10 +127,10 @@ async def run_demo(
             if report.problems:
                 driver.dump_histories(workdir / "histories.json")
         deadline = time.monotonic() + 10
-        position, top = await _room_stats_position(database_url)
+        position, top = await room_stats_position(database_url)
         while position < top and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-            position, top = await _room_stats_position(database_url)
+            position, top = await room_stats_position(database_url)
         if position < top:
             report.problems.append(f"background worker stuck at {position}, events reach {top}")
         if args.keep:

@@ -1,7 +1,10 @@
 """Is Postgres reachable right now? A background probe, so /health answers without a query.
 
-`PostgresProbe` runs `SELECT 1` on the pool every `interval_s` (bounded by the same time) and keeps
-the last outcome: `error` is None while the last probe succeeded, else why it failed.
+`PostgresProbe` runs `SELECT 1` on the pool every `interval_s`, but not more often than every
+`MIN_INTERVAL_S` (each bounded by `interval_s`), and keeps the last outcome: `error` is None while
+the last probe succeeded, else why it failed. The floor keeps a quiet worker's database round trips
+down (a probe a second from every worker, for a readiness that load balancers poll every few
+seconds); readiness follows an outage within `MIN_INTERVAL_S` plus the bound.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ import contextlib
 from typing import Any
 
 import asyncpg
+
+#: The shortest time between two probes.
+MIN_INTERVAL_S = 2.0
 
 
 class PostgresProbe:
@@ -35,7 +41,7 @@ class PostgresProbe:
                 raise
             except Exception as e:  # any failure is "unreachable"; the reason is reported
                 self.error = str(e) or type(e).__name__
-            await asyncio.sleep(self._interval_s)
+            await asyncio.sleep(max(self._interval_s, MIN_INTERVAL_S))
 
     async def stop(self) -> None:
         if self._task is not None:

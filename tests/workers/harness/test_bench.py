@@ -165,3 +165,21 @@ def test_bench_demo_runs_the_demos_load_and_checks_its_history(tmp_path: Path) -
     assert result["latency_samples"] > 0 and result["latency_p50_ms"] <= result["latency_p99_ms"]
     assert "| demo | persist-to-visible p99, every sync worker |" in table
     assert "| demo | history problems (lost, duplicated, reordered, ...) | 0 |" in table
+
+
+def test_bench_idle_measures_every_process_of_the_quiet_demo_cluster(tmp_path: Path) -> None:
+    """`fanout bench idle` (through `bench all --quick`) charges CPU to each of the demo's five
+    workers, to PostgreSQL and to Redis, matches Redis connections and PostgreSQL backends to their
+    workers, and puts the five workers' total beside its target."""
+    document, table = _bench_all_quick(tmp_path, "idle", 300)
+    result = document["results"]["idle"]
+    workers = result["workers"]
+    assert set(workers) == {"persister1", "persister2", "sync1", "sync2", "background1"}
+    for figures in workers.values():
+        assert figures["cpu_percent"] >= 0 and figures["db_transactions_per_s"] > 0  # the probe at least
+    assert all(workers[name]["redis_commands_per_s"] > 0 for name in ("persister1", "persister2"))
+    assert result["postgres_transactions_per_s"] > 0 and result["postgres_cpu_percent"] > 0
+    assert math.isclose(
+        result["workers_cpu_percent"], sum(w["cpu_percent"] for w in workers.values()), abs_tol=0.01
+    )
+    assert "| idle | CPU at rest, every worker of the demo's cluster |" in table

@@ -6,7 +6,8 @@ process run. At start the row is empty at the position the run starts from; each
 writer's position extends it (the replication handler only advances after applying every row in
 between, fetching lost ones from the database); a jump that skipped rows would start a new row, and
 the hole between rows is what the audit reports. Rows are written in autocommit, at most once per
-`flush_interval_s`, so the record may lag behind the worker but never runs ahead of it.
+`flush_interval_s` and only after a range changed, so the record may lag behind the worker but
+never runs ahead of it.
 
 What it cannot show: a bug in the handler that advanced past rows without applying them. The
 history checker (workers.harness.history) covers that end to end.
@@ -47,11 +48,14 @@ class AppliedRangesRecorder:
         self._ranges: dict[str, _Range] = {}
         self._new: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+        #: Set when a range changed: the task sleeps until then (a quiet worker writes nothing).
+        self._changed = asyncio.Event()
 
     def begin(self, writer: str, position: int) -> None:
         """This run applies `writer`'s rows from `position` on (an empty range marks where it began)."""
         self._ranges[writer] = _Range(position, position, position)
         self._new.add(writer)
+        self._changed.set()
 
     def advanced(self, writer: str, position: int) -> None:
         """Every row of `writer` up to `position` has been applied, in order."""
@@ -60,6 +64,7 @@ class AppliedRangesRecorder:
             self.begin(writer, position)
         elif position > current.to_id:
             current.to_id = position
+            self._changed.set()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="applied-ranges")
@@ -72,11 +77,14 @@ class AppliedRangesRecorder:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._flush_interval_s)
+            await self._changed.wait()
+            self._changed.clear()
             try:
                 await self.flush()
             except (OSError, asyncpg.PostgresError) as e:
                 log.warning("could not record applied ranges (%s); will retry", e)
+                self._changed.set()  # what was not written is still dirty
+            await asyncio.sleep(self._flush_interval_s)
 
     async def flush(self) -> None:
         now = int(time.time() * 1000)

@@ -27,6 +27,7 @@ The others:
   handler
 * `idgen.py`: `fanout bench idgen`: MultiWriterIdGenerator throughput beside a plain asyncpg
   ceiling, and start-up time
+* `idle.py`: `fanout bench idle`: what the demo's cluster costs per second when nobody uses it
 * `instructions.py`: `fanout bench instructions`: CPU instructions per persisted and per received
   event, by callgrind
 * `live.py`: `fanout bench live`: sends at fixed offered rates, each seen by a reader long-polling a
@@ -37,6 +38,7 @@ The others:
   `/sync` re-issued with the `next_batch` it returned, as soon as it returns
 * `profile.py`: Sampling profiles of worker processes during a benchmark (py-spy, from PyPI), and
   their summary
+* `process_sockets.py`: Which process holds a TCP connection: its local ports, read from /proc
 * `pubsub.py`: `fanout bench pubsub`: replication throughput and latency beside the raw redis-py
   ceiling
 * `pubsub_subscribers.py`: The subscriber side of `fanout bench pubsub`: processes that read the

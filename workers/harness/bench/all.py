@@ -42,6 +42,7 @@ BENCHES: dict[str, list[str]] = {
     "scale": ["--base-only", "--seconds", "1", "--backends", "single"],
     "ratelimit": ["--checks", "300", "--sends", "50"],
     "demo": ["--actions", "150", "--users", "6", "--rooms", "3", "--concurrency", "4"],
+    "idle": ["--actions", "40", "--settle", "2", "--seconds", "5"],
     "peer": ["--quick"],
 }
 
