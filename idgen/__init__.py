@@ -24,7 +24,7 @@ from idgen.errors import (
     UnknownInstanceError,
 )
 from idgen.instance_map import InstanceMap
-from idgen.multi_writer import MultiWriterIdGenerator, Probe
+from idgen.multi_writer import MultiWriterIdGenerator, Probe, Ride
 from idgen.positions import StreamPositions
 from idgen.startup import StreamTable
 from idgen.tokens import MultiWriterStreamToken, SyncToken
@@ -38,6 +38,7 @@ __all__ = [
     "MultiWriterStreamToken",
     "NotAWriterError",
     "Probe",
+    "Ride",
     "StreamPositions",
     "StreamTable",
     "SyncToken",
