@@ -25,7 +25,7 @@ from idgen.errors import (
     UnknownInstanceError,
 )
 from idgen.instance_map import InstanceMap
-from idgen.multi_writer import MultiWriterIdGenerator, Probe
+from idgen.multi_writer import MultiWriterIdGenerator, Probe, Ride
 from idgen.positions import StreamPositions
 from idgen.sequence_reads import SequenceReads
 from idgen.startup import StreamTable
@@ -40,6 +40,7 @@ __all__ = [
     "MultiWriterStreamToken",
     "NotAWriterError",
     "Probe",
+    "Ride",
     "SequenceReads",
     "StreamPositions",
     "StreamTable",

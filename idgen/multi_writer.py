@@ -9,6 +9,9 @@ The asyncpg edge around `idgen.positions.StreamPositions` (which holds every rul
   completions share an upsert when one is already in flight. With `position_delay_s` (the events
   stream of a persister) the block returns without it: the next allocation's statement carries the
   upsert (`WITH ... INSERT ... SELECT nextval`), or a timer does when the writer goes idle.
+  `ride_mult(n)` takes the IDs in the round trip of a statement the caller sends anyway (`Ride.carry`:
+  the caller's INSERT and the allocation, one statement on the caller's connection), with the same
+  in-flight bookkeeping; the events persister allocates its next batch so.
   Nothing else. The statements run on a few connections the generator keeps from the pool while it is
   busy (returned after `IDLE_RELEASE_S` of idleness, or by `close()`), because every pool
   acquire/release costs a reset round trip.
@@ -46,7 +49,7 @@ from typing import Any
 import asyncpg
 
 from idgen._lane import Lane
-from idgen.errors import NotAWriterError
+from idgen.errors import InconsistentSequenceError, NotAWriterError
 from idgen.positions import StreamPositions
 from idgen.sequence_reads import SequenceReads
 from idgen.startup import StartupRead, StreamTable, load_positions
@@ -124,6 +127,58 @@ class _Allocation:
         await self._gen._complete(self._ids, failed=exc_type is not None)
 
 
+class Ride(_Allocation):
+    """An allocation carried by another statement's round trip (`MultiWriterIdGenerator.ride_mult`).
+
+    `carry(conn, host_sql, host_args)` runs the caller's data-modifying statement with the
+    allocation (and the probe, and a delayed position upsert) in one statement on the caller's
+    connection. The IDs are then in flight as if `get_next_mult` had taken them: `async with ride
+    as ids` hands them out with no I/O and finishes them on exit, as `get_next_mult`'s block does.
+    What the host statement writes and what the allocation takes share one round trip, not one
+    transaction: when the statement fails, IDs it may have taken are unknown and stay harmless gaps
+    (nothing is written with them). A carried ride that is never entered must be `discard`ed."""
+
+    __slots__ = ("_carried", "_entered", "_error")
+
+    def __init__(self, gen: MultiWriterIdGenerator, count: int, probe: Probe | None = None) -> None:
+        super().__init__(gen, count, False, probe)
+        self._carried = False
+        self._entered = False
+        self._error: InconsistentSequenceError | None = None
+
+    @property
+    def carried(self) -> bool:
+        """Whether `carry` returned: the IDs are allocated and in flight."""
+        return self._carried
+
+    async def carry(self, conn: Any, host_sql: str, host_args: Sequence[object]) -> int:
+        """Run `host_sql` (one INSERT, UPDATE or DELETE whose parameters are $1 to
+        $len(host_args), without RETURNING) with this allocation in the same statement; how many
+        rows it wrote. Raises what the statement raises (then nothing is allocated)."""
+        if self._carried:
+            raise RuntimeError("this ride was carried already")
+        self._ids, self.found, written, self._error = await self._gen._allocate_with(
+            conn, host_sql, host_args, self._count, self._probe
+        )
+        self._carried = True
+        return written
+
+    async def __aenter__(self) -> Any:
+        if not self._carried or self._entered:
+            raise RuntimeError("enter a ride once, after `carry`")
+        self._entered = True
+        if self._error is not None:
+            raise self._error
+        sign = self._gen._sign
+        return list(self._ids) if sign == 1 else [-i for i in self._ids]
+
+    async def discard(self) -> None:
+        """Finish the IDs of a carried ride that was never entered (they stay gaps); else nothing."""
+        if self._carried and not self._entered:
+            self._entered = True
+            await self._gen._complete(self._ids, failed=True)
+
+
 class MultiWriterIdGenerator:
     """Hands out stream IDs for one stream from a shared sequence and tracks every writer's position.
 
@@ -143,6 +198,7 @@ class MultiWriterIdGenerator:
         "_position_timer",
         "_probe_sql",
         "_reads",
+        "_ride_sql",
         "_sequence",
         "_sign",
         "_sql_next",
@@ -188,6 +244,8 @@ class MultiWriterIdGenerator:
     _position_task: asyncio.Task[None] | None
     #: (table, column, carries the upsert) -> the allocation statement with that probe.
     _probe_sql: dict[tuple[str, str, bool], str]
+    #: (host statement, its parameter count, probe (table, column), carries the upsert) -> `Ride` SQL.
+    _ride_sql: dict[tuple[str, int, tuple[str, str] | None, bool], str]
     _stored: int
     _stream_name: str
     _tables: tuple[StreamTable, ...]
@@ -251,17 +309,14 @@ class MultiWriterIdGenerator:
         self._position_timer = None
         self._position_task = None
         self._probe_sql = {}
+        self._ride_sql = {}
         self._upsert_busy = False
         self._upsert_done = None
         self.on_finished = self.timed = None
         seq = self._sequence
         self._sql_next = f"SELECT nextval('{seq}')"
         self._sql_next_mult = f"SELECT nextval('{seq}') FROM generate_series(1, $1)"
-        self._sql_upsert = (
-            "INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES ($1, $2, $3)"
-            " ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id"
-            f" WHERE stream_positions.stream_id {'<' if positive else '>'} EXCLUDED.stream_id"
-        )
+        self._sql_upsert = self._upsert_sql(1)
         # A data-modifying WITH runs to completion whether or not the query reads it.
         self._sql_next_upsert = (
             f"WITH p AS ({self._sql_upsert}) SELECT nextval('{seq}') FROM generate_series(1, $4)"
@@ -273,6 +328,15 @@ class MultiWriterIdGenerator:
             )  # fmt: skip
         self._stored = stored
         return self
+
+    def _upsert_sql(self, first: int) -> str:
+        """The forward-only upsert of this writer's position, its parameters numbered from `first`."""
+        a, b, c = first, first + 1, first + 2
+        return (
+            f"INSERT INTO stream_positions (stream_name, instance_name, stream_id) VALUES (${a}, ${b}, ${c})"
+            " ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id"
+            f" WHERE stream_positions.stream_id {'<' if self._sign == 1 else '>'} EXCLUDED.stream_id"
+        )
 
     # -- allocation --------------------------------------------------------------------------------
 
@@ -290,6 +354,87 @@ class MultiWriterIdGenerator:
         if probe is not None and not 0 < len(probe.values) <= n:
             raise ValueError(f"a probe looks up 1 to n={n} values, got {len(probe.values)}")
         return _Allocation(self, n, False, probe)
+
+    def ride_mult(self, n: int, *, probe: Probe | None = None) -> Ride:
+        """`n` IDs (ascending) as `get_next_mult` takes them, but in the round trip of a statement
+        the caller runs anyway (`Ride.carry`). The caller keeps allocations in order as it would
+        with `get_next_mult`: a ride counts as allocated once `carry` returned."""
+        if n < 1:
+            raise ValueError(f"ride_mult needs n >= 1, got {n}")
+        if probe is not None and not 0 < len(probe.values) <= n:
+            raise ValueError(f"a probe looks up 1 to n={n} values, got {len(probe.values)}")
+        return Ride(self, n, probe)
+
+    def _sql_ride(self, host_sql: str, k: int, probe: Probe | None, carried: bool) -> str:
+        key = (host_sql, k, None if probe is None else (probe.table, probe.column), carried)
+        sql = self._ride_sql.get(key)
+        if sql is None:
+            ctes = [f"host AS ({host_sql} RETURNING 1)"]
+            if carried:
+                ctes.append(f"p AS ({self._upsert_sql(k + 1)})")
+                k += 3
+            count = f"${k + 1}::int"
+            if probe is not None:
+                table, column = _ident(probe.table), _ident(probe.column)
+                found = f"SELECT {column} AS v FROM {table} WHERE {column} = ANY(${k + 2}::text[])"
+                ctes.append(f"found AS ({found})")
+                count += " - (SELECT count(*) FROM found)::int"
+            # Rows by kind: 0 the host's count, 1 an ID, 2 a value the probe found.
+            sql = (
+                f"WITH {', '.join(ctes)} SELECT 0, (SELECT count(*) FROM host), NULL::text"
+                f" UNION ALL SELECT 1, nextval('{self._sequence}'), NULL FROM generate_series(1, {count})"
+                f"{' UNION ALL SELECT 2, NULL, v FROM found' if probe is not None else ''}"
+            )
+            self._ride_sql[key] = sql
+        return sql
+
+    async def _allocate_with(
+        self, conn: Any, host_sql: str, host_args: Sequence[object], n: int, probe: Probe | None
+    ) -> tuple[Sequence[int], frozenset[str], int, InconsistentSequenceError | None]:
+        """`_allocate` inside the caller's statement, on the caller's connection: (IDs, values the
+        probe found, rows the host statement wrote, the error that makes the IDs unusable). The
+        host's rows stand whatever the IDs turn out to be, so a sequence found moved backwards is
+        returned, for the ride to raise when entered, rather than raised here."""
+        book = self._book
+        if not book.is_writer:
+            raise NotAWriterError(
+                f"instance {self._instance!r} is not a writer of stream {self._stream_name!r} "
+                f"(writers: {list(self._writers)}); add it to the stream's writers to allocate IDs"
+            )
+        marker = book.begin_allocation()
+        try:
+            carried = self._carried_position()
+            args: list[object] = [*host_args]
+            if carried is not None:
+                args += (self._stream_name, self._instance, self._sign * carried)
+            args.append(n)
+            if probe is not None:
+                args.append(probe.values)
+            sql = self._sql_ride(host_sql, len(host_args), probe, carried is not None)
+            rows = await conn.fetch(sql, *args)
+        except BaseException:
+            book.end_allocation(marker, ())
+            raise
+        taken: list[int] = []
+        found: list[str] = []
+        written = 0
+        for kind, value, text in rows:
+            if kind == 1:
+                taken.append(value)
+            elif kind == 2:
+                found.append(text)
+            else:
+                written = value
+        ids = sorted(taken)
+        try:
+            book.end_allocation(marker, ids)
+        except InconsistentSequenceError as e:
+            return (), frozenset(), written, e
+        if ids and ids[-1] > self._known_max:
+            self._known_max = ids[-1]
+        if carried is not None and carried > self._stored:
+            self._stored = carried
+        return ids, frozenset(found), written, None
 
     def _sql_probe(self, probe: Probe, carried: bool) -> str:
         key = (probe.table, probe.column, carried)

@@ -124,6 +124,64 @@ async def test_a_probe_takes_ids_only_for_values_not_stored(make: Make, db_pool:
             gen.get_next_mult(1, probe=Probe("events", "event_id", ["$x", "$y"]))
 
 
+#: A host statement for rides: an `events` row per element of $1.
+_HOST = (
+    "INSERT INTO events SELECT i, '$h' || i, 'a', '!r', 'm', NULL, '@u', '{}', 0"
+    " FROM unnest($1::bigint[]) AS i"
+)
+
+
+async def test_a_ride_allocates_in_the_callers_statement(make: Make, db_pool: asyncpg.Pool) -> None:
+    """`ride_mult(n)`: the IDs come back with the host statement's row count, from one statement
+    on the caller's connection (the probe and a delayed position upsert in it too), and are in
+    flight until the ride's block exits, as `get_next_mult`'s are."""
+    for delay in (0.0, 0.5):
+        gen = await make(f"a{delay}", [f"a{delay}"], position_delay_s=delay)
+        async with gen.get_next_mult(2) as first:
+            await db_pool.execute(_HOST, first)
+        stored = [f"$h{i}" for i in first]
+        ride = gen.ride_mult(4, probe=Probe("events", "event_id", [stored[1], "$new", stored[0]]))
+        async with db_pool.acquire() as conn:
+            assert await ride.carry(conn, _HOST, ([-7, -8, -9],)) == 3
+        assert ride.carried and ride.found == frozenset(stored)
+        async with ride as ids:
+            assert ids == [first[-1] + 1, first[-1] + 2]
+            assert gen.get_current_token() == first[-1]  # in flight: held below them
+        assert gen.get_current_token() == ids[-1]
+        if delay:
+            assert (await stored_positions(db_pool))[f"a{delay}"] == first[-1]  # carried in the statement
+        assert await write(gen) == [ids[-1] + 1]
+        await db_pool.execute("DELETE FROM events WHERE stream_ordering < 0")
+        with pytest.raises(ValueError):
+            gen.ride_mult(1, probe=Probe("events", "event_id", ["$x", "$y"]))
+
+
+async def test_a_ride_whose_statement_fails_takes_nothing_and_a_discarded_one_finishes(
+    make: Make, db_pool: asyncpg.Pool
+) -> None:
+    gen = await make("a", ["a"])
+    assert await write(gen) == [1]
+    await db_pool.execute(_HOST, [1])
+    failed = gen.ride_mult(2)
+    async with db_pool.acquire() as conn:
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await failed.carry(conn, _HOST, ([1],))  # the host's row exists: the statement fails
+    assert not failed.carried
+    with pytest.raises(RuntimeError):
+        async with failed:
+            pass
+    await failed.discard()  # nothing to finish
+    assert not gen._book.busy
+    unused = gen.ride_mult(2)
+    async with db_pool.acquire() as conn:
+        assert await unused.carry(conn, _HOST, ([],)) == 0
+    assert gen.get_current_token() == 1  # its IDs (above the failed ride's gaps) are in flight
+    await unused.discard()
+    top = await db_pool.fetchval("SELECT last_value FROM events_stream_seq")
+    assert gen.get_current_token() == top >= 3
+    assert await write(gen) == [top + 1]
+
+
 async def test_first_id_is_1_and_an_empty_stream_is_at_0(make: Make, db_pool: asyncpg.Pool) -> None:
     gen = await make("a", ["a"])
     assert gen.get_current_token() == 0

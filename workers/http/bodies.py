@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import pydantic_core
@@ -42,3 +43,11 @@ def _finite(value: Any) -> bool:
     if isinstance(value, list):
         return all(_finite(v) for v in value)
     return True
+
+
+def event_id_response(event_id: str) -> web.Response:
+    """`{"event_id": ...}`, the answer to every event-creating request, as `web.json_response`
+    would write it (ASCII-escaped JSON), without `json.dumps` and its dict: a quarter of the CPU,
+    paid once per send."""
+    body = b'{"event_id": ' + encode_basestring_ascii(event_id).encode() + b"}"
+    return web.Response(body=body, content_type="application/json", charset="utf-8")

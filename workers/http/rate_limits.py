@@ -48,6 +48,8 @@ from workers.storage.users import Requester
 log = logging.getLogger(__name__)
 SKIP_AFTER_ERROR_S = 1.0
 REDIS_TIMEOUT_S = 0.5
+#: Client addresses whose exemption is remembered at once (`RateLimiter.exempt_address`).
+EXEMPT_MEMO_SIZE = 4096
 CLIENT = "/_matrix/client/v3"
 ROOM = f"{CLIENT}/rooms/{{room_id}}"
 
@@ -149,6 +151,9 @@ class RateLimiter:
         self._script = client.register_script(GCRA)
         self._skip_until = 0.0
         self._down = False
+        #: Addresses already judged against `exempt_networks`: parsing one costs more than the
+        #: rest of an exempt request's check. Bounded: emptied when full.
+        self._exempt_memo: dict[str, bool] = {}
         self.refused = Counter(
             "fanout_rate_limit_refused_total",
             "Requests refused with 429 M_LIMIT_EXCEEDED",
@@ -172,13 +177,23 @@ class RateLimiter:
         return request.remote or "unknown"
 
     def exempt_address(self, address: str) -> bool:
+        """Whether `address` is in `rc_exempt_addresses` (remembered per address: a client sends
+        from one address, and parsing it is the costly part)."""
         if not self.settings.exempt_networks:
             return False
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        return any(ip in network for network in self.settings.exempt_networks)
+        memo = self._exempt_memo
+        exempt = memo.get(address)
+        if exempt is None:
+            if len(memo) >= EXEMPT_MEMO_SIZE:
+                memo.clear()
+            try:
+                ip = ipaddress.ip_address(address)
+            except ValueError:
+                exempt = False
+            else:
+                exempt = any(ip in network for network in self.settings.exempt_networks)
+            memo[address] = exempt
+        return exempt
 
     async def retry_after_ms(self, action: str, scope: str, subject: str, mode: Mode = "check") -> int:
         """One GCRA step on (action, scope, subject): 0 when allowed, else the milliseconds to wait.

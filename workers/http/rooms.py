@@ -20,7 +20,7 @@ from workers.handlers.rooms.writes import RoomWrites
 from workers.handlers.sync.handler import SyncHandler
 from workers.handlers.sync.messages import Messages, NotAMember
 from workers.http.auth import requester
-from workers.http.bodies import json_body
+from workers.http.bodies import event_id_response, json_body
 from workers.http.errors import ApiError, checked, unavailable
 from workers.http.read_forwarding import ReadRouting
 from workers.model import DEFAULT_ROOM_VERSION, MEMBER_EVENT, MEMBERSHIPS, NewEvent
@@ -189,7 +189,7 @@ class RoomRoutes:
         written = await self.writes.send(
             NewEvent(event_id, room_id, event_type, who.user_id, content), txn=True
         )
-        return web.json_response({"event_id": written.event_id})
+        return event_id_response(written.event_id)
 
     async def redact(self, request: web.Request) -> web.Response:
         """`PUT /rooms/{roomId}/redact/{eventId}/{txnId}` `{"reason"?}`: an m.room.redaction of the
@@ -210,7 +210,7 @@ class RoomRoutes:
         written = await self.writes.send(
             NewEvent(event_id, room_id, REDACTION_EVENT, who.user_id, content), txn=True
         )
-        return web.json_response({"event_id": written.event_id})
+        return event_id_response(written.event_id)
 
     async def put_state(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)
@@ -222,7 +222,7 @@ class RoomRoutes:
             raise ApiError(400, "M_BAD_JSON", "content.membership must be join, leave, invite, ban or knock")
         event = NewEvent(rooms.new_event_id(), room_id, event_type, who.user_id, content, state_key)
         written = await self.writes.send(event)
-        return web.json_response({"event_id": written.event_id})
+        return event_id_response(written.event_id)
 
     async def _state(self, request: web.Request) -> list[Any]:
         who = await requester(self._pool, request)

@@ -246,15 +246,26 @@ def event_rows(events: Sequence[Event], stored_json: Sequence[str]) -> list[tupl
     ]  # fmt: skip
 
 
+def event_rows_statement(
+    rows: Sequence[tuple[object, ...]], guard: Guard | None = None
+) -> tuple[str, tuple[object, ...]]:
+    """The one INSERT that writes a few `events` rows (1 to `INSERT_MAX_ROWS`), only if `guard`
+    holds within it when given: (SQL, arguments), for a statement that carries more (an ID
+    allocation: `idgen.Ride.carry`)."""
+    if not rows or len(rows) > INSERT_MAX_ROWS:
+        raise ValueError(f"one INSERT writes 1 to {INSERT_MAX_ROWS} event rows, not {len(rows)}")
+    columns = tuple(map(list, zip(*rows, strict=True)))
+    if guard is None:
+        return _INSERT_EVENT_ROWS, columns
+    return f"{_INSERT_EVENT_ROWS} WHERE {guard.condition}", (*columns, *guard.args)
+
+
 async def insert_event_rows_if(conn: Conn, rows: Sequence[tuple[object, ...]], guard: Guard) -> bool:
     """Write a few `events` rows (at most `INSERT_MAX_ROWS`) in one statement, only if `guard`
     holds within it; whether they were written. One round trip where a transaction that checks
     the guard takes four (BEGIN, the insert, the check, COMMIT)."""
-    if not rows or len(rows) > INSERT_MAX_ROWS:
-        raise ValueError(f"a guarded insert writes 1 to {INSERT_MAX_ROWS} rows, not {len(rows)}")
-    status = await conn.execute(
-        f"{_INSERT_EVENT_ROWS} WHERE {guard.condition}", *map(list, zip(*rows, strict=True)), *guard.args
-    )
+    sql, args = event_rows_statement(rows, guard)
+    status = await conn.execute(sql, *args)
     return status != "INSERT 0 0"
 
 

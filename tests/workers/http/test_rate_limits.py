@@ -4,6 +4,7 @@ on the prefix, peek and record for failed logins, and failing open when Redis go
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from typing import Any
 
@@ -121,3 +122,21 @@ async def test_registration_attempts_are_limited_per_address(
     assert answers[2][1]["errcode"] == "M_LIMIT_EXCEEDED" and answers[2][1]["retry_after_ms"] > 0
     assert (await register(3, "192.0.2.2"))[0] == 200  # another address has its own budget
     assert [(await register(i, "198.51.100.9"))[0] for i in range(4, 8)] == [200] * 4
+
+
+async def test_exempt_addresses_are_remembered_within_a_bound(redis_url: str, channel_prefix: str) -> None:
+    """The exemption of an address is parsed once and remembered; the memo stays bounded, and an
+    address that is not an IP address is never exempt."""
+    client = rate_limits.redis.asyncio.Redis.from_url(redis_url)
+    settings = RateLimitSettings({"message": BURST_3}, exempt_networks=(ipaddress.ip_network("10.0.0.0/8"),))
+    rl = RateLimiter(client, channel_prefix, settings, None, CollectorRegistry())
+    try:
+        for _ in range(2):
+            assert rl.exempt_address("10.1.2.3") and not rl.exempt_address("192.0.2.1")
+            assert not rl.exempt_address("unknown") and not rl.exempt_address("::1")
+        for i in range(rate_limits.EXEMPT_MEMO_SIZE + 10):
+            assert rl.exempt_address(f"10.0.{i // 256 % 256}.{i % 256}")
+        assert len(rl._exempt_memo) <= rate_limits.EXEMPT_MEMO_SIZE
+        assert rl.exempt_address("10.1.2.3") and not rl.exempt_address("192.0.2.1")
+    finally:
+        await rl.close()

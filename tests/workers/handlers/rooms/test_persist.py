@@ -8,7 +8,9 @@ import pytest
 
 from tests.pubsub.conftest import wait_for
 from tests.workers.conftest import MakeWorker
+from workers.app import Worker
 from workers.handlers.placement.room_leases import NotRoomOwner, RoomLeaseLost
+from workers.handlers.rooms.persist import EventPersister
 from workers.handlers.rooms.rules import new_event_id
 from workers.model import NewEvent
 from workers.storage import connect
@@ -126,3 +128,102 @@ async def test_writes_racing_to_a_room_handed_on_all_follow_its_new_writer(make_
     holds = [p1.room_leases.hold("!moving") for _ in range(3)]
     outcomes = await asyncio.gather(*holds, return_exceptions=True)
     assert all(isinstance(o, NotRoomOwner) and o.holder == "p2" for o in outcomes), outcomes
+
+
+def _small_batches(worker: Worker, max_batch: int = 2) -> EventPersister:
+    """A second persister on `worker`'s pool, generators and callbacks, taking `max_batch` events
+    a batch, so that a batch finds the next one queued when its IDs arrive (and its statement
+    carries that batch's allocation)."""
+    persister = EventPersister(
+        worker.pool, worker.name, worker.generators[EVENTS], None,
+        on_committed=worker.order.committed, on_finished=worker.order.finished,
+        room_versions=worker.room_versions, on_uncertain=worker.order.uncertain,
+        fence=worker.lease.fence if worker.lease else None, room_leases=worker.room_leases,
+        max_batch=max_batch,
+    )  # fmt: skip
+    persister.start()
+    return persister
+
+
+async def test_a_batch_allocated_in_the_statement_before_it_keeps_the_queue_order(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    """Each batch's IDs come from the statement of the batch before it: stream orderings follow
+    the queue, every event is stored once, and a reader sees them all, in that order."""
+    p1 = await make_worker("p1", ["p1"])
+    r1 = await make_worker("r1", ["p1"])
+    assert p1.room_leases is not None
+    await p1.room_leases.hold("!room")
+    persister = _small_batches(p1)
+    try:
+        sent = [NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"n": i}) for i in range(21)]
+        stored = await asyncio.gather(
+            *(persister.persist(e, may_exist=i % 2 == 0) for i, e in enumerate(sent))
+        )
+    finally:
+        await persister.stop()
+    assert persister.rides == 10  # 11 batches of 2, 2, ..., 1: all but the first ride on the one before
+    orderings = [e.stream_ordering for e in stored]
+    assert orderings == sorted(orderings) and len(set(orderings)) == len(sent)
+    assert [e.event_id for e in stored] == [e.event_id for e in sent]
+    async with connect(database_url) as conn:
+        rows = await conn.fetch(
+            "SELECT event_id, stream_ordering FROM events WHERE room_id = '!room' ORDER BY stream_ordering"
+        )
+    assert [(r["event_id"], r["stream_ordering"]) for r in rows] == [
+        (e.event_id, e.stream_ordering) for e in stored
+    ]
+    await wait_for(
+        lambda: r1.generators[EVENTS].get_current_token() >= orderings[-1], what="the reader's position"
+    )
+    assert p1.generators[EVENTS].get_current_token() >= orderings[-1]  # every ID finished
+
+
+async def test_a_retry_found_by_a_carried_allocation_takes_no_id(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    p1 = await make_worker("p1", ["p1"])
+    assert p1.room_leases is not None
+    await p1.room_leases.hold("!room")
+    persister = _small_batches(p1)
+    try:
+        first = [NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"n": i}) for i in range(2)]
+        stored = await asyncio.gather(*(persister.persist(e, may_exist=True) for e in first))
+        async with connect(database_url) as conn:
+            before = await conn.fetchval("SELECT last_value FROM events_stream_seq")
+            fresh = [NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"new": i}) for i in range(3)]
+            # The first batch (fresh 0 and 1) carries the allocation of the next: a retry and fresh 2.
+            sent = [fresh[0], fresh[1], first[1], fresh[2]]
+            results = await asyncio.gather(*(persister.persist(e, may_exist=True) for e in sent))
+            assert await conn.fetchval("SELECT last_value FROM events_stream_seq") == before + 3
+    finally:
+        await persister.stop()
+    assert persister.rides >= 1 and persister.retries_answered == 1
+    assert results[2] == stored[1]
+    assert [r.event_id for r in results] == [e.event_id for e in sent]
+
+
+async def test_the_next_batch_goes_back_to_the_queue_when_the_statement_carrying_it_fails(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    """PostgreSQL refuses a batch (a NUL in a sender, put straight on the persister): its
+    statement carried the next batch's allocation, which is then taken again; only the bad
+    request fails, every other event is stored once."""
+    p1 = await make_worker("p1", ["p1"])
+    assert p1.room_leases is not None
+    await p1.room_leases.hold("!room")
+    persister = _small_batches(p1)
+    try:
+        sent = [NewEvent(new_event_id(), "!room", "m.room.message", f"@u{i}", {"n": i}) for i in range(6)]
+        sent[1] = sent[1]._replace(sender="@bad\x00")
+        results = await asyncio.gather(*(persister.persist(e) for e in sent), return_exceptions=True)
+    finally:
+        await persister.stop()
+    assert isinstance(results[1], Exception)
+    assert all(not isinstance(r, Exception) for i, r in enumerate(results) if i != 1), results
+    assert persister.isolations >= 1
+    async with connect(database_url) as conn:
+        stored = await conn.fetch(
+            "SELECT sender FROM events WHERE room_id = '!room' ORDER BY stream_ordering"
+        )
+    assert sorted(r["sender"] for r in stored) == sorted(f"@u{i}" for i in range(6) if i != 1)
