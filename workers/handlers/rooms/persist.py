@@ -40,6 +40,10 @@ the persister ends the old backend and looks for the batch's rows
 failed (a 503 for them). Only when that is interrupted (shutdown) does the outcome stay unknown:
 `on_uncertain` runs inside the ID blocks, so the worker can make readers fetch those IDs from the
 database and forget what it cached.
+
+Over 500 lines: the batch's allocation, its one statement or transaction, the commit outcome and
+the ride of the next batch's IDs share the batch's state and its order above; the rules it
+checks, the SQL and the leases live in their own modules.
 """
 
 from __future__ import annotations

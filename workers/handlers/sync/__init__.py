@@ -8,6 +8,9 @@
 * `filter.py`: a Matrix sync filter: which rooms, which events, lazy-loaded members
 * `recent_events.py`: the live events applied lately, so a woken /sync reads no window from the
   database
+* `catch_up.py`: a `since` ahead of this worker (from another one): waited for, clamped when no
+  sequence reaches it
+* `shared_answers.py`: one built and encoded answer for the readers a wake answers alike
 * `messages.py`: `GET /rooms/{roomId}/messages`: a room's events page by page
 
 The top of the handler families: it may import all of them; none imports it. Never `workers.http`

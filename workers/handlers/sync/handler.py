@@ -32,11 +32,11 @@ from typing import Any, Protocol
 import asyncpg
 
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
-from pubsub.ratelog import RateLimitedLog
 from workers.handlers.caches.lru import CacheCounts, SyncCaches
 from workers.handlers.notify.notifier import Notifier
 from workers.handlers.rooms.history_visibility import JOINED, current
 from workers.handlers.rooms.versions import RoomVersions
+from workers.handlers.sync.catch_up import CatchUp, covered
 from workers.handlers.sync.filter import SyncFilter
 from workers.handlers.sync.recent_events import EventBodies, RecentEvents
 from workers.handlers.sync.room_sections import PENDING, RoomSections, empty_response
@@ -71,9 +71,6 @@ class EphemeralSource(Protocol):
 
 
 CATCH_UP_WAIT_S = 10.0
-#: How far behind another worker this one usually is: a `since` beyond this worker's token is
-#: waited for this long before the sequences are read to see whether it can be reached at all.
-LIKELY_DELAY_S = 0.25
 #: Sync tokens remembered by their text (about one per parked client; a few hundred bytes each).
 MAX_REMEMBERED_TOKENS = 20_000
 #: The state events an invitee is shown (with the member events, filtered to theirs).
@@ -158,13 +155,15 @@ class SyncHandler:
         self.ephemeral: EphemeralSource | None = None
         #: Account data, to-device and device lists, set once the worker has built them.
         self.stored: StoredSections | None = None
-        self._ratelog = RateLimitedLog(log)
         self.closing = False
         #: Answers that readers woken alike share (the /sync route encodes through it).
         self.answers = SharedAnswers()
         #: token text -> token, the latest handed out or parsed (oldest dropped first).
         self._tokens: dict[str, SyncToken] = {}
         self._ordered_streams = [s for s in ORDERED_STREAMS if s in generators]
+        self._catch_up = CatchUp(
+            self.current_token, generators, ORDERED_STREAMS, notifier, self.observers.clamped
+        )
         #: (the generators' position versions and the ephemeral tokens, the token they make).
         self._current: tuple[tuple[int, ...], SyncToken] = ((), SyncToken({}))
         #: id(since) -> (since, the current token merged with it, whether that is `since`), for
@@ -257,18 +256,14 @@ class SyncHandler:
             return await self._initial(user_id, device_id, sync_filter)
         given = await self.decode(since_text)
         since = given
-        if not _ordered(since).is_before_or_eq(_ordered(self.current_token())):
-            within = min(timeout_s, self._catch_up_wait_s)
-            waited = time.monotonic()
-            # A client that moved from another worker is ahead by a replication delay: wait for it
-            # first, and read the sequences only for a token still beyond (a restore, a forgery).
-            if not await self._wait_until_covered(since, min(within, LIKELY_DELAY_S)):
-                since = await self._bounded(since)
-            if not await self._wait_until_covered(since, within - (time.monotonic() - waited)):
+        if not covered(since, self.current_token(), ORDERED_STREAMS):
+            reached = await self._catch_up.reach(since, min(timeout_s, self._catch_up_wait_s))
+            if reached is None:
                 # We are behind the client and did not catch up in time: nothing new, same token.
                 self.behind_timeouts += 1
                 self.observers.behind()
                 return empty_response(since_text)
+            since = reached
         deadline = time.monotonic() + timeout_s
         woken_at: float | None = None
         while True:
@@ -499,38 +494,3 @@ class SyncHandler:
             if await store.membership(conn, user_id, room_id) != "join":
                 return None
         return await self._state_events(room_id)
-
-    async def _bounded(self, since: SyncToken) -> SyncToken:
-        """Clamp components beyond anything ever allocated (a forged or pre-reset token)."""
-        now = self.current_token()
-        if _ordered(since).is_before_or_eq(_ordered(now)):
-            return since
-        maxima: dict[str, int] = {}
-        for stream in self._ordered_streams:
-            component, generator = since.get(stream), self._generators[stream]
-            if component.is_before_or_eq(now.get(stream)):
-                continue
-            if component.get_max_stream_pos() > generator.known_allocated_token():
-                maxima[stream] = await generator.get_max_allocated_token()
-        bounded = since.bound(maxima)
-        if bounded != since:
-            # Never a 400: after a database restore every client holds such a token. Answer from
-            # what exists; the client's next_batch then never moves below the clamped token.
-            self.observers.clamped()
-            self._ratelog.warning("clamped", "a since token beyond every sequence was clamped: %s", since)
-        return bounded
-
-    async def _wait_until_covered(self, since: SyncToken, within_s: float) -> bool:
-        """Wait until this worker's token covers `since`, at most `within_s` (the client's own
-        timeout, capped by the catch-up window: a `timeout=0` client is answered at once)."""
-        deadline = time.monotonic() + within_s
-        while not _ordered(since).is_before_or_eq(_ordered(self.current_token())):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            await self._notifier.wait_for_position(min(remaining, 0.5))
-        return True
-
-
-def _ordered(token: SyncToken) -> SyncToken:
-    return SyncToken({s: token.get(s) for s in ORDERED_STREAMS})
