@@ -219,7 +219,7 @@ _INSERT_EVENT_ROWS = (
 
 @dataclass(frozen=True, slots=True)
 class Guard:
-    """A condition a write's own statement checks (`insert_event_rows_if`): SQL whose parameters
+    """A condition a write's own statement checks (`event_rows_statement`): SQL whose parameters
     are numbered from $10 (the rows take $1 to $9), and their values."""
 
     condition: str
@@ -262,15 +262,6 @@ def event_rows_statement(
     if guard is None:
         return _INSERT_EVENT_ROWS, columns
     return f"{_INSERT_EVENT_ROWS} WHERE {guard.condition}", (*columns, *guard.args)
-
-
-async def insert_event_rows_if(conn: Conn, rows: Sequence[tuple[object, ...]], guard: Guard) -> bool:
-    """Write a few `events` rows (at most `INSERT_MAX_ROWS`) in one statement, only if `guard`
-    holds within it; whether they were written. One round trip where a transaction that checks
-    the guard takes four (BEGIN, the insert, the check, COMMIT)."""
-    sql, args = event_rows_statement(rows, guard)
-    status = await conn.execute(sql, *args)
-    return status != "INSERT 0 0"
 
 
 def needs_transaction(events: Sequence[Event], invalidations: Sequence[object]) -> bool:

@@ -133,7 +133,7 @@ class RoomLeases(KeyLeases):
         return len(rooms)
 
     def guard(self, rooms: Collection[str], fence: Fence | None = None) -> Guard | None:
-        """`check` as a condition of the write's own statement (`insert_event_rows_if`), or None
+        """`check` as a condition of the write's own statement (`event_rows_statement`), or None
         when a room is not held here (the write cannot commit: `check` says why)."""
         held = self.held
         if any(room not in held for room in rooms):

@@ -41,9 +41,9 @@ failed (a 503 for them). Only when that is interrupted (shutdown) does the outco
 `on_uncertain` runs inside the ID blocks, so the worker can make readers fetch those IDs from the
 database and forget what it cached.
 
-Over 500 lines: the batch's allocation, its one statement or transaction, the commit outcome and
-the ride of the next batch's IDs share the batch's state and its order above; the rules it
-checks, the SQL and the leases live in their own modules.
+Over 500 lines: the queue, the batches in flight, the ride that hands one batch's IDs to the next
+and the commit-outcome paths share the persister's state, and their interleavings (a failed
+statement sending the next batch back, a batch isolated in halves) read best in one place.
 """
 
 from __future__ import annotations
