@@ -5,10 +5,6 @@ the HTTP API, the background task and the streams' catch-up (update) functions. 
 write is one statement (a binary COPY for events, `unnest` arrays for the upserts), so a batch costs
 a fixed number of round trips.
 
-Over 500 lines: one module per table family keeps every statement on the events tables (the
-batch's writes, the reads of sync, the API, catch-up) beside the columns they share
-(`_EVENT_COLUMNS`, `_with_redactions`).
-
 A redaction is recorded in `redactions` by its own write. `events.json` keeps the original, and
 every read that builds events for clients (all but `events_by_writer`, which builds stream rows)
 joins `redactions` and returns a redacted event pruned by its room's version
