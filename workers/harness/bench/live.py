@@ -51,7 +51,7 @@ from workers.routing import writer_for_room
 
 TARGET_SEEN_P99_MS = 20.0
 TARGET_CPU_AT_10 = 3.0
-TARGET_CPU_SATURATED = 0.5
+TARGET_CPU_SATURATED = 0.25
 #: Sends in flight at once per sender process (open loop, bounded).
 IN_FLIGHT = 256
 #: How long after the last send's answer the readers have to bring every send.
