@@ -13,7 +13,7 @@ from workers.app import Worker
 from workers.config import WorkerConfig, load_config
 from workers.process import event_loop
 from workers.process.log_format import configure_logging
-from workers.process.shutdown import HARD_EXIT_MARGIN_S, exit_anyway
+from workers.process.shutdown import HARD_EXIT_MARGIN_S, exit_abandoning, exit_anyway
 from workers.process.startup_errors import describe
 
 
@@ -48,7 +48,7 @@ async def run(config: WorkerConfig, path: str | None = None) -> int:
     if not outcome.clean:
         print(f"fanout: stopped within {config.shutdown_timeout_s:g}s but not cleanly ({outcome.describe()});"
               " exiting 1", file=sys.stderr)  # fmt: skip
-        return 1
+        exit_abandoning(1)
     return 0
 
 

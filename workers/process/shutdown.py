@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 log = logging.getLogger(__name__)
 #: How long a cancelled step may take to end before it is left behind.
@@ -87,6 +88,16 @@ async def run_steps(steps: Sequence[Step], *, total_s: float, step_s: float) -> 
 def _retrieve(task: asyncio.Future[object]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def exit_abandoning(code: int) -> NoReturn:
+    """End the process now with `code`, logs and standard streams flushed: for a shutdown that
+    skipped steps, whose abandoned tasks (a cancellation stuck in asyncpg on a cut link) the
+    event loop's teardown would otherwise wait for until `exit_anyway`."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def exit_anyway(after_s: float, what: str) -> threading.Timer:
