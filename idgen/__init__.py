@@ -4,6 +4,7 @@
 |---|---|
 | `positions.py` | `StreamPositions`: pure bookkeeping of in-flight IDs, positions, persisted-upto |
 | `multi_writer.py` | `MultiWriterIdGenerator`: the asyncpg edge (allocation, completion, position upserts) |
+| `allocation.py` | `Allocation` and `Ride`, the blocks that hold allocated IDs, and `Probe` (no I/O) |
 | `startup.py` | a generator's start-up read: positions checked against the sequence and tables, repaired |
 | `_lane.py` | the few pool connections a generator keeps while busy |
 | `sequence_reads.py` | `SequenceReads`: the sequence reads of a pool's generators, one statement per turn |
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+from idgen.allocation import Allocation, Probe, Ride
 from idgen.errors import (
     IdGenError,
     InconsistentSequenceError,
@@ -25,13 +27,14 @@ from idgen.errors import (
     UnknownInstanceError,
 )
 from idgen.instance_map import InstanceMap
-from idgen.multi_writer import MultiWriterIdGenerator, Probe, Ride
+from idgen.multi_writer import MultiWriterIdGenerator
 from idgen.positions import StreamPositions
 from idgen.sequence_reads import SequenceReads
 from idgen.startup import StreamTable
 from idgen.tokens import MultiWriterStreamToken, SyncToken
 
 __all__ = [
+    "Allocation",
     "IdGenError",
     "InconsistentSequenceError",
     "InstanceMap",

@@ -41,14 +41,13 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from time import perf_counter
-from types import TracebackType
 from typing import Any
 
 import asyncpg
 
 from idgen._lane import Lane
+from idgen.allocation import Allocation, Probe, Ride
 from idgen.errors import InconsistentSequenceError, NotAWriterError
 from idgen.positions import StreamPositions
 from idgen.sequence_reads import SequenceReads
@@ -82,101 +81,6 @@ def _ident(name: str) -> str:
     if not _IDENT.match(name):
         raise ValueError(f"{name!r} is not a plain lower-case SQL identifier")
     return name
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """Values to look up in a unique text column in the allocation's own statement: IDs are then
-    taken only for the values not found (`get_next_mult(n, probe=...)`). For writes that may be
-    retries of stored ones: they cost no ID and no round trip of their own."""
-
-    table: str
-    column: str
-    values: Sequence[str]
-
-
-class _Allocation:
-    """The context manager returned by `get_next` / `get_next_mult`."""
-
-    __slots__ = ("_count", "_gen", "_ids", "_probe", "_single", "found")
-
-    def __init__(
-        self, gen: MultiWriterIdGenerator, count: int, single: bool, probe: Probe | None = None
-    ) -> None:
-        self._gen = gen
-        self._count = count
-        self._single = single
-        self._probe = probe
-        self._ids: Sequence[int] = ()
-        #: The probe's values found in its column (no ID was taken for them).
-        self.found: frozenset[str] = frozenset()
-
-    async def __aenter__(self) -> Any:
-        ids, self.found = await self._gen._allocate(self._count, self._probe)
-        self._ids = ids
-        sign = self._gen._sign
-        if self._single:
-            return sign * ids[0]
-        if sign == 1:
-            return list(ids)  # a copy: the caller may change it, `_complete` finishes the IDs we got
-        return [-i for i in ids]
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self._gen._complete(self._ids, failed=exc_type is not None)
-
-
-class Ride(_Allocation):
-    """An allocation carried by another statement's round trip (`MultiWriterIdGenerator.ride_mult`).
-
-    `carry(conn, host_sql, host_args)` runs the caller's data-modifying statement with the
-    allocation (and the probe, and a delayed position upsert) in one statement on the caller's
-    connection. The IDs are then in flight as if `get_next_mult` had taken them: `async with ride
-    as ids` hands them out with no I/O and finishes them on exit, as `get_next_mult`'s block does.
-    What the host statement writes and what the allocation takes share one round trip, not one
-    transaction: when the statement fails, IDs it may have taken are unknown and stay harmless gaps
-    (nothing is written with them). A carried ride that is never entered must be `discard`ed."""
-
-    __slots__ = ("_carried", "_entered", "_error")
-
-    def __init__(self, gen: MultiWriterIdGenerator, count: int, probe: Probe | None = None) -> None:
-        super().__init__(gen, count, False, probe)
-        self._carried = False
-        self._entered = False
-        self._error: InconsistentSequenceError | None = None
-
-    @property
-    def carried(self) -> bool:
-        """Whether `carry` returned: the IDs are allocated and in flight."""
-        return self._carried
-
-    async def carry(self, conn: Any, host_sql: str, host_args: Sequence[object]) -> int:
-        """Run `host_sql` (one INSERT, UPDATE or DELETE whose parameters are $1 to
-        $len(host_args), without RETURNING) with this allocation in the same statement; how many
-        rows it wrote. Raises what the statement raises (then nothing is allocated)."""
-        if self._carried:
-            raise RuntimeError("this ride was carried already")
-        self._ids, self.found, written, self._error = await self._gen._allocate_with(
-            conn, host_sql, host_args, self._count, self._probe
-        )
-        self._carried = True
-        return written
-
-    async def __aenter__(self) -> Any:
-        if not self._carried or self._entered:
-            raise RuntimeError("enter a ride once, after `carry`")
-        self._entered = True
-        if self._error is not None:
-            raise self._error
-        sign = self._gen._sign
-        return list(self._ids) if sign == 1 else [-i for i in self._ids]
-
-    async def discard(self) -> None:
-        """Finish the IDs of a carried ride that was never entered (they stay gaps); else nothing."""
-        if self._carried and not self._entered:
-            self._entered = True
-            await self._gen._complete(self._ids, failed=True)
 
 
 class MultiWriterIdGenerator:
@@ -340,12 +244,12 @@ class MultiWriterIdGenerator:
 
     # -- allocation --------------------------------------------------------------------------------
 
-    def get_next(self) -> _Allocation:
+    def get_next(self) -> Allocation:
         """`async with gen.get_next() as stream_id:` allocates one ID; the ID finishes when the block exits
         (normally, by exception or by cancellation). Raises NotAWriterError on a non-writer."""
-        return _Allocation(self, 1, True)
+        return Allocation(self, 1, True)
 
-    def get_next_mult(self, n: int, *, probe: Probe | None = None) -> _Allocation:
+    def get_next_mult(self, n: int, *, probe: Probe | None = None) -> Allocation:
         """`async with gen.get_next_mult(n) as ids:` allocates `n` IDs (ascending) in one round trip.
         With a `probe` of up to `n` values, the same statement looks them up: `n` minus the number
         found are allocated, and the allocation's `found` holds the values found."""
@@ -353,7 +257,7 @@ class MultiWriterIdGenerator:
             raise ValueError(f"get_next_mult needs n >= 1, got {n}")
         if probe is not None and not 0 < len(probe.values) <= n:
             raise ValueError(f"a probe looks up 1 to n={n} values, got {len(probe.values)}")
-        return _Allocation(self, n, False, probe)
+        return Allocation(self, n, False, probe)
 
     def ride_mult(self, n: int, *, probe: Probe | None = None) -> Ride:
         """`n` IDs (ascending) as `get_next_mult` takes them, but in the round trip of a statement
