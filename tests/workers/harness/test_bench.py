@@ -38,6 +38,20 @@ def test_a_figure_reads_against_its_ceiling_and_target() -> None:
     assert alone.line() == "rss: 70 MB; target < 200 MB: met"
 
 
+def test_a_target_the_ceiling_misses_too_is_out_of_reach_not_met() -> None:
+    floor = Figure("b", "cpu", 0.30, "CPU-s", 0.27, "<= 0.25", False, ceiling_met=False)
+    missed = Figure("b", "cpu at 10", 3.8, "CPU-s", 0.6, "<= 3", False, ceiling_met=True)
+    unasked = Figure("b", "p99", 130.0, "ms", 90.0, "<= 100 ms", False)
+    assert floor.out_of_reach and not missed.out_of_reach and not unasked.out_of_reach
+    assert floor.line().endswith("target <= 0.25: out of reach: the ceiling (0.27 CPU-s) misses it too")
+    assert missed.line().endswith("target <= 3: NOT met") and unasked.line().endswith("NOT met")
+    table = markdown_table([floor, missed])
+    assert "| <= 0.25 | out of reach (the ceiling misses it too) |" in table
+    assert "| <= 3 | **no** |" in table
+    # A figure that meets its target is met, whatever its ceiling does.
+    assert Figure("b", "x", 1.0, "", 2.0, "<= 1", True, ceiling_met=False).verdict() == "met"
+
+
 def _bench_all_quick(tmp_path: Path, only: str, timeout_s: float) -> tuple[dict[str, Any], str]:
     """`fanout bench all --quick --only ONLY` into `tmp_path`: its JSON document and Markdown (over
     a Markdown file whose hand-written part must be kept)."""
@@ -69,6 +83,25 @@ def test_bench_all_writes_json_and_markdown(tmp_path: Path) -> None:
     )
     assert row.split(" | ")[3] == "123 rows/s"  # value, then the previous run's
     assert document["commit"]
+    # --render reads the recorded results again: the same figures, nothing run.
+    again_json, again_md = tmp_path / "again.json", tmp_path / "again.md"
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "bench", "all", "--render", str(tmp_path / "all.json"),
+         "--json", str(again_json), "--markdown", str(again_md)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = json.loads(again_json.read_text())
+    assert again["figures"] == document["figures"] and again["when"] == document["when"]
+    rendered = again_md.read_text()
+    assert row.replace(" 123 rows/s |", "") in rendered and "read again by commit" in rendered
+    refused = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "bench", "all", "--render", str(again_md),
+         "--json", str(tmp_path / "x.json"), "--markdown", str(tmp_path / "x.md")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "not a `fanout bench all` result" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_bench_all_refuses_an_unknown_benchmark(tmp_path: Path) -> None:

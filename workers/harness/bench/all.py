@@ -115,12 +115,15 @@ def render(
     kept: str = "",
     previous: tuple[dict[tuple[str, str], float], str] = ({}, ""),
     commit_id: str = "",
+    read_at: str = "",
 ) -> str:
     """docs/benchmarks.md: how it was made, then the table (with the `previous` run's figures when
     there are any), then each benchmark's status, then `kept` (the hand-written part of the file it
     replaces)."""
     values, which = previous
     at_commit = f" at commit {commit_id}" if commit_id else ""
+    if read_at:
+        at_commit += f" (its results read again by commit {read_at}: `fanout bench all --render`)"
     lines = [
         "# Benchmarks",
         "",
@@ -141,6 +144,30 @@ def render(
     return "\n".join(lines) + ("\n" + kept if kept else "")
 
 
+def _render_again(recorded: Path, out_json: Path, out_markdown: Path) -> int:
+    """`--render`: the figures of a recorded run's results, as this tree's `figures()` read them."""
+    try:
+        document = json.loads(recorded.read_text())
+        results: dict[str, Any] = document["results"]
+        figures: list[Figure] = []
+        for name, result in results.items():
+            figures += importlib.import_module(f"workers.harness.bench.{name}").figures(result)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        progress(f"{recorded}: not a `fanout bench all` result ({e})")
+        return 2
+    document["figures"] = [vars(f) for f in figures]
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(document, indent=2))
+    out_markdown.write_text(
+        render(
+            figures, document["statuses"], document["command"], document["when"], kept_part(out_markdown),
+            commit_id=document.get("commit", ""), read_at=commit(),
+        )
+    )  # fmt: skip
+    progress(f"wrote {out_json} and {out_markdown} from {recorded}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="fanout bench all", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", help=f"comma-separated subset of {','.join(BENCHES)}")
@@ -152,7 +179,16 @@ def main(argv: list[str]) -> int:
         type=Path,
         help="an earlier result whose figures go beside these (default: --json as it was)",
     )
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="RESULT",
+        help="run nothing: the figures and the table again from a recorded --json result, read by"
+        " this tree's benchmarks (after a change to how a figure is judged)",
+    )
     args = p.parse_args(argv)
+    if args.render is not None:
+        return _render_again(args.render, args.json, args.markdown)
     names = args.only.split(",") if args.only else list(BENCHES)
     unknown = sorted(set(names) - BENCHES.keys())
     if unknown:
