@@ -144,8 +144,11 @@ def render(
     return "\n".join(lines) + ("\n" + kept if kept else "")
 
 
-def _render_again(recorded: Path, out_json: Path, out_markdown: Path) -> int:
-    """`--render`: the figures of a recorded run's results, as this tree's `figures()` read them."""
+def _render_again(
+    recorded: Path, out_json: Path, out_markdown: Path, previous: tuple[dict[tuple[str, str], float], str]
+) -> int:
+    """`--render`: the figures of a recorded run's results, as this tree's `figures()` read them
+    (beside `--previous`'s, when given)."""
     try:
         document = json.loads(recorded.read_text())
         results: dict[str, Any] = document["results"]
@@ -161,7 +164,7 @@ def _render_again(recorded: Path, out_json: Path, out_markdown: Path) -> int:
     out_markdown.write_text(
         render(
             figures, document["statuses"], document["command"], document["when"], kept_part(out_markdown),
-            commit_id=document.get("commit", ""), read_at=commit(),
+            previous, document.get("commit", ""), read_at=commit(),
         )
     )  # fmt: skip
     progress(f"wrote {out_json} and {out_markdown} from {recorded}")
@@ -177,7 +180,8 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--previous",
         type=Path,
-        help="an earlier result whose figures go beside these (default: --json as it was)",
+        help="an earlier result whose figures go beside these (default: --json as it was; with"
+        " --render, none unless given)",
     )
     p.add_argument(
         "--render",
@@ -188,7 +192,7 @@ def main(argv: list[str]) -> int:
     )
     args = p.parse_args(argv)
     if args.render is not None:
-        return _render_again(args.render, args.json, args.markdown)
+        return _render_again(args.render, args.json, args.markdown, previous_run(args.previous))
     names = args.only.split(",") if args.only else list(BENCHES)
     unknown = sorted(set(names) - BENCHES.keys())
     if unknown:
