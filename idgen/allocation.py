@@ -11,12 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from idgen.errors import InconsistentSequenceError
-
-if TYPE_CHECKING:
-    from idgen.multi_writer import MultiWriterIdGenerator
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +27,27 @@ class Probe:
     values: Sequence[str]
 
 
+class Allocator(Protocol):
+    """What an allocation block calls of its generator (`MultiWriterIdGenerator`, which imports
+    this module: the generator is not imported here)."""
+
+    _sign: int
+
+    async def _allocate(self, n: int, probe: Probe | None = None) -> tuple[Sequence[int], frozenset[str]]: ...
+
+    async def _allocate_with(
+        self, conn: Any, host_sql: str, host_args: Sequence[object], n: int, probe: Probe | None
+    ) -> tuple[Sequence[int], frozenset[str], int, InconsistentSequenceError | None]: ...
+
+    async def _complete(self, ids: Sequence[int], *, failed: bool) -> None: ...
+
+
 class Allocation:
     """The context manager returned by `get_next` / `get_next_mult`."""
 
     __slots__ = ("_count", "_gen", "_ids", "_probe", "_single", "found")
 
-    def __init__(
-        self, gen: MultiWriterIdGenerator, count: int, single: bool, probe: Probe | None = None
-    ) -> None:
+    def __init__(self, gen: Allocator, count: int, single: bool, probe: Probe | None = None) -> None:
         self._gen = gen
         self._count = count
         self._single = single
@@ -75,7 +85,7 @@ class Ride(Allocation):
 
     __slots__ = ("_carried", "_entered", "_error")
 
-    def __init__(self, gen: MultiWriterIdGenerator, count: int, probe: Probe | None = None) -> None:
+    def __init__(self, gen: Allocator, count: int, probe: Probe | None = None) -> None:
         super().__init__(gen, count, False, probe)
         self._carried = False
         self._entered = False

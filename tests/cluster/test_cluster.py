@@ -198,3 +198,38 @@ async def _wait_until(condition: Callable[[], bool | Awaitable[bool]], timeout_s
             return
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.05)
+
+
+async def test_a_port_another_process_took_first_makes_the_cluster_start_again_elsewhere(
+    make_cluster: MakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process binds a port the harness picked for sync1 before sync1 does, and answers
+    /health 200 as a worker of another cluster would: the harness must not take it for sync1
+    (its pid is not sync1's), and starts the cluster again on new ports."""
+    from aiohttp import web
+
+    import workers.harness.cluster as harness
+
+    async def foreign_health(request: web.Request) -> web.Response:
+        return web.json_response({"ready": True, "instance": "sync1", "pid": 1})
+
+    app = web.Application()
+    app.router.add_get("/health", foreign_health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    taken = runner.addresses[0][1]
+    real_free_port = harness.free_port
+    picks = iter([real_free_port(), real_free_port(), taken])  # persister1, persister2, sync1
+    monkeypatch.setattr(harness, "free_port", lambda: next(picks, None) or real_free_port())
+    try:
+        cluster = await make_cluster(background_workers=0)
+        assert cluster.workers["sync1"].port != taken
+        assert b"HTTP port busy" in cluster.log_path("sync1").read_bytes()
+        for name in cluster.workers:
+            health = await cluster.health(name)
+            process = cluster.workers[name].process
+            assert process is not None and health["pid"] == process.pid and health["instance"] == name
+    finally:
+        await runner.cleanup()

@@ -11,6 +11,7 @@ exist once start-up built them) and must not import `workers.app`.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -55,6 +56,7 @@ class WorkerHealth:
         ready, degraded, reasons, degraded_reasons = self.readiness()
         detail: dict[str, Any] = {
             "instance": w.name,
+            "pid": os.getpid(),
             "accepting": w.accepting,
             "replication": w.replication.health(),
             "persisted_upto": {s: g.get_current_token() for s, g in w.generators.items()},

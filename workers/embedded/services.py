@@ -25,6 +25,7 @@ import importlib.util
 import logging
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -51,11 +52,55 @@ class ServiceError(WorkerError):
     """A server binary is missing or a server failed to start; the message says what to do."""
 
 
+#: Ports `free_port` handed out in this process: never handed out twice (a cluster's ports are
+#: all chosen before its servers bind them).
+_HANDED_OUT: set[int] = set()
+#: Where `free_port` picks when the kernel's ephemeral range cannot be read.
+_EPHEMERAL_LOW = 32768
+_LOWEST = 10000
+#: Disjoint slices of the range, one per pytest-xdist worker (gw0, gw1, ...), modulo this many.
+_SLICES = 8
+
+
+def _port_slice() -> range:
+    """The ports this process picks from: below the kernel's ephemeral range, so that no outgoing
+    connection's automatic port takes one before its server binds it, and under pytest-xdist a
+    slice of its own, so that two test processes do not pick the same port at once."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = _EPHEMERAL_LOW
+    if low - _LOWEST < 2 * _SLICES:  # an unusual range: the whole space below it
+        return range(1024, max(low, 1025))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.removeprefix("gw").isdigit():
+        return range(_LOWEST, low)
+    width = (low - _LOWEST) // _SLICES
+    start = _LOWEST + (int(worker.removeprefix("gw")) % _SLICES) * width
+    return range(start, start + width)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the caller retries on a race)."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has not
+    handed out before, picked at random from `_port_slice()` (the kernel's choice when none is
+    free). Another process may still bind it first: the caller sees its server fail to bind."""
+    ports = _port_slice()
+    for _ in range(256):
+        port = random.choice(ports)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _HANDED_OUT.add(port)
+    return port
 
 
 def postgres_bin_dir(source: Source) -> Path:

@@ -52,6 +52,10 @@ class WorkerSpec:
 
 #: The loopback networks: a local cluster's own clients.
 LOOPBACK = ["127.0.0.0/8", "::1/128"]
+#: What a worker prints when its HTTP port is bound already (`workers.process.startup_errors`).
+PORT_BUSY = b"fanout: HTTP port busy"
+#: Starts of a whole cluster, when a port was taken by another process in between.
+START_ATTEMPTS = 3
 
 
 class LocalCluster:
@@ -175,11 +179,34 @@ class LocalCluster:
         log.close()
 
     async def start(self, names: list[str] | None = None, timeout_s: float = 60.0) -> None:
-        """Start the named workers (default: all, persisters first) and wait until each is ready."""
+        """Start the named workers (default: all, persisters first) and wait until each is ready.
+
+        Starting the whole cluster, a worker whose port another process bound between the pick
+        and the bind (`fanout: HTTP port busy`) makes every worker start again on new ports
+        (twice at most): the ports are in every worker's `instance_map`."""
         chosen = [self.workers[n] for n in (names or list(self.workers))]
-        for spec in chosen:
-            self._spawn(spec)
-        await self.wait_ready([s.name for s in chosen], timeout_s)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            marks = {s.name: self._log_size(s.name) for s in chosen}
+            for spec in chosen:
+                self._spawn(spec)
+            try:
+                await self.wait_ready([s.name for s in chosen], timeout_s)
+                return
+            except ClusterError:
+                busy = [s.name for s in chosen if PORT_BUSY in self._log_since(s.name, marks[s.name])]
+                if attempt == START_ATTEMPTS or not busy or len(chosen) != len(self.workers):
+                    raise
+                print(f"{', '.join(busy)}: port taken by another process; starting again on new ports",
+                      file=sys.stderr)  # fmt: skip
+                for spec in chosen:
+                    self.kill(spec.name)
+                    spec.port = 0
+
+    def _log_size(self, name: str) -> int:
+        try:
+            return self.log_path(name).stat().st_size
+        except OSError:
+            return 0
 
     async def wait_ready(self, names: list[str], timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -196,13 +223,22 @@ class LocalCluster:
                     await asyncio.sleep(0.1)
 
     async def _ready(self, session: aiohttp.ClientSession, name: str) -> bool:
+        """Ready, and this cluster's process: a worker of another cluster that took the port
+        first (its own worker then exits, port busy) must not pass for it. A worker of a release
+        that did not report its pid yet (the upgrade check's) is taken at its word."""
+        process = self.workers[name].process
         try:
             async with session.get(
                 f"{self.url(name)}/health", timeout=aiohttp.ClientTimeout(total=2)
             ) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+                if resp.status != 200:
+                    return False
+                body = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return False
+        if process is None or not isinstance(body, dict):
+            return True
+        return bool(body.get("pid", process.pid) == process.pid)
 
     async def health(self, name: str) -> dict[str, Any]:
         async with aiohttp.ClientSession() as session, session.get(f"{self.url(name)}/health") as resp:
@@ -237,9 +273,12 @@ class LocalCluster:
                 await asyncio.sleep(0.05)
 
     def _log_since(self, name: str, offset: int) -> bytes:
-        with open(self.log_path(name), "rb") as log:
-            log.seek(offset)
-            return log.read()
+        try:
+            with open(self.log_path(name), "rb") as log:
+                log.seek(offset)
+                return log.read()
+        except OSError:
+            return b""
 
     async def restart(self, name: str, timeout_s: float = 60.0) -> None:
         self.kill(name)
