@@ -60,6 +60,9 @@ _EPHEMERAL_LOW = 32768
 _LOWEST = 10000
 #: Disjoint slices of the range, one per pytest-xdist worker (gw0, gw1, ...), modulo this many.
 _SLICES = 8
+#: Its own generator, seeded by the OS: a test that seeds `random` must not make two processes
+#: pick the same ports.
+_PICKS = random.Random()
 
 
 def _port_slice() -> range:
@@ -86,7 +89,7 @@ def free_port() -> int:
     free). Another process may still bind it first: the caller sees its server fail to bind."""
     ports = _port_slice()
     for _ in range(256):
-        port = random.choice(ports)
+        port = _PICKS.choice(ports)
         if port in _HANDED_OUT:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
