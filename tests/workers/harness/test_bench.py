@@ -211,7 +211,9 @@ def test_bench_idle_measures_every_process_of_the_quiet_demo_cluster(tmp_path: P
     for figures in workers.values():
         assert figures["cpu_percent"] >= 0 and figures["db_transactions_per_s"] > 0  # the probe at least
     assert all(workers[name]["redis_commands_per_s"] > 0 for name in ("persister1", "persister2"))
-    assert result["postgres_transactions_per_s"] > 0 and result["postgres_cpu_percent"] > 0
+    # PostgreSQL's few milliseconds of CPU over the quick run's 5 s are counted in clock ticks
+    # (10 ms) per process, so they may round to 0; its transactions are counted exactly.
+    assert result["postgres_transactions_per_s"] > 0 and result["postgres_cpu_percent"] >= 0
     assert math.isclose(
         result["workers_cpu_percent"], sum(w["cpu_percent"] for w in workers.values()), abs_tol=0.01
     )
