@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: What stops the servers once they are up.
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
@@ -53,11 +57,13 @@ def main(argv: list[str]) -> int:
                 print(f"postgres: {services.database_url}", flush=True)
             if services.redis is not None:
                 print(f"redis:    {services.redis_url}", flush=True)
+            # Held from here on and taken by sigwait: a signal that lands before the wait starts
+            # stays pending (signal.pause() would miss it and wait for another, forever).
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
             print("ready (Ctrl-C or SIGTERM stops them)", flush=True)
             try:
-                while True:
-                    signal.pause()
-            except KeyboardInterrupt:
+                signal.sigwait(_STOP_SIGNALS)
+            except KeyboardInterrupt:  # one that came before the mask
                 pass
             finally:
                 # A second Ctrl-C must not interrupt the shutdown and orphan a server.

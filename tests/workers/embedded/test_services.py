@@ -102,3 +102,18 @@ def test_sigkill_of_parent_still_stops_servers() -> None:
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
     assert _wait_gone(children) == set()
+
+
+def test_a_stop_signal_sent_as_soon_as_it_says_ready_is_not_missed() -> None:
+    """The signal may land before the process waits for it (a loaded machine descheduled it just
+    after "ready"): it must still stop, not wait for another (a run saw 30 s of nothing)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+        proc, _, _ = _start()
+        children = _children(proc.pid)
+        proc.send_signal(signum)
+        try:
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert _wait_gone(children) == set()
