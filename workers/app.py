@@ -339,7 +339,7 @@ class Worker:
         ]  # fmt: skip
         if config.serve_reads:
             self.messages = Messages(
-                self.pool, self.caches, config.writers_of(EVENTS), self.sync.decode, self.sync.current_token,
+                self.pool, self.caches, self.sync.decode, self.sync.current_token,
                 self.room_versions,
             )  # fmt: skip
         self.rate_limits = RateLimiter(

@@ -9,7 +9,8 @@ write now: a worker takes on a stream's writes only at start.
 
 What a running worker does with a new writer list (`LiveWriters.apply`):
 * Routing follows at once: rooms (`RoomPlacement`, a learned holder that left is forgotten), the
-  user-keyed stored streams (`UserStreamWrites`), worker requests (`instance_map`), /messages.
+  user-keyed stored streams (`UserStreamWrites`), worker requests (`instance_map`). Reads need
+  no list: a token names every writer ahead of its `stream`, current or retired.
 * Replication: an added writer's lines are accepted from now on and it counts at today's
   persisted-upto until it is heard (it has allocated nothing yet: every worker must know a writer
   before it writes). A removed writer stays counted, and its lines accepted, while it may still
@@ -48,7 +49,6 @@ from workers.handlers.caches.applied import AppliedRangesRecorder
 from workers.handlers.placement.room_leases import RoomLeases
 from workers.handlers.rooms.persist import EventPersister
 from workers.handlers.rooms.writes import RoomWrites
-from workers.handlers.sync.messages import Messages
 from workers.process.instance_lease import fence_out
 from workers.process.previous_release import PreviousRelease
 from workers.routing import writer_for_room
@@ -65,7 +65,6 @@ class WorkerParts(Protocol):
     replication: ReplicationClient
     ephemeral: Ephemeral
     room_writes: RoomWrites
-    messages: Messages | None
     stored: StoredStreams
     room_leases: RoomLeases | None
     previous_release: PreviousRelease | None
@@ -262,8 +261,6 @@ class LiveWriters:
         writes = worker.room_writes
         writes.writers = list(events)
         writes.placement.set_writers(events)
-        if worker.messages is not None:
-            worker.messages.writers = list(events)
         for stream, stream_writes in worker.stored.writes.items():
             stream_writes.writers = worker.config.writers_of(stream)
             stream_writes.placement.set_writers(stream_writes.writers)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from idgen import MultiWriterStreamToken
 from workers.model import (
     CREATE_EVENT,
     IMPLICIT_ROOM_VERSION,
@@ -328,15 +329,14 @@ async def room_events(
     *,
     after: int | None = None,
     upto: int | None = None,
-    positions: Mapping[str, int] | None = None,
-    default_position: int = 0,
+    reached: MultiWriterStreamToken | None = None,
     descending: bool = False,
     limit: int,
 ) -> list[Event]:
     """Events of one room, live and backfilled, with after < stream_ordering <= upto, in stream
-    order (newest first when `descending`), at most `limit`. With `positions`, an event counts only
-    when its writer's position (`default_position` for writers not listed) covers it: the events
-    a sync token has reached."""
+    order (newest first when `descending`), at most `limit`. With `reached`, an event counts only
+    when the token covers it for its writer (the writers the token names at their positions,
+    every other one, current or retired, at its `stream`)."""
     clauses: list[str] = ["room_id = $1"]
     args: list[object] = [room_id]
     if after is not None:
@@ -345,8 +345,9 @@ async def room_events(
     if upto is not None:
         args.append(upto)
         clauses.append(f"stream_ordering <= ${len(args)}")
-    if positions is not None:
-        args += [list(positions), list(positions.values()), default_position]
+    if reached is not None:
+        positions = reached.instance_map
+        args += [list(positions), list(positions.values()), reached.stream]
         n = len(args)
         clauses.append(
             f"stream_ordering <= coalesce((SELECT p FROM unnest(${n - 2}::text[], ${n - 1}::bigint[])"

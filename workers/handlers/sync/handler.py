@@ -370,8 +370,6 @@ class SyncHandler:
         now = self.current_token()
         user_rooms = await self._caches.rooms_for_user.get(user_id)
         events = now.get("events")
-        writers = (*self._generators["events"].writers, *events.instance_map)
-        positions = {w: events.get_stream_pos_for_instance(w) for w in writers}
         sections = RoomSections(user_id, sync_filter)
         last: dict[int, tuple[str, tuple[tuple[int, str], ...]]] = {}
         visibility = {
@@ -386,8 +384,8 @@ class SyncHandler:
                 position, membership = history[-1]
                 if membership == "join":
                     recent = await recent_timeline(
-                        conn, room_id, history=history, upto=None, positions=positions,
-                        default_position=events.stream, sections=sections, visibility=visibility[room_id],
+                        conn, room_id, history=history, upto=None, reached=events,
+                        sections=sections, visibility=visibility[room_id],
                     )  # fmt: skip
                     sections.add_joined_room(room_id, recent)
                 else:
@@ -398,8 +396,8 @@ class SyncHandler:
                     sections.add_pending(event)
                 elif event.membership == "ban" or event.sender != user_id or sync_filter.include_leave:
                     recent = await recent_timeline(
-                        conn, room_id, history=history, upto=position, positions=positions,
-                        default_position=events.stream, sections=sections, visibility=visibility[room_id],
+                        conn, room_id, history=history, upto=position, reached=events,
+                        sections=sections, visibility=visibility[room_id],
                     )  # fmt: skip
                     sections.add_left_room(room_id, recent)
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))

@@ -17,7 +17,7 @@ a `world_readable` room to anyone.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -45,7 +45,6 @@ class Messages:
         self,
         pool: asyncpg.Pool,
         caches: SyncCaches,
-        event_writers: Sequence[str],
         decode: Callable[[str], Awaitable[SyncToken]],
         current: Callable[[], SyncToken],
         room_versions: RoomVersions,
@@ -53,8 +52,6 @@ class Messages:
         self._pool = pool
         self._versions = room_versions
         self._caches = caches
-        #: The events writers (a config reload replaces the list).
-        self.writers = list(event_writers)
         self._decode = decode
         self._current = current
 
@@ -66,13 +63,10 @@ class Messages:
         return await self._sync_position(room_id, await self._decode(token))
 
     async def _sync_position(self, room_id: str, token: SyncToken) -> int:
-        events = token.get("events")
-        positions = {w: events.get_stream_pos_for_instance(w) for w in self.writers}
         async with self._pool.acquire() as conn:
             last = await store.room_events(
-                conn, room_id, after=0, positions=positions, default_position=events.stream,
-                descending=True, limit=1,
-            )  # fmt: skip
+                conn, room_id, after=0, reached=token.get("events"), descending=True, limit=1
+            )
         return last[0].stream_ordering if last else 0
 
     async def event(self, user_id: str, room_id: str, event_id: str) -> Event | None:

@@ -17,7 +17,7 @@ from typing import cast
 
 import asyncpg
 
-from idgen import MultiWriterIdGenerator, SyncToken
+from idgen import MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from workers.handlers.caches.lru import SyncCaches
 from workers.handlers.rooms.history_visibility import Changes, all_permissive, may_see_event
 from workers.handlers.sync.filter import SyncFilter
@@ -138,8 +138,7 @@ async def recent_timeline(
     *,
     history: tuple[tuple[int, str], ...],
     upto: int | None,
-    positions: dict[str, int],
-    default_position: int,
+    reached: MultiWriterStreamToken,
     sections: RoomSections,
     visibility: Changes,
 ) -> list[Event]:
@@ -151,7 +150,7 @@ async def recent_timeline(
     open_history = all_permissive(visibility)
     everything = sections.filter.timeline.everything and open_history
     found = await store.room_events(
-        conn, room_id, upto=upto, positions=positions, default_position=default_position,
+        conn, room_id, upto=upto, reached=reached,
         descending=True, limit=wanted if everything else MAX_RECENT,
     )  # fmt: skip
     if not everything:
