@@ -31,6 +31,7 @@ import yaml
 
 from workers.embedded.services import child_setup, free_port
 from workers.errors import WorkerError
+from workers.process.startup_errors import PORT_BUSY
 
 
 class ClusterError(WorkerError):
@@ -52,8 +53,8 @@ class WorkerSpec:
 
 #: The loopback networks: a local cluster's own clients.
 LOOPBACK = ["127.0.0.0/8", "::1/128"]
-#: What a worker prints when its HTTP port is bound already (`workers.process.startup_errors`).
-PORT_BUSY = b"fanout: HTTP port busy"
+#: The start of a worker's stderr line when its HTTP port is bound already.
+_PORT_BUSY = PORT_BUSY.encode()
 #: Starts of a whole cluster, when a port was taken by another process in between.
 START_ATTEMPTS = 3
 
@@ -193,7 +194,7 @@ class LocalCluster:
                 await self.wait_ready([s.name for s in chosen], timeout_s)
                 return
             except ClusterError:
-                busy = [s.name for s in chosen if PORT_BUSY in self._log_since(s.name, marks[s.name])]
+                busy = [s.name for s in chosen if _PORT_BUSY in self._log_since(s.name, marks[s.name])]
                 if attempt == START_ATTEMPTS or not busy or len(chosen) != len(self.workers):
                     raise
                 print(f"{', '.join(busy)}: port taken by another process; starting again on new ports",

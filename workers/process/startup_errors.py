@@ -57,6 +57,11 @@ def refusal(error: BaseException) -> str | None:
     return None
 
 
+#: How the stderr line of a worker whose HTTP port another process holds begins (a harness that
+#: picked the port reads it to pick again).
+PORT_BUSY = "fanout: HTTP port busy"
+
+
 def describe(error: BaseException) -> tuple[str, int] | None:
     """The stderr line and exit code for an expected start-up failure; None for anything else."""
     if isinstance(error, ConfigError | Refused):
@@ -64,7 +69,7 @@ def describe(error: BaseException) -> tuple[str, int] | None:
     if isinstance(error, StartupFailure):
         return f"fanout: {error}", RUNTIME
     if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
-        return f"fanout: HTTP port busy: {error}", RUNTIME
+        return f"{PORT_BUSY}: {error}", RUNTIME
     if isinstance(error, SchemaMismatch):  # deploy another release, or run `fanout migrate`
         return f"fanout: {error}", CONFIGURATION
     return None
