@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import on_redis_cluster
+from workers.harness.bench import live
 from workers.harness.bench._common import Figure, markdown_table, percentile
 from workers.harness.bench.all import KEPT_BELOW
 
@@ -218,3 +219,12 @@ def test_bench_idle_measures_every_process_of_the_quiet_demo_cluster(tmp_path: P
         result["workers_cpu_percent"], sum(w["cpu_percent"] for w in workers.values()), abs_tol=0.01
     )
     assert "| idle | CPU at rest, every worker of the demo's cluster |" in table
+
+
+def test_an_open_loop_rate_of_live_runs_long_enough_for_its_fewest_events() -> None:
+    """At 10/s a 10-second window held 100 events, too few for CPU counted in 10 ms ticks: an
+    open-loop rate runs until `--min-events` could be sent; the closed loop keeps `--seconds`."""
+    assert live.duration(10.0, 10.0, live.MIN_EVENTS) == 30.0
+    assert live.duration(1000.0, 10.0, live.MIN_EVENTS) == 10.0
+    assert live.duration(None, 10.0, live.MIN_EVENTS) == 10.0
+    assert live.duration(20.0, 2.0, 0) == 2.0

@@ -36,7 +36,7 @@ BENCHES: dict[str, list[str]] = {
         "--polls 200 --rooms 5 --members 4 --polls-per-idle-user 20 --idle-seconds 3 --poll-timeout 2"
         " --rounds 2 --round-gap 0.5 --client-processes 2"
     ).split(),
-    "live": ["--rates", "20,max", "--seconds", "2", "--rooms", "3", "--closed-loop", "4"],
+    "live": "--rates 20,max --seconds 2 --min-events 0 --rooms 3 --closed-loop 4".split(),
     "audit": ["--rows", "100000"],
     "instructions": ["--events", "2000"],
     "scale": ["--base-only", "--seconds", "1", "--backends", "single"],

@@ -5,7 +5,8 @@ users: the first sends (PUT send with a txnId, straight to the room's persister)
 long-polls `/sync` on the sync worker, re-issuing each poll with its `next_batch` at once
 (`poll_clients.py`). For each rate of `--rates` (default 10, 50, 200 and 1,000 events/s offered
 in total, then `max`: `--closed-loop` senders back to back, the saturation point), for
-`--seconds` each, measured:
+`--seconds` each (an open-loop rate at least long enough for `--min-events` events, 300 by
+default: 30 s at 10/s), measured:
 
 * the achieved rate: sends answered 200 over the time from the first start to the last answer;
 * send 200 -> seen and send start -> seen, p50 and p99: from the send's answer (or its start) to
@@ -56,6 +57,11 @@ TARGET_CPU_SATURATED = 0.25
 IN_FLIGHT = 256
 #: How long after the last send's answer the readers have to bring every send.
 GRACE_S = 2.0
+#: The fewest events an open-loop rate is run for by default (`--min-events`; 10/s runs 30 s
+#: however short `--seconds`): CPU is read from /proc in 10 ms ticks, and the 2-second periodic
+#: work of every worker lands a varying number of times in a short window, so 100 events at
+#: 10/s moved the CPU per 1,000 events by a fifth from one run to the next.
+MIN_EVENTS = 300
 
 #: Where a room's sends go: (the base URL taking them, room id, the sender's token).
 Sender = tuple[str, str, str]
@@ -128,17 +134,18 @@ async def _rates(
         for rate in args.rates:
             label = "max" if rate is None else f"{rate:g}/s"
             share = None if rate is None else rate / args.sender_processes
+            seconds = duration(rate, args.seconds, args.min_events)
             cpu_before = {name: process_usage(pid)[1] for name, pid in pids.items()}
             closed_loop = max(1, args.closed_loop // args.sender_processes)
             for i, conn in enumerate(senders.conns):
                 ours = rooms[i :: args.sender_processes] or rooms
-                conn.send((ours, share, closed_loop, args.seconds, f"{label}:{i}:"))
+                conn.send((ours, share, closed_loop, seconds, f"{label}:{i}:"))
             sent: list[Sent] = []
             for conn in senders.conns:
-                sent += await senders.recv(conn, args.seconds + 120)
+                sent += await senders.recv(conn, seconds + 120)
             seen = await _seen_all(clients, {marker for marker, _, _, ok in sent if ok})
             cpu = {name: process_usage(pid)[1] - cpu_before[name] for name, pid in pids.items()}
-            runs.append(_rate_result(label, rate, sent, seen, cpu))
+            runs.append({**_rate_result(label, rate, sent, seen, cpu), "seconds": seconds})
             run = runs[-1]
             after_200, after_start = run["seen_after_200"], run["seen_after_start"]
             progress(
@@ -154,6 +161,11 @@ async def _rates(
         senders.close()
         clients.close()
     return runs
+
+
+def duration(rate: float | None, seconds: float, min_events: int) -> float:
+    """How long a rate runs: `seconds`, or for an open-loop rate long enough for `min_events`."""
+    return seconds if rate is None else max(seconds, min_events / rate)
 
 
 async def _seen_all(clients: PollClients, markers: set[str]) -> dict[str, float]:
@@ -276,6 +288,12 @@ def main(argv: list[str]) -> int:
         help="offered events/s in all, comma-separated; 'max': closed loop (default 10,50,200,1000,max)",
     )  # fmt: skip
     p.add_argument("--seconds", type=float, default=10.0, help="how long each rate runs")
+    p.add_argument(
+        "--min-events",
+        type=int,
+        default=MIN_EVENTS,
+        help="an open-loop rate runs at least long enough for this many events",
+    )
     p.add_argument("--rooms", type=positive_int, default=10, help="rooms of 2 (a sender and a reader)")
     p.add_argument("--sender-processes", type=positive_int, default=4)
     p.add_argument("--reader-processes", type=positive_int, default=2)
