@@ -71,6 +71,10 @@ DATABASE_DOWN: tuple[type[Exception], ...] = (
     asyncpg.OperatorInterventionError,
     asyncpg.InsufficientResourcesError,
 )
+#: What a worker's periodic loop (a lease's keep-alive, a check, a retirement) logs and tries again
+#: next turn: the database away, or any statement refused by it. A narrower list let a stuck
+#: connection's InternalClientError end such a loop for good.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (asyncpg.PostgresError, *DATABASE_DOWN)
 #: The names its lane's statements are timed under (as a pool block would be named).
 _ALLOCATE = f"{__name__}.MultiWriterIdGenerator._allocate"
 _UPSERT = f"{__name__}.MultiWriterIdGenerator._persist_own_position"

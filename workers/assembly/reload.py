@@ -40,6 +40,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry, Counter
 
 from idgen import MultiWriterIdGenerator
+from idgen.multi_writer import DATABASE_ERRORS
 from pubsub.client import ReplicationClient
 from pubsub.tasks import cancel_and_wait
 from workers.assembly.ephemeral import Ephemeral
@@ -312,7 +313,7 @@ class LiveWriters:
                     fenced = await fence_out(conn, key, worker.config.instance_lease_s)
                 if fenced and await self._settle(writer):
                     break
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            except DATABASE_ERRORS as e:
                 log.warning("retiring writer %s: %s; trying again", writer, e or type(e).__name__)
             await asyncio.sleep(POLL_S)
         streams = self._leaving(writer)
@@ -394,7 +395,7 @@ class LiveWriters:
             return
         try:
             await asyncio.wait_for(worker.room_leases.release_all(), RELEASE_S)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+        except DATABASE_ERRORS as e:
             log.warning("rooms not released (PostgreSQL: %s); they move when the instance lease expires",
                         e or type(e).__name__)  # fmt: skip
 

@@ -30,6 +30,7 @@ from typing import Any
 import asyncpg
 
 from idgen import MultiWriterIdGenerator, SequenceReads
+from idgen.multi_writer import DATABASE_ERRORS
 from pubsub.client import ReplicationClient
 from pubsub.streams import Stream
 from pubsub.types import Row
@@ -249,7 +250,7 @@ class StoredStreams:
         the keys stay and move when the instance lease expires (logged, not raised)."""
         try:
             await asyncio.gather(*(writes.drain(within_s) for writes in self.writes.values()))
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+        except DATABASE_ERRORS as e:
             log.warning("stored-stream keys not released (PostgreSQL: %s); they move when the instance"
                         " lease expires", e or type(e).__name__)  # fmt: skip
 

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import asyncpg
 
+from idgen.multi_writer import DATABASE_ERRORS
 from workers.errors import PersisterError
 from workers.process.startup_errors import NameHeld
 from workers.storage import Conn
@@ -161,7 +162,7 @@ class InstanceLease:
                     self.timed(f"{__name__}.InstanceLease._keep", time.perf_counter() - started)
             except asyncio.CancelledError:
                 raise
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as e:
+            except DATABASE_ERRORS as e:
                 if failing_since is None:
                     failing_since = loop.time()
                     log.warning("instance lease %s: renewal failed (%s); trying again", self.key,

@@ -23,6 +23,7 @@ from typing import Any
 
 import asyncpg
 
+from idgen.multi_writer import DATABASE_ERRORS
 from workers.routing import writer_for_room
 from workers.storage.migrate import previous_release_workers
 
@@ -71,7 +72,7 @@ class PreviousRelease:
             await asyncio.sleep(self._interval_s)
             try:
                 await self.check()
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            except DATABASE_ERRORS as e:
                 log.warning("previous-release check failed, live=%s kept: %s", self.live, e or type(e))
 
     async def stop(self) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import asyncpg
 
+from idgen.multi_writer import DATABASE_ERRORS
+
 log = logging.getLogger(__name__)
 TASK_NAME = "prune_invalidations"
 DAY_MS = 86_400_000
@@ -63,7 +65,7 @@ class InvalidationRetentionTask:
                 self.pruned += count
                 if count:
                     log.info("pruned %d invalidation rows older than %d ms", count, cutoff)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            except DATABASE_ERRORS as e:
                 log.warning("invalidation pruning failed (%s); retrying next pass", e)
             await asyncio.sleep(self._interval_s)
 

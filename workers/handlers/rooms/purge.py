@@ -25,6 +25,7 @@ from typing import Any
 
 import asyncpg
 
+from idgen.multi_writer import DATABASE_ERRORS
 from workers.handlers.caches.lru import CacheRows
 from workers.handlers.placement.forwarding import OwnerUnavailable
 from workers.handlers.rooms.persist import EventPersister
@@ -214,7 +215,7 @@ class RoomEnd:
         (the caches stay bounded, and correct: only the clean-up's memory saving is lost)."""
         try:
             return await self._clean_up(room_id)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        except DATABASE_ERRORS as e:
             self.cleanup_failures += 1
             log.warning("room clean-up failed room=%s: %s: %s", room_id, type(e).__name__, e)
             return False
