@@ -10,8 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable
+
+#: Long-poll timeouts end on this grid (seconds of the event loop's clock).
+TIMEOUT_GRID_S = 0.1
+#: Timeouts shorter than this end exactly when asked.
+GRID_FROM_S = 1.0
+
+
+def poll_deadline(now: float, timeout_s: float) -> float:
+    """When a long-poll of `timeout_s` that starts at `now` (the event loop's `time()`) ends.
+
+    A timeout of `GRID_FROM_S` or more ends at the last `TIMEOUT_GRID_S` boundary before it: at
+    most 0.1 s early, never late (the spec's `timeout` is the longest a poll may wait). Polls
+    whose timeouts fall in one tick then time out in one event-loop turn: their answers' key-count
+    reads share one statement (`CountReads`) and the loop wakes once for them, not once each.
+    With 10,000 idle polls re-polling every 30 s, this cut a re-poll's CPU from 0.56 to 0.19 ms
+    (`fanout bench crowd`, docs/performance.md). A shorter timeout ends exactly: a client asking
+    for half a second must not be answered at once."""
+    exact = now + timeout_s
+    if timeout_s < GRID_FROM_S:
+        return exact
+    return math.floor(exact / TIMEOUT_GRID_S) * TIMEOUT_GRID_S
 
 
 class Waiter:
@@ -46,14 +68,15 @@ class Waiter:
         if future is not None and not future.done():
             future.set_result(True)
 
-    async def wait(self, within_s: float) -> bool:
-        """True if woken (before the call, or within `within_s` seconds)."""
+    async def wait(self, until: float) -> bool:
+        """True if woken (before the call, or by `until`, in the event loop's time); False at
+        `until` (see `poll_deadline`)."""
         if self.woken:
             return True
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         self._future = future
-        timer = loop.call_later(within_s, _time_out, future)
+        timer = loop.call_at(until, _time_out, future)
         try:
             return await future
         finally:

@@ -24,13 +24,13 @@ from typing import Any
 import asyncpg
 from prometheus_client import CollectorRegistry, Counter
 
+from idgen.multi_writer import DATABASE_ERRORS
 from pubsub.tasks import cancel_and_wait
 from workers.storage import device_lists as pokes
 from workers.storage import to_device as outbox
 
 log = logging.getLogger(__name__)
 TASK_NAME = "federation_sender"
-_DOWN = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 #: The longest the queues go unread, positions still or not.
 SWEEP_S = 30.0
 
@@ -97,7 +97,7 @@ class FederationSenderStandIn:
         while True:
             try:
                 await self.drain_if_queued()
-            except _DOWN as e:
+            except DATABASE_ERRORS as e:
                 log.warning("federation sender stand-in: %s; retrying", e)
             await asyncio.sleep(self._interval_s)
 

@@ -23,6 +23,7 @@ invites and knocks, and the left rooms Synapse lists.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -33,7 +34,7 @@ import asyncpg
 
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
 from workers.handlers.caches.lru import CacheCounts, SyncCaches
-from workers.handlers.notify.notifier import Notifier
+from workers.handlers.notify.notifier import Notifier, poll_deadline
 from workers.handlers.rooms.history_visibility import JOINED, current
 from workers.handlers.rooms.versions import RoomVersions
 from workers.handlers.sync.catch_up import CatchUp, covered
@@ -264,7 +265,9 @@ class SyncHandler:
                 self.observers.behind()
                 return empty_response(since_text)
             since = reached
-        deadline = time.monotonic() + timeout_s
+        clock = asyncio.get_running_loop().time
+        deadline = poll_deadline(clock(), timeout_s)
+        timed_out = False
         woken_at: float | None = None
         while True:
             # The token first, then the caches: whatever a cache returns now reflects every row up to
@@ -276,19 +279,21 @@ class SyncHandler:
             with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
                 if quiet and not full_state and not self._owes_clean_up(user_id, device_id, since):
                     # No stream moved past `since`: every window is empty, for every user.
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or self.closing:
+                    if timed_out or clock() >= deadline or self.closing:
                         next_batch = since_text if since is given else await self.encode(since)
                         body = await self._nothing_new(next_batch, user_id, device_id)
                         return self._answered(_kind(False, None, timeout_s), started, body)
-                    if self._notifier.generation == moved and await waiter.wait(remaining):
-                        woken_at = waiter.woken_at
+                    if self._notifier.generation == moved:
+                        if await waiter.wait(deadline):
+                            woken_at = waiter.woken_at
+                        else:
+                            timed_out = True
                     continue
                 events, now = await self.window.between(user_id, user_rooms, since, now, sync_filter)
                 typing, presence = await self._ephemeral(user_id, user_rooms, sync_filter, since, now)
                 stored, now = await self._stored(user_id, device_id, user_rooms, since, now, events)
-                remaining = deadline - time.monotonic()
-                if events or typing or presence or stored or full_state or remaining <= 0 or self.closing:
+                due = timed_out or clock() >= deadline
+                if events or typing or presence or stored or full_state or due or self.closing:
                     await self._add_key_counts(stored, user_id, device_id)
                     body = await self._window_answer(
                         user_id, user_rooms, sync_filter, full_state, events, typing, presence, stored, now
@@ -297,9 +302,12 @@ class SyncHandler:
                         self._observe(woken_at, events)
                     news = bool(events or typing or presence or stored or full_state or self.closing)
                     return self._answered(_kind(news, woken_at, timeout_s), started, body)
-                if self._notifier.generation == moved and await waiter.wait(remaining):
+                if self._notifier.generation == moved:
                     # Registered before anything newer than `now` could notify: no lost wake-up.
-                    woken_at = waiter.woken_at
+                    if await waiter.wait(deadline):
+                        woken_at = waiter.woken_at
+                    else:
+                        timed_out = True
 
     async def _window_answer(
         self,

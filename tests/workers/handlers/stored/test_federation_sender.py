@@ -3,6 +3,7 @@ that feed them moved, not on every tick of a quiet worker, and sweeps them all t
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -44,3 +45,28 @@ async def test_the_sweep_reads_the_queues_whatever_the_positions_say(db_pool: as
     await _poke(db_pool, 7)
     assert await sender.drain_if_queued()
     assert await _queued(db_pool) == 0
+
+
+async def test_the_loop_outlives_a_statement_timeout_and_a_stuck_connection(
+    db_pool: asyncpg.Pool[Any],
+) -> None:
+    sender = FederationSenderStandIn(db_pool, CollectorRegistry(), lambda: 0, interval_s=0.01)
+    failures: list[Exception] = [
+        TimeoutError("statement timed out"),
+        asyncpg.InternalClientError("in progress"),
+    ]
+    drained = asyncio.Event()
+
+    async def drain() -> bool:
+        if failures:
+            raise failures.pop(0)
+        drained.set()
+        return True
+
+    sender.drain_if_queued = drain  # type: ignore[method-assign]
+    sender.start()
+    try:
+        await asyncio.wait_for(drained.wait(), 5)
+    finally:
+        await sender.stop()
+    assert not failures
