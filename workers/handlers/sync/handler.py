@@ -284,10 +284,8 @@ class SyncHandler:
                         body = await self._nothing_new(next_batch, user_id, device_id)
                         return self._answered(_kind(False, None, timeout_s), started, body)
                     if self._notifier.generation == moved:
-                        if await waiter.wait(deadline):
-                            woken_at = waiter.woken_at
-                        else:
-                            timed_out = True
+                        timed_out = not await waiter.wait(deadline)
+                        woken_at = waiter.woken_at or woken_at
                     continue
                 events, now = await self.window.between(user_id, user_rooms, since, now, sync_filter)
                 typing, presence = await self._ephemeral(user_id, user_rooms, sync_filter, since, now)
@@ -304,10 +302,8 @@ class SyncHandler:
                     return self._answered(_kind(news, woken_at, timeout_s), started, body)
                 if self._notifier.generation == moved:
                     # Registered before anything newer than `now` could notify: no lost wake-up.
-                    if await waiter.wait(deadline):
-                        woken_at = waiter.woken_at
-                    else:
-                        timed_out = True
+                    timed_out = not await waiter.wait(deadline)
+                    woken_at = waiter.woken_at or woken_at
 
     async def _window_answer(
         self,
