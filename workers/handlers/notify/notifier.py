@@ -27,8 +27,8 @@ def poll_deadline(now: float, timeout_s: float) -> float:
     most 0.1 s early, never late (the spec's `timeout` is the longest a poll may wait). Polls
     whose timeouts fall in one tick then time out in one event-loop turn: their answers' key-count
     reads share one statement (`CountReads`) and the loop wakes once for them, not once each.
-    With 10,000 idle polls re-polling every 30 s, this cut a re-poll's CPU from 0.56 to 0.19 ms
-    (`fanout bench crowd`, docs/performance.md). A shorter timeout ends exactly: a client asking
+    With 10,000 idle polls re-polling every 30 s, this cut a re-poll's CPU from 0.52-0.59 to
+    0.20-0.22 ms (`fanout bench crowd`, docs/performance.md). A shorter timeout ends exactly: a client asking
     for half a second must not be answered at once."""
     exact = now + timeout_s
     if timeout_s < GRID_FROM_S:
