@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 import asyncpg
 
 from idgen.multi_writer import DATABASE_ERRORS
+from pubsub.tasks import cancel_and_wait
 from workers.errors import PersisterError
 from workers.process.startup_errors import NameHeld
 from workers.storage import Conn
@@ -191,9 +192,7 @@ class InstanceLease:
         return "another process"
 
     async def release(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)  # one cancel may be dropped by 3.11's wait_for
         if not self.lost:
             with contextlib.suppress(Exception):
                 released = self._conn.execute(_RELEASE, self.key, self.fence.epoch)
