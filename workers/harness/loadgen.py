@@ -313,9 +313,11 @@ class LoadDriver:
         elif kind == "keys_upload":
             self._sent += 1
             keys = {f"signed_curve25519:{self._run_id}.{self._sent}.{i}": {"key": f"k{i}"} for i in range(3)}
-            self.keys_uncertain.add((user, device))
-            await client.upload_one_time_keys(keys)
-            self.keys_uncertain.discard((user, device))
+            try:
+                await client.upload_one_time_keys(keys)
+            except BaseException:
+                self.keys_uncertain.add((user, device))  # for good: a later success settles nothing
+                raise
             self.keys_uploaded.setdefault((user, device), []).extend(k.partition(":")[2] for k in keys)
             self.report.keys_uploaded += len(keys)
         else:
@@ -323,9 +325,11 @@ class LoadDriver:
             if not owners:
                 return
             owner = self.rng.choice(owners)
-            self.keys_uncertain.add(owner)
-            handed = await client.claim_key(*owner)
-            self.keys_uncertain.discard(owner)
+            try:
+                handed = await client.claim_key(*owner)
+            except BaseException:
+                self.keys_uncertain.add(owner)  # it may have handed a key out all the same
+                raise
             self.keys_claimed.setdefault(owner, []).extend(k.partition(":")[2] for k in handed)
             self.report.keys_claimed += len(handed)
 
