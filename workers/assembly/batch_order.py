@@ -130,7 +130,7 @@ class BatchOrder:
         """Inside the ID blocks, after commit: invalidate our caches, stage the rows for RDATA."""
         w = self._worker
         w.caches.on_events((e.stream_ordering, e) for e in events)
-        w.room_views.on_events(events)
+        w.room_views.on_committed(events)
         redacted = [e for e in events if e.type == REDACTION_EVENT]  # their targets' bodies are stale
         w.sync.bodies.forget([r for e in redacted if (r := redacts_of(e.type, e.content)) is not None])
         if w.config.serve_reads and events and events[0].stream_ordering > 0:

@@ -38,7 +38,7 @@ from workers.harness.laggard import LagClock, LaggardReader
 from workers.harness.load_check import LoadReport, verify_load
 from workers.harness.race_load import MembershipRacer
 from workers.harness.sync_reader import SyncReader
-from workers.storage import connect
+from workers.storage import Conn, connect
 
 Progress = Callable[[int, int, str], None]
 
@@ -398,6 +398,14 @@ class LoadDriver:
             asyncio.create_task(r.run(stop, caught_up, plan.sync_timeout_ms))
             for r in self.readers + self.probes
         ]
+        try:
+            await self._readers_read_the_setup(readers)
+        except BaseException:
+            for task in readers:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            await self.racer.close()
+            raise
         queue: asyncio.Queue[tuple[str, ClusterClient]] = asyncio.Queue()
         for _ in range(plan.actions if until is None else 0):
             queue.put_nowait(self._next_action())
@@ -422,22 +430,7 @@ class LoadDriver:
             self.report.seconds = time.monotonic() - started
             self.report.actions = done
             async with connect(self.database_url) as conn:
-                records = await conn.fetch(
-                    "SELECT instance_name, max(stream_ordering) AS m FROM events WHERE stream_ordering > 0"
-                    " GROUP BY instance_name"
-                )
-                instance_ids.update(
-                    {
-                        r["instance_name"]: r["instance_id"]
-                        for r in await conn.fetch("SELECT * FROM instance_map")
-                    }
-                )
-                # The stored streams' writers' positions (each upserted after its writes finish).
-                positions = await conn.fetch(
-                    "SELECT stream_name, instance_name, stream_id FROM stream_positions"
-                    " WHERE stream_name = ANY($1::text[])",
-                    list(STORED_TARGETS),
-                )
+                final, ids = await _written_positions(conn)
                 writer_of = await conn.fetch(
                     "SELECT event_id, instance_name FROM events WHERE event_id = ANY($1::text[])",
                     [e for e, _ in self.sends_via],
@@ -445,9 +438,8 @@ class LoadDriver:
             self.report.mix.count_routes(
                 self.sends_via, {r["event_id"]: r["instance_name"] for r in writer_of}, self.event_writers
             )
-            target["events"] = {r["instance_name"]: r["m"] for r in records}
-            for r in positions:
-                target.setdefault(r["stream_name"], {})[r["instance_name"]] = r["stream_id"]
+            instance_ids.update(ids)
+            target.update(final)
             stop.set()
             await asyncio.wait_for(asyncio.gather(*readers), 120)
         finally:
@@ -459,6 +451,23 @@ class LoadDriver:
         self.report.problems += self.racer.check()
         self.report.problems += self.report.mix.count_readers(self.readers, self.racer.tally)
         return self.report
+
+    async def _readers_read_the_setup(self, readers: Sequence[asyncio.Task[None]]) -> None:
+        """Wait until every reader but the laggards holds a token past everything the setup wrote
+        (at most `SETUP_READ_S`): their first answers carry every room's creation and joins, and
+        clients are online before the load, as users are. Otherwise the load's first messages
+        wait behind those answers, and the latency figures measure the setup's catch-up."""
+        async with connect(self.database_url) as conn:
+            setup, instance_ids = await _written_positions(conn)
+        following = [r for r in self.readers + self.probes if not isinstance(r, LaggardReader)]
+        deadline = time.monotonic() + SETUP_READ_S
+        while time.monotonic() < deadline and not all(
+            r.token is not None and _covers(r.token, setup, instance_ids) for r in following
+        ):
+            for task in readers:
+                if task.done():
+                    task.result()  # a reader that failed already: say why now
+            await asyncio.sleep(0.02)
 
     def dump_histories(self, path: Path) -> None:
         """Every reader's recorded syncs, for diagnosing a failed verification, and beside them
@@ -486,8 +495,32 @@ CHURN_MOVES: dict[str | None, list[tuple[str, str]]] = {
     "ban": [("owner", "unban")],
 }
 
+#: The longest the load waits for the readers to read what the setup wrote.
+SETUP_READ_S = 30.0
 #: The stored streams whose final positions the readers must reach before the check.
 STORED_TARGETS = ("account_data", "device_lists", "to_device", "receipts")
+
+
+async def _written_positions(conn: Conn) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """What every writer has written so far: stream -> writer -> position (the events stream's
+    highest live ordering per writer, the stored streams' positions as upserted after their
+    writes finish), and the writers' instance ids."""
+    records = await conn.fetch(
+        "SELECT instance_name, max(stream_ordering) AS m FROM events WHERE stream_ordering > 0"
+        " GROUP BY instance_name"
+    )
+    instance_ids = {
+        r["instance_name"]: r["instance_id"] for r in await conn.fetch("SELECT * FROM instance_map")
+    }
+    positions = await conn.fetch(
+        "SELECT stream_name, instance_name, stream_id FROM stream_positions"
+        " WHERE stream_name = ANY($1::text[])",
+        list(STORED_TARGETS),
+    )
+    target: dict[str, dict[str, int]] = {"events": {r["instance_name"]: r["m"] for r in records}}
+    for r in positions:
+        target.setdefault(r["stream_name"], {})[r["instance_name"]] = r["stream_id"]
+    return target, instance_ids
 
 
 def _covers(token: str, target: dict[str, dict[str, int]], instance_ids: dict[str, int]) -> bool:

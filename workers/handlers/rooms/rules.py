@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from workers.model import (
     MEMBERSHIPS,
     REDACTION_EVENT,
     SUPPORTED_ROOM_VERSIONS,
+    Event,
     NewEvent,
 )
 from workers.redaction_rules import prune_content, rules_for
@@ -162,6 +163,17 @@ class RoomViews:
         """The room ended (purged, blocked or left by every local user): forget all of it."""
         self.rooms.invalidate(room_id)
         self.memberships.invalidate_matching(lambda key: key[0] == room_id)
+
+    def on_committed(self, events: Sequence[Event]) -> None:
+        """What this writer's batch `events` changed, known as it committed (call before their
+        senders are answered): a live member event's membership is stored as the room's current
+        one, since a membership change holds its target's membership from its check until this
+        point (`workers.handlers.rooms.admission`), so nothing else changes it meanwhile; the
+        rest is forgotten (`on_events`). Storing it saves the next write's check a read."""
+        self.on_events(events)
+        for event in events:
+            if event.type == MEMBER_EVENT and event.state_key is not None and event.stream_ordering > 0:
+                self.memberships.put((event.room_id, event.state_key), event.membership)
 
     def on_events(self, events: Iterable[EventLike]) -> None:
         """Forget what committed `events` changed (call before their senders are answered)."""
