@@ -13,7 +13,9 @@ default: 30 s at 10/s), measured:
   the reader's poll answer that brought it arriving (CLOCK_MONOTONIC, shared by the processes);
   sends never seen are counted as missing;
 * CPU-seconds per 1,000 events of each worker process and of all of them (user + system from
-  /proc, from the first send until the reader has seen the last).
+  /proc, from the first send until the reader has seen the last), and beside them the context
+  switches per event (`process_switches`): how often each process was woken, which at a low rate
+  is most of what an event costs and moves far less between runs than the CPU does.
 
 The sends come from `--sender-processes` processes (default 4), open loop: each send starts at its
 scheduled time whether or not the ones before it were answered (at most `IN_FLIGHT` per process
@@ -40,6 +42,7 @@ from workers.harness.bench._common import (
     beside_ceiling,
     latency_ms,
     positive_int,
+    process_switches,
     process_usage,
     progress,
 )
@@ -136,6 +139,7 @@ async def _rates(
             share = None if rate is None else rate / args.sender_processes
             seconds = duration(rate, args.seconds, args.min_events)
             cpu_before = {name: process_usage(pid)[1] for name, pid in pids.items()}
+            switches_before = {name: process_switches(pid) for name, pid in pids.items()}
             closed_loop = max(1, args.closed_loop // args.sender_processes)
             for i, conn in enumerate(senders.conns):
                 ours = rooms[i :: args.sender_processes] or rooms
@@ -145,14 +149,18 @@ async def _rates(
                 sent += await senders.recv(conn, seconds + 120)
             seen = await _seen_all(clients, {marker for marker, _, _, ok in sent if ok})
             cpu = {name: process_usage(pid)[1] - cpu_before[name] for name, pid in pids.items()}
-            runs.append({**_rate_result(label, rate, sent, seen, cpu), "seconds": seconds})
+            switches = {name: process_switches(pid) - switches_before[name] for name, pid in pids.items()}
+            runs.append({**_rate_result(label, rate, sent, seen, cpu, switches), "seconds": seconds})
             run = runs[-1]
             after_200, after_start = run["seen_after_200"], run["seen_after_start"]
             progress(
                 f"  {label}: {run['achieved_per_s']:,.0f} events/s achieved, {run['missing']} missing;"
                 f" 200 -> seen p50/p99 {after_200['p50_ms']}/{after_200['p99_ms']} ms,"
                 f" start -> seen {after_start['p50_ms']}/{after_start['p99_ms']} ms;"
-                " CPU-s per 1,000 events: " + ", ".join(f"{k} {v}" for k, v in run["cpu_s_per_1000"].items())
+                " CPU-s per 1,000 events: "
+                + ", ".join(f"{k} {v}" for k, v in run["cpu_s_per_1000"].items())
+                + "; context switches per event: "
+                + ", ".join(f"{k} {v}" for k, v in run["switches_per_event"].items())
             )
         _, failed = await clients.answers()
         if failed:
@@ -179,7 +187,12 @@ async def _seen_all(clients: PollClients, markers: set[str]) -> dict[str, float]
 
 
 def _rate_result(
-    label: str, rate: float | None, sent: list[Sent], seen: Mapping[str, float], cpu: Mapping[str, float]
+    label: str,
+    rate: float | None,
+    sent: list[Sent],
+    seen: Mapping[str, float],
+    cpu: Mapping[str, float],
+    switches: Mapping[str, int],
 ) -> dict[str, Any]:
     answered = [s for s in sent if s[3]]
     found = [(seen[marker], start, end) for marker, start, end, _ in answered if marker in seen]
@@ -197,6 +210,10 @@ def _rate_result(
         "cpu_s_per_1000": {
             **{name: round(used / events * 1000, 3) if events else None for name, used in cpu.items()},
             "all": round(sum(cpu.values()) / events * 1000, 3) if events else None,
+        },
+        "switches_per_event": {
+            **{name: round(n / events, 2) if events else None for name, n in switches.items()},
+            "all": round(sum(switches.values()) / events, 2) if events else None,
         },
     }
 
