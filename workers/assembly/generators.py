@@ -13,8 +13,11 @@ from workers.streams.caches import CACHES
 from workers.streams.events import BACKFILL, EVENTS
 
 #: The events writer's `stream_positions` row may lag its writes by this long: the upsert rides on the
-#: next allocation (no round trip of its own per batch, none before the sends are answered).
-EVENTS_POSITION_DELAY_S = 0.05
+#: next allocation (no round trip of its own per batch, none before the sends are answered), or a
+#: timer this long after the last one does it. A second, not less: at a few sends a second per
+#: persister a shorter timer fired after nearly every send (a wake-up and a round trip each); the
+#: row only sets where a starting reader begins, and the reader catches up from the tables.
+EVENTS_POSITION_DELAY_S = 1.0
 _EVENTS_TABLE = [("events", "instance_name", "stream_ordering")]
 
 
