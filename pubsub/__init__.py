@@ -14,6 +14,7 @@ in order, exactly once, and catch up from the database whenever a message was lo
 | `client.py` | `ReplicationClient`, which wires the above for one process |
 | `keys.py`, `metrics.py`, `ratelog.py` | channel and key names; counters; rate-limited logs |
 | `histograms.py` | histograms cheap enough for the receive path (plain counts, samples at scrape) |
+| `ticks.py` | the shared clock that every periodic loop of a second or more wakes on |
 | `tasks.py`, `types.py`, `errors.py` | stopping tasks; shared types; `PubSubError` and below |
 
 `pubsub` knows nothing of rooms or events and never imports `workers`, `analytics` or `idgen`:

@@ -28,6 +28,7 @@ from pubsub.redis_cluster_transport import RedisClusterTransport
 from pubsub.redis_transport import LINK_ERRORS, RedisTransport
 from pubsub.streams import ApplyCallback, Stream, StreamRegistry
 from pubsub.tasks import cancel_and_wait
+from pubsub.ticks import sleep_to_next_run
 from pubsub.types import DropFilter, PositionListener, Row, Transport
 from pubsub.wire import REPLICATE, ClearUserSync, Command, UserSync, command_name, format_command
 
@@ -268,7 +269,7 @@ class ReplicationClient:
         itself, so the log may lag by half the silence threshold."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(max(self.settings.announce_interval_s, self.silent_after_s / 2))
+            await sleep_to_next_run(max(self.settings.announce_interval_s, self.silent_after_s / 2))
             silent = {(s, w) for s, w, _ in self.handler.silent_writers(loop.time(), self.silent_after_s)}
             for stream, writer in sorted(silent - self._silent):
                 log.warning("writer silent: stream=%s instance=%s for more than %.1fs", stream, writer,

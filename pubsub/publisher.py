@@ -12,16 +12,16 @@ a token its rows are known here. A flush sends every staged token <= current_tok
 order, with `batch` on all rows but the last of a token, then a POSITION when the current token
 is beyond the last row (IDs allocated by others, or unused).
 
-Every `announce_interval_s` (a tick) a stream gets `POSITION s self sent sent` when it sent rows
-since its last POSITION (so readers notice lost RDATA within one interval) and, when idle, once
-every `keepalive_intervals` ticks: what tells readers the writer is alive (they call it silent after
-`silent_writer_intervals`; the client keeps the keep-alive at half of that). An idle writer whose
-own position moved because other writers moved (`current_token(self)` follows them) announces it
-at the next tick like any move, so it never holds readers' minimum back; repeating an unchanged
-position every second would tell a reader nothing new. After a REPLICATE or our own
-(re)subscribe every stream gets its POSITION at once. Answers to REPLICATE are coalesced: a burst
-(every worker restarting at once, or a flood) gets at most one POSITION per stream every
-`REPLICATE_COALESCE_S`.
+Every `announce_interval_s` (a tick, on the shared clock of `pubsub.ticks`) a stream gets
+`POSITION s self sent sent` when it sent rows since its last POSITION (so readers notice lost RDATA
+within one interval) and, when idle, once every `keepalive_intervals` ticks: what tells readers the writer
+is alive (they call it silent after `silent_writer_intervals`; the client keeps the keep-alive at
+half of that). An idle writer whose own position moved because other writers moved
+(`current_token(self)` follows them) announces it at the next tick like any move, so it never holds
+readers' minimum back; repeating an unchanged position every second would tell a reader nothing
+new. After a REPLICATE or our own (re)subscribe every stream gets its POSITION at once. Answers to
+REPLICATE are coalesced: a burst (every worker restarting at once, or a flood) gets at most one
+POSITION per stream every `REPLICATE_COALESCE_S`.
 
 A failed publish is logged and counted, not retried: the rows are in the database and the next
 POSITION (whose prev is beyond them) makes readers fetch them. Ticks also refresh the hint keys
@@ -46,6 +46,7 @@ from pubsub.ratelog import RateLimitedLog
 from pubsub.redis_transport import LINK_ERRORS
 from pubsub.streams import Stream
 from pubsub.tasks import cancel_and_wait
+from pubsub.ticks import next_run
 from pubsub.types import Row, Transport
 from pubsub.wire import Position, format_command, format_numbered_rdata, format_rdata
 
@@ -198,8 +199,8 @@ class StreamPublisher:
                 self._announce_all = False
                 last_all = now
             if tick:  # a process writing no stream has only its heartbeat to keep
-                next_tick = loop.time() + (
-                    self.announce_interval_s if self._sources else self._keepalive_every_s
+                next_tick = next_run(
+                    loop.time(), self.announce_interval_s if self._sources else self._keepalive_every_s
                 )
             await self.flush(announce=announce, keepalive=tick)
             if tick:

@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 
 from pubsub.metrics import ReplicationMetrics
 from pubsub.tasks import cancel_and_wait
+from pubsub.ticks import sleep_to_next_run
 from pubsub.types import DropFilter
 
 log = logging.getLogger(__name__)
@@ -321,7 +322,7 @@ class RedisTransport:
         """PING when quiet; cut a connection that stays mute so the read loop reconnects."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.watchdog_s / 2)
+            await sleep_to_next_run(self.watchdog_s / 2)
             quiet = loop.time() - self._last_received
             connection = pubsub.connection
             if connection is None:

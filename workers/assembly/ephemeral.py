@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from pubsub.client import ReplicationClient, ReplicationSettings
 from pubsub.streams import Stream
 from pubsub.tasks import cancel_and_wait
+from pubsub.ticks import sleep_to_next_run
 from pubsub.types import Row, UpdateFunction
 from pubsub.wire import ClearUserSync, UserSync
 from workers.config import ConfigError, WorkerConfig
@@ -260,7 +261,7 @@ class Ephemeral:
         keepalive_at = time.monotonic() + self.config.presence_keepalive_s
         connects = self.client.transport.connects
         while True:
-            await asyncio.sleep(min(SYNC_ENDS_INTERVAL_S, self.config.presence_keepalive_s))
+            await sleep_to_next_run(min(SYNC_ENDS_INTERVAL_S, self.config.presence_keepalive_s))
             await self.sync_tracker.send_due_ends()
             reconnected = self.client.transport.connects != connects
             connects = self.client.transport.connects

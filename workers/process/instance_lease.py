@@ -41,6 +41,7 @@ import asyncpg
 
 from idgen.multi_writer import DATABASE_ERRORS
 from pubsub.tasks import cancel_and_wait
+from pubsub.ticks import sleep_to_next_run
 from workers.errors import PersisterError
 from workers.process.startup_errors import NameHeld
 from workers.storage import Conn
@@ -151,7 +152,7 @@ class InstanceLease:
         loop = asyncio.get_running_loop()
         failing_since: float | None = None
         while True:
-            await asyncio.sleep(self._lease_s / 3)
+            await sleep_to_next_run(self._lease_s / 3)
             try:
                 if self._conn.is_closed():
                     self._conn = await _connect(self._database_url, self._lease_s)

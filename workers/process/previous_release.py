@@ -24,6 +24,7 @@ from typing import Any
 import asyncpg
 
 from idgen.multi_writer import DATABASE_ERRORS
+from pubsub.ticks import sleep_to_next_run
 from workers.routing import writer_for_room
 from workers.storage.migrate import previous_release_workers
 
@@ -69,7 +70,7 @@ class PreviousRelease:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._interval_s)
+            await sleep_to_next_run(self._interval_s)
             try:
                 await self.check()
             except DATABASE_ERRORS as e:

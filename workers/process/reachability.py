@@ -15,6 +15,8 @@ from typing import Any
 
 import asyncpg
 
+from pubsub.ticks import sleep_to_next_run
+
 #: The shortest time between two probes.
 MIN_INTERVAL_S = 2.0
 
@@ -41,7 +43,7 @@ class PostgresProbe:
                 raise
             except Exception as e:  # any failure is "unreachable"; the reason is reported
                 self.error = str(e) or type(e).__name__
-            await asyncio.sleep(max(self._interval_s, MIN_INTERVAL_S))
+            await sleep_to_next_run(max(self._interval_s, MIN_INTERVAL_S))
 
     async def stop(self) -> None:
         if self._task is not None:

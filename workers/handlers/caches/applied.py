@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from pubsub.tasks import cancel_and_wait
+from pubsub.ticks import sleep_to_next_run
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class AppliedRangesRecorder:
             except (OSError, asyncpg.PostgresError) as e:
                 log.warning("could not record applied ranges (%s); will retry", e)
                 self._changed.set()  # what was not written is still dirty
-            await asyncio.sleep(self._flush_interval_s)
+            await sleep_to_next_run(self._flush_interval_s)
 
     async def flush(self) -> None:
         now = int(time.time() * 1000)

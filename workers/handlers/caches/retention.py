@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 
 from idgen.multi_writer import DATABASE_ERRORS
+from pubsub.ticks import sleep_to_next_run
 
 log = logging.getLogger(__name__)
 TASK_NAME = "prune_invalidations"
@@ -67,7 +68,7 @@ class InvalidationRetentionTask:
                     log.info("pruned %d invalidation rows older than %d ms", count, cutoff)
             except DATABASE_ERRORS as e:
                 log.warning("invalidation pruning failed (%s); retrying next pass", e)
-            await asyncio.sleep(self._interval_s)
+            await sleep_to_next_run(self._interval_s)
 
     async def stop(self) -> None:
         if self._task is not None:

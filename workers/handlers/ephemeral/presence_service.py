@@ -8,12 +8,12 @@ worker keeps a `PresenceView` of the replicated rows for /sync.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+from pubsub.ticks import sleep_to_next_run
 from pubsub.wire import ClearUserSync, UserSync
 from workers.handlers.caches.change_cache import FEW_CHANGED
 from workers.handlers.ephemeral.presence import PresenceChange, PresenceTracker, PresenceView, presence_event
@@ -136,7 +136,7 @@ class PresenceService:
     async def tick_forever(self, interval_s: float = 1.0) -> None:
         """The writer's timer: expire silent processes, take idle users offline (run as a task)."""
         while True:
-            await asyncio.sleep(interval_s)
+            await sleep_to_next_run(interval_s)
             self._changed(self.tracker.tick(_now_ms()))
 
     def _changed(self, changes: list[PresenceChange]) -> None:

@@ -4,8 +4,9 @@ Every event at or below persisted-upto is persisted, whichever writer wrote it, 
 (progress, persisted_upto] in order never skips a row that a slow writer commits late. It keeps
 moving while only one writer writes because idle writers announce their positions. A page's
 statistics and the progress past it are one statement (`STEP_SQL`), so a restart resumes exactly
-where it stopped. The task works at most every `STEP_PAUSE_S` while events arrive: statistics are
-an aggregate nobody waits on, and a step per event batch cost five round trips each time.
+where it stopped. While events arrive the task works at most every `STEP_PAUSE_S` (statistics are an
+aggregate nobody waits on, and a step per event batch cost five round trips each time); at rest
+it looks on the shared clock's ticks (`pubsub.ticks`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncpg
 
 from idgen import MultiWriterIdGenerator
 from pubsub.tasks import cancel_and_wait
+from pubsub.ticks import next_run
 from workers.handlers.notify.notifier import Notifier
 
 log = logging.getLogger(__name__)
@@ -81,8 +83,10 @@ class RoomStatsTask:
             except (OSError, asyncpg.PostgresError) as e:
                 log.warning("room stats step failed (%s); retrying", e)
                 await asyncio.sleep(1.0)
-            await self._notifier.wait_for_position(1.0)
-            await asyncio.sleep(STEP_PAUSE_S)
+            now = asyncio.get_running_loop().time()
+            await self._notifier.wait_for_position(next_run(now, 1.0) - now)
+            if self._gen.get_current_token() > self.position:
+                await asyncio.sleep(STEP_PAUSE_S)  # events arrive: let a burst of them gather
 
     async def step(self) -> bool:
         """Process one page up to persisted-upto; True if there may be more."""

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from idgen.multi_writer import DATABASE_ERRORS
 from pubsub.tasks import cancel_and_wait
+from pubsub.ticks import sleep_to_next_run
 from workers.storage import device_lists as pokes
 from workers.storage import to_device as outbox
 
@@ -99,7 +100,7 @@ class FederationSenderStandIn:
                 await self.drain_if_queued()
             except DATABASE_ERRORS as e:
                 log.warning("federation sender stand-in: %s; retrying", e)
-            await asyncio.sleep(self._interval_s)
+            await sleep_to_next_run(self._interval_s)
 
     async def stop(self) -> None:
         if self._task is not None:
