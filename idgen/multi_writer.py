@@ -55,7 +55,11 @@ from idgen.startup import StartupRead, StreamTable, load_positions
 
 log = logging.getLogger(__name__)
 
-IDLE_RELEASE_S = 0.25
+#: A lane's connection goes back to the pool after this long unused. A second: a persister taking a
+#: few sends a second (0.2-0.5 s apart) kept giving its connections back between them and taking
+#: them again (a timer, a release and an acquire each time: about half a context switch per event
+#: at 10 events/s, `fanout bench live`).
+IDLE_RELEASE_S = 1.0
 #: How long `close()` waits for a delayed position upsert.
 CLOSE_UPSERT_S = 2.0
 #: What an unreachable or restarting PostgreSQL raises: a lost link, a terminated backend, a refused

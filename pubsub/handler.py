@@ -41,6 +41,10 @@ Rules (see the package docstring for why):
   position, so its token is one); rows are neither validated nor applied and there is no
   catch-up. Queued positions of one writer in a row are merged into one. A forged line can do no
   more here than a forged POSITION can on a full reader: only a configured writer's name is heard.
+  Nothing waits on these positions but the process's own announcement, made at its ticks, so a
+  position above the stream's cached bound waits for the shared clock's next tick
+  (`pubsub.ticks`) before the sequence is read: one read a second covers every line heard
+  meanwhile, where each line's read was a wake-up and a round trip of its own.
 """
 
 from __future__ import annotations

@@ -37,6 +37,11 @@ _LABELLED = {
         ("stream",),
     ),
     "reconnects": ("fanout_repl_reconnects", "(Re)subscriptions after the first", ("kind",)),
+    "witnesses": (
+        "fanout_repl_witnessed",
+        "Live lines whose token a row found stored proved, with no sequence read of their own",
+        ("stream",),
+    ),
 }
 
 
@@ -59,6 +64,8 @@ class ReplicationMetrics:
         self.catch_up_rows: dict[tuple[str, ...], int] = {}
         self.reconnects: dict[tuple[str, ...], int] = {}
         self.dependency_catch_ups: dict[tuple[str, ...], int] = {}
+        #: Lines whose token a stored row proved, without a sequence read (`Stream.witness`).
+        self.witnesses: dict[tuple[str, ...], int] = {}
         #: (stream, writer) -> 1 when the writer stopped announcing, else 0.
         self.silent: dict[tuple[str, str], int] = {}
         self.gauge_source: GaugeSource | None = None
@@ -108,6 +115,10 @@ class ReplicationMetrics:
     def dependency_catch_up(self, stream: str) -> None:
         key = (stream,)
         self.dependency_catch_ups[key] = self.dependency_catch_ups.get(key, 0) + 1
+
+    def witnessed(self, stream: str) -> None:
+        key = (stream,)
+        self.witnesses[key] = self.witnesses.get(key, 0) + 1
 
     def reconnect(self, kind: str) -> None:
         key = (kind,)

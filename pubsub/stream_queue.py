@@ -26,6 +26,7 @@ from pubsub.errors import DependencyError
 from pubsub.metrics import ReplicationMetrics
 from pubsub.ratelog import RateLimitedLog
 from pubsub.streams import ApplyCallback, Stream
+from pubsub.ticks import TICK_S, sleep_to_next_run
 from pubsub.types import PositionListener, Row
 from pubsub.wire import Position
 
@@ -189,7 +190,7 @@ class StreamQueue:
             self.disconnect(writer)
             return
         last = self._take_following(writer, token, rows)
-        if last > self._bound and not await self._within_bound(writer, last):
+        if last > self._bound and not await self._shown(writer, last, rows):
             self.disconnect(writer)  # its next POSITION (if real) catches up from the database
             return
         if last > self.announced.get(writer, 0):
@@ -230,8 +231,11 @@ class StreamQueue:
     async def _process_position(self, cmd: Position, generation: int) -> None:
         writer, stream = cmd.instance, self.stream
         self.pending.pop(writer, None)
-        if cmd.new_token > self._bound and not await self._within_bound(writer, cmd.new_token):
-            return
+        if cmd.new_token > self._bound:
+            if self.positions_only and stream.bounded and stream.known_bound() < cmd.new_token:
+                await sleep_to_next_run(TICK_S)  # see `pubsub.handler`, positions only
+            if not await self._within_bound(writer, cmd.new_token):
+                return
         if cmd.new_token > self.announced.get(writer, 0):
             self.announced[writer] = cmd.new_token
         cur = stream.current_token(writer)
@@ -330,6 +334,36 @@ class StreamQueue:
         if needed and rows[0][0] <= (cur := stream.current_token(writer)):
             rows = [r for r in rows if r[0] > cur]
         return rows
+
+    async def _shown(self, writer: str, token: int, rows: list[tuple[int, Row]]) -> bool:
+        """`_within_bound` for the last of `rows`, unless the stream's witness (`Stream.witness`)
+        finds that row stored at `token`: then the sequence reached it (only an ID handed out is
+        ever written), and the read the witness makes for its own sake (the bodies a sync worker
+        serves) stands for the sequence read. Within the same budget: a flood of forged lines
+        cannot turn into a flood of reads of either kind. A row not found, or a read that fails,
+        leaves it to the sequence."""
+        witness = self.stream.witness
+        if witness is None or self.stream.known_bound() >= token:
+            return await self._within_bound(writer, token)
+        found = witness(writer, rows)
+        if found is None:
+            return await self._within_bound(writer, token)
+        wait = self._spend_budget()
+        try:
+            if wait > 0:
+                await asyncio.sleep(wait)
+            shown = await found
+        except asyncio.CancelledError:
+            if inspect.iscoroutine(found):
+                found.close()  # cancelled before it ran: not awaited, never to be
+            raise
+        except Exception:  # the database decides through the sequence read, or says it is away
+            shown = False
+        if not shown:
+            return await self._within_bound(writer, token)
+        self._bound = max(self._bound, token)
+        self._owner.metrics.witnessed(self.stream.name)
+        return True
 
     async def _within_bound(self, writer: str, token: int) -> bool:
         """Whether `token`, above the cached bound, is one the database can show: at most the

@@ -41,7 +41,7 @@ from pydantic import ConfigDict, Field, TypeAdapter
 from pydantic_core import SchemaValidator, core_schema
 
 from pubsub.errors import StreamConfigError
-from pubsub.types import IdGenerator, Row, UpdateFunction
+from pubsub.types import IdGenerator, Row, UpdateFunction, Witness
 from pubsub.wire import NAME_PATTERN
 
 RowT = TypeVar("RowT", bound=tuple[Any, ...])
@@ -67,6 +67,7 @@ class Stream(Generic[RowT]):
         "row_type",
         "update_function",
         "width",
+        "witness",
         "writers",
     )
 
@@ -98,6 +99,11 @@ class Stream(Generic[RowT]):
             raise StreamConfigError(f"stream {name!r}: no row field {dependency_field!r} to depend on")
         #: The row field naming the `(writer, token)` a row depends on (see the module docstring).
         self.dependency_index = None if dependency_field is None else fields.index(dependency_field)
+        #: Set by a reader that reads a stream's rows from the database anyway (the events' bodies,
+        #: for its long-polls): a row found stored at its token proves that token within the
+        #: sequence, in the same read, so the reader's queue skips the sequence read for it
+        #: (`StreamQueue`, "the bound"). None: the sequence decides alone.
+        self.witness: Witness | None = None
         hints = get_type_hints(row_type, include_extras=True)
         field_types = tuple(hints[f] for f in fields)
         field_defaults: dict[str, object] = getattr(row_type, "_field_defaults", {})
@@ -114,6 +120,11 @@ class Stream(Generic[RowT]):
     def advance(self, instance: str, token: int) -> None:
         """Tell the generator `instance` reached wire `token` (monotone: never moves back)."""
         self.generator.advance(instance, token if self.positive else -token)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether a sequence bounds this stream's tokens (`max_token` can read one)."""
+        return getattr(self.generator, "get_max_allocated_token", None) is not None
 
     async def max_token(self) -> int | None:
         """The highest wire token any writer of this stream can have reached: the sequence's last

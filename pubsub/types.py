@@ -30,6 +30,10 @@ Row = tuple[Any, ...]
 PositionListener = Callable[[str, str, int], Awaitable[None] | None]
 #: (instance, from_token exclusive, to_token inclusive, limit) -> [(token, row)] sorted by token.
 UpdateFunction = Callable[[str, int, int, int], Awaitable[Sequence[tuple[int, Any]]]]
+#: (instance, the rows of one apply, the last one's token last): None when it declines (nothing
+#: read), else an awaitable of whether the database holds that last row at its token, written by
+#: that instance (see `Stream.witness`).
+Witness = Callable[[str, Sequence[tuple[int, Any]]], Awaitable[bool] | None]
 #: (message number since start, counting from 0) -> True to drop that publish (fault-injection hook).
 DropFilter = Callable[[int], bool]
 

@@ -56,7 +56,7 @@ from workers.handlers.stored.federation_sender import FederationSenderStandIn
 from workers.handlers.sync.filter import PATTERN_CACHE
 from workers.handlers.sync.handler import SyncHandler, SyncObservers
 from workers.handlers.sync.messages import Messages
-from workers.handlers.sync.recent_events import RecentEvents
+from workers.handlers.sync.recent_events import RecentEvents, StoredWitness
 from workers.http.auth import token_loader
 from workers.http.federation_client import FederationClient
 from workers.http.health import CacheCollector, CacheStats, ReadinessCollector
@@ -201,8 +201,11 @@ class Worker:
                 self.notifier, lambda: self.generators[EVENTS].get_current_token_for_writer(self.name)
             ),
         )
+        events = events_stream(self.pool, self.generators[EVENTS], self.config.writers_of(EVENTS))
+        if config.serve_reads:
+            events.witness = StoredWitness(self.sync.bodies, self.notifier.watching)
         streams: list[Stream[Any]] = [
-            events_stream(self.pool, self.generators[EVENTS], self.config.writers_of(EVENTS)),
+            events,
             backfill_stream(self.pool, self.generators[BACKFILL], self.config.writers_of(BACKFILL)),
             caches_stream(self.pool, self.generators[CACHES], self.config.writers_of(CACHES)),
             *self.stored.streams(),

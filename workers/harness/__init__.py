@@ -37,6 +37,8 @@ The others:
   pairs, the rules and the check): a pair of changes to one user, sent at the ...
 * `redis_cluster_faults.py`: Faults of a Redis Cluster, done for real: a slot migrated to another
   shard, a primary killed
+* `written.py`: What the writers have written, read from the database, and whether a reader's
+  token reached it (where the load waits for its readers)
 * `containers/`: `make containers`: the stack's images built here and its containers run on a real
   Docker engine
 """

@@ -33,12 +33,12 @@ from pathlib import Path
 import aiohttp
 
 from workers.harness.cluster_client import ClusterClient, RequestRefused
-from workers.harness.history import stream_token
 from workers.harness.laggard import LagClock, LaggardReader
 from workers.harness.load_check import LoadReport, verify_load
 from workers.harness.race_load import MembershipRacer
 from workers.harness.sync_reader import SyncReader
-from workers.storage import Conn, connect
+from workers.harness.written import covers, written_positions
+from workers.storage import connect
 
 Progress = Callable[[int, int, str], None]
 
@@ -392,7 +392,7 @@ class LoadDriver:
         instance_ids: dict[str, int] = {}
 
         def caught_up(token: str) -> bool:
-            return bool(target) and _covers(token, target, instance_ids)
+            return bool(target) and covers(token, target, instance_ids)
 
         readers = [
             asyncio.create_task(r.run(stop, caught_up, plan.sync_timeout_ms))
@@ -430,7 +430,7 @@ class LoadDriver:
             self.report.seconds = time.monotonic() - started
             self.report.actions = done
             async with connect(self.database_url) as conn:
-                final, ids = await _written_positions(conn)
+                final, ids = await written_positions(conn)
                 writer_of = await conn.fetch(
                     "SELECT event_id, instance_name FROM events WHERE event_id = ANY($1::text[])",
                     [e for e, _ in self.sends_via],
@@ -458,11 +458,11 @@ class LoadDriver:
         clients are online before the load, as users are. Otherwise the load's first messages
         wait behind those answers, and the latency figures measure the setup's catch-up."""
         async with connect(self.database_url) as conn:
-            setup, instance_ids = await _written_positions(conn)
+            setup, instance_ids = await written_positions(conn)
         following = [r for r in self.readers + self.probes if not isinstance(r, LaggardReader)]
         deadline = time.monotonic() + SETUP_READ_S
         while time.monotonic() < deadline and not all(
-            r.token is not None and _covers(r.token, setup, instance_ids) for r in following
+            r.token is not None and covers(r.token, setup, instance_ids) for r in following
         ):
             for task in readers:
                 if task.done():
@@ -480,6 +480,8 @@ class LoadDriver:
         path.write_text(json.dumps(data))
 
 
+#: The longest the load waits for the readers to read what the setup wrote.
+SETUP_READ_S = 30.0
 #: The pause of every fourth reader before each sync.
 SLOW_READER_PAUSE_S = 0.5
 UNKNOWN = "?"
@@ -494,40 +496,3 @@ CHURN_MOVES: dict[str | None, list[tuple[str, str]]] = {
     "join": [("me", "leave"), ("owner", "kick"), ("owner", "ban")],
     "ban": [("owner", "unban")],
 }
-
-#: The longest the load waits for the readers to read what the setup wrote.
-SETUP_READ_S = 30.0
-#: The stored streams whose final positions the readers must reach before the check.
-STORED_TARGETS = ("account_data", "device_lists", "to_device", "receipts")
-
-
-async def _written_positions(conn: Conn) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """What every writer has written so far: stream -> writer -> position (the events stream's
-    highest live ordering per writer, the stored streams' positions as upserted after their
-    writes finish), and the writers' instance ids."""
-    records = await conn.fetch(
-        "SELECT instance_name, max(stream_ordering) AS m FROM events WHERE stream_ordering > 0"
-        " GROUP BY instance_name"
-    )
-    instance_ids = {
-        r["instance_name"]: r["instance_id"] for r in await conn.fetch("SELECT * FROM instance_map")
-    }
-    positions = await conn.fetch(
-        "SELECT stream_name, instance_name, stream_id FROM stream_positions"
-        " WHERE stream_name = ANY($1::text[])",
-        list(STORED_TARGETS),
-    )
-    target: dict[str, dict[str, int]] = {"events": {r["instance_name"]: r["m"] for r in records}}
-    for r in positions:
-        target.setdefault(r["stream_name"], {})[r["instance_name"]] = r["stream_id"]
-    return target, instance_ids
-
-
-def _covers(token: str, target: dict[str, dict[str, int]], instance_ids: dict[str, int]) -> bool:
-    """Whether each of `token`'s components is at or past every writer's final position."""
-    for stream, positions in target.items():
-        component = stream_token(token, stream)
-        for name, position in positions.items():
-            if component.get_stream_pos_for_instance(str(instance_ids[name])) < position:
-                return False
-    return True

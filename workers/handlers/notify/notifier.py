@@ -124,6 +124,10 @@ class Notifier:
             if not waiters:
                 del index[key]
 
+    def watching(self, room_id: str) -> bool:
+        """Whether a long-poll waits on `room_id` now."""
+        return room_id in self._by_room
+
     def add_listener(self, listener: Callable[[frozenset[str], frozenset[str]], None]) -> None:
         """Called synchronously on every notify with (rooms, users), before waiters run."""
         self._listeners.append(listener)

@@ -26,7 +26,7 @@ import asyncio
 import bisect
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 import asyncpg
@@ -186,6 +186,33 @@ class RecentEvents:
 
     def __len__(self) -> int:
         return len(self._refs)
+
+
+class StoredWitness:
+    """The events stream's witness (`pubsub.streams.Stream.witness`) on a worker that serves
+    reads: when a long-poll waits on a room of a line's rows, the rows' bodies are read as the line
+    arrives, before the rows apply and the polls wake (they find them here, not in a read of their
+    own), and the last row found at its token, from its writer, proves the token within the
+    sequence. A line no poll waits for declines (the sequence read is cheaper than bodies nobody
+    asked for: a busy writer's lines cover a budget of reads each)."""
+
+    __slots__ = ("_bodies", "_watching")
+
+    def __init__(self, bodies: EventBodies, watching: Callable[[str], bool]) -> None:
+        self._bodies = bodies
+        self._watching = watching
+
+    def __call__(self, writer: str, rows: Sequence[tuple[int, Sent]]) -> Awaitable[bool] | None:
+        watching = self._watching
+        if not any(watching(row.room_id) for _, row in rows):
+            return None
+        return self._stored(writer, rows)
+
+    async def _stored(self, writer: str, rows: Sequence[tuple[int, Sent]]) -> bool:
+        found = await self._bodies.get([row.event_id for _, row in rows])
+        token, last = rows[-1]
+        event = found.get(last.event_id)
+        return event is not None and event.stream_ordering == token and event.instance_name == writer
 
 
 def ref_of(event: Event) -> EventRef:

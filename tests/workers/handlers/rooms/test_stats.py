@@ -62,5 +62,7 @@ async def test_pages_count_each_event_once_and_a_restart_resumes(
     assert not await again.step() and again.processed == 1
     assert (await _stats(database_url))[room] == (6, state[room], 2)
     async with writer.pool.acquire() as conn:
-        stored = await conn.fetchval("SELECT position FROM background_progress WHERE task_name = $1", TASK_NAME)
+        stored = await conn.fetchval(
+            "SELECT position FROM background_progress WHERE task_name = $1", TASK_NAME
+        )
     assert stored == again.position

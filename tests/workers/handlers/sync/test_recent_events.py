@@ -7,13 +7,17 @@ import asyncio
 import random
 import time
 
+import aiohttp
 import asyncpg
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.pubsub.conftest import wait_for
+from tests.workers.conftest import MakeWorker, client_for
 from workers.handlers.sync import recent_events
 from workers.handlers.sync.recent_events import EventBodies, EventRef, RecentEvents
+from workers.harness.cluster_client import timeline_events
 from workers.model import NewEvent
 from workers.storage.events import insert_batch
 
@@ -113,3 +117,33 @@ async def test_concurrent_syncs_read_each_body_once(db_pool: asyncpg.Pool) -> No
     assert bodies.reads <= 2  # one read; "$missing" again by whoever waited for it
     assert await bodies.get(["$one"]) == {"$one": event} and bodies.reads <= 2
     assert bodies.misses == 400 and bodies.hits == 1 and len(bodies) == 1  # waiting for a read: a miss
+
+
+async def test_a_line_for_a_watched_room_is_proven_by_its_body_read_before_the_wake(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """`StoredWitness` on a sync worker: with a long-poll parked on the room, the event's body is
+    read as its line arrives and proves its token (no sequence read), so the woken answer reads no
+    body of its own; with no poll parked, the sequence decides and nothing is read ahead."""
+    writer = await make_worker("p1", ["p1"], serve_reads=False)
+    reader = await make_worker("s1", ["p1"])
+    alice, bob = client_for(http, [writer, reader], ["p1"]), client_for(http, [writer, reader], ["p1"])
+    await alice.register("@witness-alice")
+    await bob.register("@witness-bob")
+    room = await alice.create_room("public", via="p1")
+    await bob.membership(room, "join", via="p1")
+    since = (await bob.sync("s1"))["next_batch"]
+    witnessed = reader.replication.metrics.value
+    before = witnessed("fanout_repl_witnessed_total")
+    poll = asyncio.create_task(bob.sync("s1", since, 10_000))
+    await wait_for(lambda: reader.notifier.watching(room), what="bob's poll parked")
+    reads = reader.sync.bodies.reads
+    sent = await alice.send(room, "m.room.message", {"body": "seen"}, via="p1")
+    answer = await poll
+    assert sent["event_id"] in [e["event_id"] for e in timeline_events(answer)]
+    assert witnessed("fanout_repl_witnessed_total") == before + 1
+    assert reader.sync.bodies.reads == reads + 1  # the line's read: the answer found the body here
+
+    await alice.send(room, "m.room.message", {"body": "unwatched"}, via="p1")
+    await asyncio.sleep(0.3)
+    assert witnessed("fanout_repl_witnessed_total") == before + 1
