@@ -10,6 +10,7 @@ sync workers (tokens must carry over), and records each answer (its timelines, i
 and knocks, and which rooms it listed under which section); every fourth reader pauses between
 syncs, as a client on a slow network does, so its windows span whole churns. One probe user per sync worker,
 in every room, timestamps arrivals to measure persist-to-visible latency on every sync worker.
+The actions start once every reader but the laggards has read what the setup wrote.
 With `with_racing_clients` (the demo and `make chaos`), the clients that found issue 42's races
 join in: pairs of membership changes to one user sent at once through two workers
 (`workers.harness.race_load`), every other reader moving to another sync worker at each request,
