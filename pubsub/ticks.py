@@ -6,7 +6,7 @@ the silent-writer log, the previous-release check, the database probe, the prese
 the instance lease). Each sleeping its own interval from its own start, they woke the process
 about ten times a second at rest; on a small virtual machine a wake-up costs more than the work
 most of them do. Ending every such sleep on the same whole seconds makes them run in the same
-loop turns: an idle worker's context switches fell from 9.5-10.3 to 7.0-7.7 a second
+loop turns: an idle worker's context switches fell from 9.5-10.3 to 3.2-3.5 a second
 (docs/performance.md, "A quiet second").
 
 A period is the longest time between two runs, never exceeded: a run comes at the last whole
@@ -34,8 +34,12 @@ def next_run(now: float, period_s: float) -> float:
     return at if at > now else now + period_s
 
 
+def until_next_run(period_s: float) -> float:
+    """Seconds from now to `next_run(now, period_s)`: a wait's timeout on the shared clock."""
+    now = asyncio.get_running_loop().time()
+    return next_run(now, period_s) - now
+
+
 async def sleep_to_next_run(period_s: float) -> None:
     """Sleep until `next_run(now, period_s)`."""
-    loop = asyncio.get_running_loop()
-    now = loop.time()
-    await asyncio.sleep(next_run(now, period_s) - now)
+    await asyncio.sleep(until_next_run(period_s))

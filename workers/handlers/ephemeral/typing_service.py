@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pubsub.ticks import next_run
+from pubsub.ticks import until_next_run
 from workers.handlers.ephemeral.typing import MAX_TIMEOUT_MS, TypingChange, TypingRooms, TypingView
 from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable, fetch_stream_rows
 from workers.streams.memory import MemoryPositions, StreamHistory
@@ -113,8 +113,7 @@ class TypingService:
         while True:
             next_ms = self.rooms.next_expiry_ms()
             if next_ms is None:  # nothing to end: look again on the shared clock's next tick
-                now = asyncio.get_running_loop().time()
-                wait_s = next_run(now, 1.0) - now
+                wait_s = until_next_run(1.0)
             else:
                 wait_s = max(0.0, min(1.0, (next_ms - _now_ms()) / 1000))
             self._poke.clear()

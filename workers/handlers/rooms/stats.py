@@ -19,7 +19,7 @@ import asyncpg
 
 from idgen import MultiWriterIdGenerator
 from pubsub.tasks import cancel_and_wait
-from pubsub.ticks import next_run
+from pubsub.ticks import until_next_run
 from workers.handlers.notify.notifier import Notifier
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,7 @@ class RoomStatsTask:
             except (OSError, asyncpg.PostgresError) as e:
                 log.warning("room stats step failed (%s); retrying", e)
                 await asyncio.sleep(1.0)
-            now = asyncio.get_running_loop().time()
-            await self._notifier.wait_for_position(next_run(now, 1.0) - now)
+            await self._notifier.wait_for_position(until_next_run(1.0))
             if self._gen.get_current_token() > self.position:
                 await asyncio.sleep(STEP_PAUSE_S)  # events arrive: let a burst of them gather
 
