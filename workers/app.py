@@ -203,7 +203,12 @@ class Worker:
         )
         events = events_stream(self.pool, self.generators[EVENTS], self.config.writers_of(EVENTS))
         if config.serve_reads:
-            events.witness = StoredWitness(self.sync.bodies, self.notifier.watching)
+            notifier, stored = self.notifier, self.stored
+            events.witness = StoredWitness(
+                self.sync.bodies,
+                notifier.watching,
+                lambda rooms: stored.one_time_keys.counts_ahead(notifier.devices_on(rooms)),
+            )
         streams: list[Stream[Any]] = [
             events,
             backfill_stream(self.pool, self.generators[BACKFILL], self.config.writers_of(BACKFILL)),

@@ -41,10 +41,17 @@ class Waiter:
     a sync worker holds ten thousand of them (an Event and `wait_for` cost a task and a second
     future each)."""
 
-    __slots__ = ("_future", "_notifier", "rooms", "user_id", "woken", "woken_at")
+    __slots__ = ("_future", "_notifier", "device_id", "rooms", "user_id", "woken", "woken_at")
 
-    def __init__(self, user_id: str, rooms: frozenset[str], notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        user_id: str,
+        rooms: frozenset[str],
+        notifier: Notifier | None = None,
+        device_id: str | None = None,
+    ) -> None:
         self.user_id = user_id
+        self.device_id = device_id
         self.rooms = rooms
         self.woken = False
         #: time.monotonic() of the notify that woke it (for the wake-latency histogram).
@@ -102,9 +109,10 @@ class Notifier:
         #: Bumped on every notify and position move; lets a reader see it missed one.
         self.generation = 0
 
-    def waiter(self, user_id: str, rooms: frozenset[str]) -> Waiter:
-        """A waiter for `user_id` and `rooms`, registered while its `with` block runs."""
-        return Waiter(user_id, rooms, self)
+    def waiter(self, user_id: str, rooms: frozenset[str], device_id: str | None = None) -> Waiter:
+        """A waiter for `user_id` (its `device_id`) and `rooms`, registered while its `with` block
+        runs."""
+        return Waiter(user_id, rooms, self, device_id)
 
     def register(self, waiter: Waiter) -> None:
         self._by_user.setdefault(waiter.user_id, set()).add(waiter)
@@ -127,6 +135,16 @@ class Notifier:
     def watching(self, room_id: str) -> bool:
         """Whether a long-poll waits on `room_id` now."""
         return room_id in self._by_room
+
+    def devices_on(self, rooms: Iterable[str]) -> set[tuple[str, str]]:
+        """The (user, device) of the long-polls waiting on any of `rooms` that name a device."""
+        by_room = self._by_room
+        return {
+            (w.user_id, w.device_id)
+            for room in rooms
+            for w in by_room.get(room, ())
+            if w.device_id is not None and not w.woken
+        }
 
     def add_listener(self, listener: Callable[[frozenset[str], frozenset[str]], None]) -> None:
         """Called synchronously on every notify with (rooms, users), before waiters run."""

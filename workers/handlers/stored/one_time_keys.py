@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,9 @@ from workers.storage.one_time_keys import ClaimedKey, KeyConflict, UploadedKey
 
 #: Longest algorithm name or key id taken (both are short identifiers in every known algorithm).
 MAX_NAME = 255
+#: How long a count read asked for ahead waits to be taken (its answer is usually made within a
+#: few milliseconds: the line that asked for it applies, and the polls wake).
+AHEAD_KEEP_NS = 2_000_000_000
 #: The caches-stream name of a device's key counts (Synapse's); its keys are `counts_key`s.
 KEY_COUNTS_CACHE = "count_e2e_one_time_keys"
 
@@ -113,15 +116,43 @@ class CountReads:
     one statement (`store.key_counts_of`), so the many answers of one wake cost one query.
 
     A read never joins a statement already sent: that one may have started before the change the
-    asker has been told of (a claim answered 200 to another client) committed."""
+    asker has been told of (a claim answered 200 to another client) committed. The exception is a
+    read asked for ahead (`ahead`: a line for a room the device's long-poll waits on arrived, so
+    its answer will want the counts): an asker whose request started before that read was asked
+    for (`read`'s `since_ns`) takes it, since the read then began after anything the asker had been
+    told of; the line's arrival and its answer then cost one wake of the worker, not two."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
         self._waiting: dict[tuple[str, str], asyncio.Future[KeyCounts]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: device -> (time.monotonic_ns() when it was asked for, the read) of reads asked for ahead,
+        #: oldest first; each is taken once, or dropped after `AHEAD_KEEP_NS`.
+        self._ahead: dict[tuple[str, str], tuple[int, asyncio.Future[KeyCounts]]] = {}
+        #: Statements sent, and reads asked for ahead that an answer took.
+        self.statements = self.taken_ahead = 0
 
-    def read(self, user_id: str, device_id: str) -> asyncio.Future[KeyCounts]:
+    def ahead(self, devices: Iterable[tuple[str, str]]) -> None:
+        """Read these devices' counts in this turn's statement, for answers about to be made."""
+        now = time.monotonic_ns()
+        kept = self._ahead
+        while kept:
+            oldest = next(iter(kept))
+            if kept[oldest][0] >= now - AHEAD_KEEP_NS:
+                break
+            del kept[oldest]
+        for device in devices:
+            kept.pop(device, None)
+            kept[device] = (now, self.read(*device))
+
+    def read(self, user_id: str, device_id: str, since_ns: int = 0) -> asyncio.Future[KeyCounts]:
+        """The device's counts as committed after this call, or after `since_ns` (the
+        time.monotonic_ns() at which the asker's request started) when a read asked for ahead
+        since then has them."""
         device = (user_id, device_id)
+        if since_ns and (early := self._ahead.pop(device, None)) is not None and early[0] > since_ns:
+            self.taken_ahead += 1
+            return early[1]
         future = self._waiting.get(device)
         if future is None:
             if not self._waiting:
@@ -131,6 +162,7 @@ class CountReads:
 
     def _send(self) -> None:
         waiting, self._waiting = self._waiting, {}
+        self.statements += 1
         task = asyncio.create_task(self._fetch(waiting), name="key-counts")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -188,9 +220,13 @@ class OneTimeKeys:
             raise ValueError("the device_lists writer answered without key counts")
         return KeyCounts(counts, fallback)
 
-    def counts(self, user_id: str, device_id: str) -> asyncio.Future[KeyCounts]:
-        """The device's counts as committed now (`CountReads`)."""
-        return self._reads.read(user_id, device_id)
+    def counts(self, user_id: str, device_id: str, since_ns: int = 0) -> asyncio.Future[KeyCounts]:
+        """The device's counts as committed now, or after `since_ns` (`CountReads.read`)."""
+        return self._reads.read(user_id, device_id, since_ns)
+
+    def counts_ahead(self, devices: Iterable[tuple[str, str]]) -> None:
+        """Start reading these devices' counts for answers about to be made (`CountReads.ahead`)."""
+        self._reads.ahead(devices)
 
     async def claim(self, wanted: Sequence[tuple[str, str, str]]) -> list[ClaimedKey]:
         """One key per (user, device, algorithm) that has one (see `store.claim_keys`), claimed on

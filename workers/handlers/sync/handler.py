@@ -252,6 +252,7 @@ class SyncHandler:
         a malformed token."""
         self.syncs += 1
         started = time.monotonic()
+        started_ns = time.monotonic_ns()
         sync_filter = sync_filter or SyncFilter()
         if since_text is None:
             return await self._initial(user_id, device_id, sync_filter)
@@ -276,12 +277,12 @@ class SyncHandler:
             moved = self._notifier.generation
             now, quiet = self._now(since)
             user_rooms = await self._caches.rooms_for_user.get(user_id)
-            with self._notifier.waiter(user_id, user_rooms.rooms) as waiter:
+            with self._notifier.waiter(user_id, user_rooms.rooms, device_id) as waiter:
                 if quiet and not full_state and not self._owes_clean_up(user_id, device_id, since):
                     # No stream moved past `since`: every window is empty, for every user.
                     if timed_out or clock() >= deadline or self.closing:
                         next_batch = since_text if since is given else await self.encode(since)
-                        body = await self._nothing_new(next_batch, user_id, device_id)
+                        body = await self._nothing_new(next_batch, user_id, device_id, started_ns)
                         return self._answered(_kind(False, None, timeout_s), started, body)
                     if self._notifier.generation == moved:
                         timed_out = not await waiter.wait(deadline)
@@ -292,7 +293,7 @@ class SyncHandler:
                 stored, now = await self._stored(user_id, device_id, user_rooms, since, now, events)
                 due = timed_out or clock() >= deadline
                 if events or typing or presence or stored or full_state or due or self.closing:
-                    await self._add_key_counts(stored, user_id, device_id)
+                    await self._add_key_counts(stored, user_id, device_id, started_ns)
                     body = await self._window_answer(
                         user_id, user_rooms, sync_filter, full_state, events, typing, presence, stored, now
                     )
@@ -344,13 +345,15 @@ class SyncHandler:
     def _owes_clean_up(self, user_id: str, device_id: str | None, since: SyncToken) -> bool:
         return self.stored is not None and self.stored.owes_clean_up(user_id, device_id, since)
 
-    async def _nothing_new(self, next_batch: str, user_id: str, device_id: str | None) -> dict[str, Any]:
+    async def _nothing_new(
+        self, next_batch: str, user_id: str, device_id: str | None, started_ns: int
+    ) -> dict[str, Any]:
         """The answer of a window in which no stream moved: the empty sections and the device's
         key counts (what the full path answers for it, without building it)."""
         body = empty_response(next_batch)
         if self.stored is not None and device_id is not None:
             stored = StoredUpdates()
-            await self.stored.add_key_counts(stored, user_id, device_id)
+            await self.stored.add_key_counts(stored, user_id, device_id, started_ns)
             body["device_one_time_keys_count"] = stored.one_time_key_counts
             body["device_unused_fallback_key_types"] = stored.unused_fallback_key_types
         return body
@@ -439,9 +442,11 @@ class SyncHandler:
             return StoredUpdates(), now
         return await self.stored.collect(user_id, device_id, user_rooms, since, now, events)
 
-    async def _add_key_counts(self, stored: StoredUpdates, user_id: str, device_id: str | None) -> None:
+    async def _add_key_counts(
+        self, stored: StoredUpdates, user_id: str, device_id: str | None, started_ns: int = 0
+    ) -> None:
         if self.stored is not None and device_id is not None:
-            await self.stored.add_key_counts(stored, user_id, device_id)
+            await self.stored.add_key_counts(stored, user_id, device_id, started_ns)
 
     async def _ephemeral(
         self,

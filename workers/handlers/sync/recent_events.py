@@ -194,18 +194,31 @@ class StoredWitness:
     arrives, before the rows apply and the polls wake (they find them here, not in a read of their
     own), and the last row found at its token, from its writer, proves the token within the
     sequence. A line no poll waits for declines (the sequence read is cheaper than bodies nobody
-    asked for: a busy writer's lines cover a budget of reads each)."""
+    asked for: a busy writer's lines cover a budget of reads each).
 
-    __slots__ = ("_bodies", "_watching")
+    `ahead`, when given, is called in the same turn with the rooms watched: the answers the line
+    will wake want more than the bodies (the devices' key counts), and their reads sent beside the
+    bodies' come back in the same wake of the worker."""
 
-    def __init__(self, bodies: EventBodies, watching: Callable[[str], bool]) -> None:
+    __slots__ = ("_ahead", "_bodies", "_watching")
+
+    def __init__(
+        self,
+        bodies: EventBodies,
+        watching: Callable[[str], bool],
+        ahead: Callable[[set[str]], None] | None = None,
+    ) -> None:
         self._bodies = bodies
         self._watching = watching
+        self._ahead = ahead
 
     def __call__(self, writer: str, rows: Sequence[tuple[int, Sent]]) -> Awaitable[bool] | None:
         watching = self._watching
-        if not any(watching(row.room_id) for _, row in rows):
+        rooms = {row.room_id for _, row in rows if watching(row.room_id)}
+        if not rooms:
             return None
+        if self._ahead is not None:
+            self._ahead(rooms)
         return self._stored(writer, rows)
 
     async def _stored(self, writer: str, rows: Sequence[tuple[int, Sent]]) -> bool:

@@ -91,7 +91,7 @@ class StoredSections:
         changes: dict[str, StreamChangeCache],
         generators: dict[str, MultiWriterIdGenerator],
         inbox: ToDeviceInbox,
-        key_counts: Callable[[str, str], Awaitable[KeyCounts]],
+        key_counts: Callable[[str, str, int], Awaitable[KeyCounts]],
     ) -> None:
         self._pool = pool
         self._key_counts = key_counts
@@ -125,10 +125,13 @@ class StoredSections:
             await self._device_lists(updates, user_id, joined, since, now, events)
         return updates, now
 
-    async def add_key_counts(self, updates: StoredUpdates, user_id: str, device_id: str) -> None:
+    async def add_key_counts(
+        self, updates: StoredUpdates, user_id: str, device_id: str, started_ns: int = 0
+    ) -> None:
         """The device's one-time key counts and unused fallback key types, when an answer is made
-        (not by a long-poll that parks: the counts are no news)."""
-        counts = await self._key_counts(user_id, device_id)
+        (not by a long-poll that parks: the counts are no news); as committed after the request
+        started at `started_ns` (time.monotonic_ns(); 0: after this call), see `CountReads`."""
+        counts = await self._key_counts(user_id, device_id, started_ns)
         updates.one_time_key_counts = counts.one_time
         updates.unused_fallback_key_types = counts.unused_fallback
 
