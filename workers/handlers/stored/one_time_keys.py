@@ -120,7 +120,7 @@ class CountReads:
     read asked for ahead (`ahead`: a line for a room the device's long-poll waits on arrived, so
     its answer will want the counts): an asker whose request started before that read was asked
     for (`read`'s `since_ns`) takes it, since the read then began after anything the asker had been
-    told of; the line's arrival and its answer then cost one wake of the worker, not two."""
+    told of, and the answer does not wait for a statement of its own after the wake."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool

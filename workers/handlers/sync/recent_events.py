@@ -197,8 +197,8 @@ class StoredWitness:
     asked for: a busy writer's lines cover a budget of reads each).
 
     `ahead`, when given, is called in the same turn with the rooms watched: the answers the line
-    will wake want more than the bodies (the devices' key counts), and their reads sent beside the
-    bodies' come back in the same wake of the worker."""
+    will wake want more than the bodies (the devices' key counts), read beside the bodies' so that
+    the woken answers find them under way or done."""
 
     __slots__ = ("_ahead", "_bodies", "_watching")
 
