@@ -46,6 +46,8 @@ class ReplicationSettings:
     channel_prefix: str = "fanout"
     per_stream_channels: bool = False
     sharded_pubsub: bool = False
+    #: Read a reply to every publish on one server (else `CLIENT REPLY OFF`, see `RedisTransport`).
+    publish_replies: bool = False
     announce_interval_s: float = 1.0
     silent_writer_intervals: int = 5
     max_line_bytes: int = 1 << 20
@@ -62,6 +64,7 @@ class ReplicationSettings:
             "channel_prefix": config.channel_prefix,
             "per_stream_channels": config.per_stream_channels,
             "sharded_pubsub": config.sharded_pubsub,
+            "publish_replies": config.publish_replies,
             "announce_interval_s": config.position_announce_interval_s,
             "silent_writer_intervals": config.silent_writer_intervals,
             "max_line_bytes": config.max_line_bytes,
@@ -146,7 +149,7 @@ class ReplicationClient:
         }
         if settings.redis_cluster:
             return RedisClusterTransport(settings.redis_cluster, home=settings.instance_name, **links)
-        return RedisTransport(settings.redis_url, **links)
+        return RedisTransport(settings.redis_url, quiet_publish=not settings.publish_replies, **links)
 
     def channels(self) -> list[str]:
         """The channels this process subscribes to: the base one plus read streams' own."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from pubsub import keys
+from pubsub.redis_transport import RedisTransport
 from tests.conftest import RedisTarget, both_backends
 from tests.pubsub.conftest import STREAM, NodeFactory, check_history, wait_for
 
@@ -237,3 +240,42 @@ async def test_a_write_whose_commit_is_unknown_is_fetched_by_readers(make_node: 
     await wait_for(lambda: reader.applied_count() == 5, what="the unknown row fetched, the rest published")
     check_history(reader.applied, {"w1": writer.written})
     assert reader.metric("fanout_repl_catch_up_rows_total", stream=STREAM) >= 1
+
+
+async def test_publishes_ask_for_no_replies_and_survive_their_link_being_killed(
+    make_node: NodeFactory, redis_url: str
+) -> None:
+    """On one server the writer's publishes go out after `CLIENT REPLY OFF`: nothing comes back
+    to read on their link. When the server drops that link, the next publish reconnects and asks
+    again, and every row still reaches the reader in order."""
+    reader = await make_node("r1")
+    writer = await make_node("w1")
+    transport = writer.client.transport
+    assert isinstance(transport, RedisTransport) and transport._quiet is not None
+    admin = aioredis.Redis.from_url(redis_url)
+
+    async def quiet_link() -> tuple[str, Any]:
+        """The address Redis knows the writer's publishing link by, and the link; once it has
+        sat for a while, nothing came back on it."""
+        pool = transport._quiet
+        assert pool is not None
+        await asyncio.sleep(0.1)
+        await wait_for(lambda: len(pool._available_connections) == 1, what="the link not in use")
+        [connection] = pool._available_connections
+        assert not pool._in_use_connections and not await connection.can_read()
+        host, port = connection._writer.get_extra_info("sockname")[:2]
+        return f"{host}:{port}", connection
+
+    try:
+        await writer.write_many(50)
+        await wait_for(lambda: reader.applied_count() == 50, what="rows published without replies")
+        addr, _ = await quiet_link()
+        assert [c["cmd"] for c in await admin.client_list() if c["addr"] == addr] == ["publish"]
+        assert await admin.client_kill_filter(addr=addr) == 1
+        await writer.write_many(50)
+        await wait_for(lambda: reader.applied_count() == 100, what="rows after the link was killed")
+        again, _ = await quiet_link()
+        assert again != addr
+        check_history(reader.applied, {"w1": writer.written})
+    finally:
+        await admin.aclose()

@@ -42,6 +42,26 @@ async def test_acl_user_in_the_url(make_node: NodeFactory, redis_url: str) -> No
         await admin.aclose()
 
 
+async def test_an_acl_user_refused_client_reply_still_replicates(
+    make_node: NodeFactory, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user whose ACL leaves CLIENT REPLY out: the writer is told no on its first publish, says
+    so once, and from then on reads each publish's replies; every row still gets through."""
+    user, password = f"fanout-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    admin = aioredis.from_url(redis_url)
+    await admin.execute_command(
+        "ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all", "-client|reply"
+    )
+    try:
+        host_port = redis_url.split("://", 1)[1]
+        await _replicates(make_node, f"redis://{user}:{password}@{host_port}")
+        refused = [r for r in caplog.records if "refused CLIENT REPLY" in r.getMessage()]
+        assert len(refused) == 2, refused  # the reader's first publish (REPLICATE), the writer's
+    finally:
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
+
+
 @pytest.fixture
 def tls_redis(tmp_path: Path) -> Iterator[str]:
     try:
