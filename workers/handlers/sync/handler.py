@@ -282,7 +282,7 @@ class SyncHandler:
                     # No stream moved past `since`: every window is empty, for every user.
                     if timed_out or clock() >= deadline or self.closing:
                         next_batch = since_text if since is given else await self.encode(since)
-                        body = await self._nothing_new(next_batch, user_id, device_id, started_ns)
+                        body = await self._nothing_new(next_batch, user_id, device_id)
                         return self._answered(_kind(False, None, timeout_s), started, body)
                     if self._notifier.generation == moved:
                         timed_out = not await waiter.wait(deadline)
@@ -345,15 +345,13 @@ class SyncHandler:
     def _owes_clean_up(self, user_id: str, device_id: str | None, since: SyncToken) -> bool:
         return self.stored is not None and self.stored.owes_clean_up(user_id, device_id, since)
 
-    async def _nothing_new(
-        self, next_batch: str, user_id: str, device_id: str | None, started_ns: int
-    ) -> dict[str, Any]:
+    async def _nothing_new(self, next_batch: str, user_id: str, device_id: str | None) -> dict[str, Any]:
         """The answer of a window in which no stream moved: the empty sections and the device's
         key counts (what the full path answers for it, without building it)."""
         body = empty_response(next_batch)
         if self.stored is not None and device_id is not None:
             stored = StoredUpdates()
-            await self.stored.add_key_counts(stored, user_id, device_id, started_ns)
+            await self.stored.add_key_counts(stored, user_id, device_id)
             body["device_one_time_keys_count"] = stored.one_time_key_counts
             body["device_unused_fallback_key_types"] = stored.unused_fallback_key_types
         return body
@@ -409,7 +407,7 @@ class SyncHandler:
                     sections.add_left_room(room_id, recent)
         sections.add_ephemeral(*await self._ephemeral(user_id, user_rooms, sync_filter, None, now))
         stored, now = await self._stored(user_id, device_id, user_rooms, None, now, [])
-        await self._add_key_counts(stored, user_id, device_id)
+        await self._add_key_counts(stored, user_id, device_id, 0)
         sections.add_stored(stored)
         await self._drop_forgotten(user_id, user_rooms, sections)
         await sections.load_state(self._state_events, self._state_at, self._pending_state)
@@ -442,11 +440,9 @@ class SyncHandler:
             return StoredUpdates(), now
         return await self.stored.collect(user_id, device_id, user_rooms, since, now, events)
 
-    async def _add_key_counts(
-        self, stored: StoredUpdates, user_id: str, device_id: str | None, started_ns: int = 0
-    ) -> None:
-        if self.stored is not None and device_id is not None:
-            await self.stored.add_key_counts(stored, user_id, device_id, started_ns)
+    async def _add_key_counts(self, into: StoredUpdates, user: str, device: str | None, began: int) -> None:
+        if self.stored is not None and device is not None:
+            await self.stored.add_key_counts(into, user, device, began)
 
     async def _ephemeral(
         self,
