@@ -1,4 +1,4 @@
-"""Redis pub/sub transport: one publishing and one subscribing connection per process.
+"""Redis pub/sub transport: the publishing and the subscribing connections of one process.
 
 * `publish_many` sends lines in one write (PUBLISH, or SPUBLISH when sharded), packed here as
   RESP: redis-py's `Pipeline` spent about 30% of the writer's CPU in `fanout bench pubsub`
@@ -272,7 +272,8 @@ class RedisTransport:
 
     @property
     def publisher(self) -> aioredis.Redis:
-        """The publishing client, also used for the hint keys (positions hash, heartbeat)."""
+        """The client of the hint keys (positions hash, heartbeat), and of the publishes whose
+        replies are read (without `quiet_publish`, or once the server refused CLIENT REPLY)."""
         return self._pub
 
     async def hint_client(self) -> aioredis.Redis:

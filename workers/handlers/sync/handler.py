@@ -251,8 +251,8 @@ class SyncHandler:
         to `timeout_s` for something), or, without `since`, the initial sync. InvalidTokenError for
         a malformed token."""
         self.syncs += 1
-        started = time.monotonic()
         started_ns = time.monotonic_ns()
+        started = started_ns / 1e9  # the same clock as time.monotonic()
         sync_filter = sync_filter or SyncFilter()
         if since_text is None:
             return await self._initial(user_id, device_id, sync_filter)
