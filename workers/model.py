@@ -134,6 +134,13 @@ class Event(NamedTuple):
         string; building a dict and serialising it, three times as much), and the strings that
         repeat from event to event are looked up in `_LITERALS`. `tests/workers` checks the first
         against `client_dict()` and the second against `EventRow.of`."""
+        head, tail, row = self.json_parts(room_version)
+        return f"{head}{self.stream_ordering}{tail}", row
+
+    def json_parts(self, room_version: str | None = None) -> tuple[str, str, str]:
+        """`json_texts` with the stored JSON in two parts, before and after its stream ordering
+        (which this event's own field does not give): for a write whose statement allocates the
+        stream ordering and puts it between them (`workers.storage.event_rows.own_rows_statement`)."""
         known, q = _LITERALS.get, encode_basestring
         room_id = known(self.room_id) or _literal(self.room_id)
         kind = known(self.type) or _literal(self.type)
@@ -145,11 +152,12 @@ class Event(NamedTuple):
             state_key = known(self.state_key) or _literal(self.state_key)
             state = f',"state_key":{state_key}'
         membership = self.membership if self.type == MEMBER_EVENT else None
-        stored = (
+        head = (
             f'{{"event_id":{event_id},"room_id":{room_id},"type":{kind},"sender":{sender},'
             f'"content":{pydantic_core.to_json(self.content).decode()},"origin_server_ts":{self.received_ts},'
-            f'"stream_ordering":{self.stream_ordering},"instance_name":{instance}{state}}}'
+            '"stream_ordering":'
         )
+        tail = f',"instance_name":{instance}{state}}}'
         version = "null" if room_version is None else known(room_version) or _literal(room_version)
         redacts = redacts_of(self.type, self.content) if self.type == REDACTION_EVENT else None
         row = (
@@ -157,7 +165,7 @@ class Event(NamedTuple):
             f"{'null' if membership is None else _literal(membership)},{version}"
             f"{']' if redacts is None else f',{q(redacts)}]'}"
         )
-        return stored, row
+        return head, tail, row
 
     def matrix(self, *, room_id: bool = True) -> dict[str, Any]:
         """The event in the client-server API's format (`room_id` left out inside a sync room,

@@ -32,7 +32,9 @@ async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_o
         await blocker.execute(
             "INSERT INTO events VALUES (-999999, '$held', 'other', '!r', 't', NULL, '@s', '{}', 0)"
         )
-        first = p1.persister.persist(NewEvent("$held", "!room", "m.room.message", "@u", {"n": 1}))
+        # A topic: its batch is a transaction, allocated before its insert. (A lone message's
+        # statement allocates its own IDs, so nothing is allocated behind it until it returns.)
+        first = p1.persister.persist(NewEvent("$held", "!room", "m.room.topic", "@u", {"topic": "t"}, ""))
         await wait_for(lambda: p1.persister.batches_in_flight == 1, what="first batch in the database")
         second = await p1.persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {}))
         assert not first.done()
@@ -227,3 +229,69 @@ async def test_the_next_batch_goes_back_to_the_queue_when_the_statement_carrying
             "SELECT sender FROM events WHERE room_id = '!room' ORDER BY stream_ordering"
         )
     assert sorted(r["sender"] for r in stored) == sorted(f"@u{i}" for i in range(6) if i != 1)
+
+
+async def test_a_lone_message_is_one_statement_that_allocates_its_own_id(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    """Nothing queued behind it: the message's INSERT takes its stream ordering itself (one round
+    trip), stored in its column and in its JSON alike; a retry of it is answered from the stored
+    event with no new ID; a room lost meanwhile stores nothing and takes no position."""
+    p1 = await make_worker("p1", ["p1", "p2"])
+    persister = p1.persister
+    assert persister is not None and p1.room_leases is not None
+    await p1.room_leases.hold("!room")
+    before = persister.own_allocations
+    sent = NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"body": "one"})
+    event = await persister.persist(sent, may_exist=True)
+    assert persister.own_allocations == before + 1
+    async with connect(database_url) as conn:
+        row = await conn.fetchrow(
+            "SELECT stream_ordering, json FROM events WHERE event_id = $1", sent.event_id
+        )
+        assert row is not None and row["stream_ordering"] == event.stream_ordering
+        assert row["json"] == event.to_json()
+        assert p1.generators[EVENTS].get_current_token_for_writer("p1") == event.stream_ordering
+        top = await conn.fetchval("SELECT last_value FROM events_stream_seq")
+        assert await persister.persist(sent, may_exist=True) == event  # a retry
+        assert persister.retries_answered == 1
+        assert await conn.fetchval("SELECT last_value FROM events_stream_seq") == top
+        await conn.execute("UPDATE room_leases SET writer = 'p2', epoch = epoch + 1 WHERE room_id = '!room'")
+        lost = NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"body": "two"})
+        with pytest.raises(RoomLeaseLost):
+            await persister.persist(lost)
+        assert await conn.fetchval("SELECT count(*) FROM events WHERE event_id = $1", lost.event_id) == 0
+    await p1.room_leases.hold("!other")
+    later = await persister.persist(NewEvent(new_event_id(), "!other", "m.room.message", "@u", {}))
+    assert later.stream_ordering > top  # the lost write's ID is a gap, not a held position
+    await wait_for(lambda: p1.generators[EVENTS].get_current_token_for_writer("p1") == later.stream_ordering)
+
+
+async def test_sends_behind_a_lone_message_wait_for_its_statement_and_keep_their_order(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    """A lone message's statement allocates its own ID, so the batch behind it is allocated only
+    once that statement returned: a statement held on a lock holds the sends behind it, and all
+    get stream orderings in arrival order."""
+    p1 = await make_worker("p1", ["p1"], persist_batches_in_flight=2)
+    persister = p1.persister
+    assert persister is not None and p1.room_leases is not None
+    await p1.room_leases.hold("!room")
+    async with connect(database_url) as blocker:
+        held = blocker.transaction()
+        await held.start()
+        await blocker.execute(
+            "INSERT INTO events VALUES (-999998, '$held2', 'other', '!r', 't', NULL, '@s', '{}', 0)"
+        )
+        first = persister.persist(NewEvent("$held2", "!room", "m.room.message", "@u", {"n": 1}))
+        await wait_for(lambda: persister.batches_in_flight == 1, what="first batch in the database")
+        behind = [
+            persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {})) for _ in range(3)
+        ]
+        await asyncio.sleep(0.2)
+        assert not any(f.done() for f in [first, *behind])
+        assert persister.queued == 3
+        await held.rollback()
+    events = [await first, *[await f for f in behind]]
+    orderings = [e.stream_ordering for e in events]
+    assert orderings == sorted(orderings)
