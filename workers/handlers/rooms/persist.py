@@ -546,6 +546,10 @@ class EventPersister:
                     raise
             else:
                 raise  # before the statement was sent (no connection): nothing was allocated
+        except BaseException:
+            if ride.unsettled:  # cancelled at the statement: it may commit yet (rooms stay here)
+                self.unknown_outcomes += 1
+            raise
         async with ride as ids:
             if written is None:
                 fresh = [d.event_id for d in drafts if d.event_id not in ride.found]
@@ -580,7 +584,8 @@ class EventPersister:
 
         Cancelled (shutdown) before that is known, or at the statement itself, the ride stays
         unsettled: its IDs are unknown, so rather than guess, this writer's position stays below
-        them for the rest of the process (a new one reads its rows at start-up)."""
+        them for the rest of the process (a new one reads its rows at start-up), and the batch
+        counts in `unknown_outcomes`, which keeps its rooms here until the instance lease ends."""
         if not outcome_unknown(error):
             ride.settle(())
             return {}

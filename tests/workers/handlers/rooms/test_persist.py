@@ -295,3 +295,38 @@ async def test_sends_behind_a_lone_message_wait_for_its_statement_and_keep_their
     events = [await first, *[await f for f in behind]]
     orderings = [e.stream_ordering for e in events]
     assert orderings == sorted(orderings)
+
+
+async def test_a_lone_statement_cancelled_in_flight_holds_the_position_and_its_rooms(
+    make_worker: MakeWorker, database_url: str
+) -> None:
+    """Cancelled while its statement runs (a shutdown), a lone message's IDs are unknown: the
+    writer's position stays below them, and the batch counts as of unknown outcome, which keeps
+    its rooms on this writer until the instance lease ends."""
+    p1 = await make_worker("p1", ["p1"])
+    persister = p1.persister
+    assert persister is not None and p1.room_leases is not None
+    await p1.room_leases.hold("!room")
+    done = await persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {}))
+    position = p1.generators[EVENTS].get_current_token_for_writer("p1")
+    assert position == done.stream_ordering
+    async with connect(database_url) as blocker:
+        held = blocker.transaction()
+        await held.start()
+        await blocker.execute(
+            "INSERT INTO events VALUES (-999997, '$held3', 'other', '!r', 't', NULL, '@s', '{}', 0)"
+        )
+        cut = persister.persist(NewEvent("$held3", "!room", "m.room.message", "@u", {"n": 1}))
+        await wait_for(lambda: persister.batches_in_flight == 1, what="the batch in the database")
+        await asyncio.sleep(0.1)
+        tasks = list(persister._in_flight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+        assert not cut.done()  # as for any batch cancelled in flight: no answer
+        assert persister.unknown_outcomes == 1
+        await held.rollback()
+    later = await persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {}))
+    await asyncio.sleep(0.2)
+    assert later.stream_ordering > position
+    assert p1.generators[EVENTS].get_current_token_for_writer("p1") == position  # held
