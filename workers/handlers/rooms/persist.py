@@ -496,14 +496,11 @@ class EventPersister:
         A send at a few a second costs a wake-up of the persister per round trip, most of its CPU:
         this is what a lone send saves. When sends queue behind the batch, `_persist_batch`'s
         ride (the next batch's IDs in this batch's INSERT) saves more, and is taken instead."""
+        if len(batch) > INSERT_MAX_ROWS or self._pooled:
+            return None
         me = self._instance
         drafts = [new.persisted(0, me, now) for new, _ in batch]  # stream orderings to come
-        if (
-            len(drafts) > INSERT_MAX_ROWS
-            or self._pooled
-            or needs_transaction(drafts, ())
-            or (self._fence is not None and self._room_leases is None)
-        ):
+        if needs_transaction(drafts, ()) or (self._fence is not None and self._room_leases is None):
             return None
         guard = None
         if self._room_leases is not None:

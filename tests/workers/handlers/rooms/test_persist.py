@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,14 @@ from workers.storage import connect
 from workers.streams.events import EVENTS
 
 
+async def hold_event_id(blocker: Any, event_id: str, ordering: int) -> None:
+    """An uncommitted row with `event_id` in `blocker`'s open transaction: an insert of that id
+    waits on the unique index until the transaction ends."""
+    await blocker.execute(
+        "INSERT INTO events VALUES ($1, $2, 'other', '!r', 't', NULL, '@s', '{}', 0)", ordering, event_id
+    )
+
+
 async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_one(
     make_worker: MakeWorker, database_url: str
 ) -> None:
@@ -29,9 +38,7 @@ async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_o
         # An uncommitted row with the same event_id holds the first batch's insert on the unique index.
         held = blocker.transaction()
         await held.start()
-        await blocker.execute(
-            "INSERT INTO events VALUES (-999999, '$held', 'other', '!r', 't', NULL, '@s', '{}', 0)"
-        )
+        await hold_event_id(blocker, "$held", -999999)
         # A topic: its batch is a transaction, allocated before its insert. (A lone message's
         # statement allocates its own IDs, so nothing is allocated behind it until it returns.)
         first = p1.persister.persist(NewEvent("$held", "!room", "m.room.topic", "@u", {"topic": "t"}, ""))
@@ -280,9 +287,7 @@ async def test_sends_behind_a_lone_message_wait_for_its_statement_and_keep_their
     async with connect(database_url) as blocker:
         held = blocker.transaction()
         await held.start()
-        await blocker.execute(
-            "INSERT INTO events VALUES (-999998, '$held2', 'other', '!r', 't', NULL, '@s', '{}', 0)"
-        )
+        await hold_event_id(blocker, "$held2", -999998)
         first = persister.persist(NewEvent("$held2", "!room", "m.room.message", "@u", {"n": 1}))
         await wait_for(lambda: persister.batches_in_flight == 1, what="first batch in the database")
         behind = [
@@ -313,9 +318,7 @@ async def test_a_lone_statement_cancelled_in_flight_holds_the_position_and_its_r
     async with connect(database_url) as blocker:
         held = blocker.transaction()
         await held.start()
-        await blocker.execute(
-            "INSERT INTO events VALUES (-999997, '$held3', 'other', '!r', 't', NULL, '@s', '{}', 0)"
-        )
+        await hold_event_id(blocker, "$held3", -999997)
         cut = persister.persist(NewEvent("$held3", "!room", "m.room.message", "@u", {"n": 1}))
         await wait_for(lambda: persister.batches_in_flight == 1, what="the batch in the database")
         await asyncio.sleep(0.1)
