@@ -9,6 +9,7 @@ import pytest
 
 from tests.pubsub.conftest import wait_for
 from tests.workers.conftest import MakeWorker
+from tests.workers.worker_process import until_blocked_on_lock
 from workers.app import Worker
 from workers.handlers.placement.room_leases import NotRoomOwner, RoomLeaseLost
 from workers.handlers.rooms.persist import EventPersister
@@ -289,7 +290,8 @@ async def test_sends_behind_a_lone_message_wait_for_its_statement_and_keep_their
         await held.start()
         await hold_event_id(blocker, "$held2", -999998)
         first = persister.persist(NewEvent("$held2", "!room", "m.room.message", "@u", {"n": 1}))
-        await wait_for(lambda: persister.batches_in_flight == 1, what="first batch in the database")
+        async with connect(database_url) as watcher:
+            await until_blocked_on_lock(watcher)  # its statement waits: nothing queued behind it then
         behind = [
             persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {})) for _ in range(3)
         ]
@@ -320,8 +322,8 @@ async def test_a_lone_statement_cancelled_in_flight_holds_the_position_and_its_r
         await held.start()
         await hold_event_id(blocker, "$held3", -999997)
         cut = persister.persist(NewEvent("$held3", "!room", "m.room.message", "@u", {"n": 1}))
-        await wait_for(lambda: persister.batches_in_flight == 1, what="the batch in the database")
-        await asyncio.sleep(0.1)
+        async with connect(database_url) as watcher:
+            await until_blocked_on_lock(watcher)
         tasks = list(persister._in_flight)
         for task in tasks:
             task.cancel()
