@@ -35,22 +35,9 @@ class Allocator(Protocol):
 
     async def _allocate(self, n: int, probe: Probe | None = None) -> tuple[Sequence[int], frozenset[str]]: ...
 
-    def _begin_ride(self) -> int: ...
-
     async def _allocate_with(
-        self,
-        conn: Any,
-        marker: int,
-        host_sql: str,
-        host_args: Sequence[object],
-        n: int,
-        probe: Probe | None,
-        own: bool,
+        self, conn: Any, host_sql: str, host_args: Sequence[object], n: int, probe: Probe | None
     ) -> tuple[Sequence[int], frozenset[str], int, InconsistentSequenceError | None]: ...
-
-    def _settle(
-        self, marker: int, taken: Sequence[int]
-    ) -> tuple[Sequence[int], InconsistentSequenceError | None]: ...
 
     async def _complete(self, ids: Sequence[int], *, failed: bool) -> None: ...
 
@@ -94,65 +81,32 @@ class Ride(Allocation):
     as ids` hands them out with no I/O and finishes them on exit, as `get_next_mult`'s block does.
     What the host statement writes and what the allocation takes share one round trip, not one
     transaction: when the statement fails, IDs it may have taken are unknown and stay harmless gaps
-    (nothing is written with them). A carried ride that is never entered must be `discard`ed.
+    (nothing is written with them). A carried ride that is never entered must be `discard`ed."""
 
-    An `own` ride's host writes with its IDs, so a failed statement may have written with them
-    all the same (its answer lost, its commit done): the allocation stays in flight, holding the
-    writer's position, until `settle(ids)` gives the IDs found written (none: they are gaps) or
-    `discard` says none were. Left unsettled (a process cancelled while it found out), the
-    position stays held: nothing is published past IDs that may be rows."""
+    __slots__ = ("_carried", "_entered", "_error")
 
-    __slots__ = ("_carried", "_entered", "_error", "_marker", "_own")
-
-    def __init__(self, gen: Allocator, count: int, probe: Probe | None = None, *, own: bool = False) -> None:
+    def __init__(self, gen: Allocator, count: int, probe: Probe | None = None) -> None:
         super().__init__(gen, count, False, probe)
         self._carried = False
         self._entered = False
         self._error: InconsistentSequenceError | None = None
-        self._own = own
-        #: An own ride's allocation whose statement failed, until `settle` or `discard`.
-        self._marker: int | None = None
 
     @property
     def carried(self) -> bool:
-        """Whether `carry` returned (or `settle` found IDs written): the IDs are allocated and in flight."""
+        """Whether `carry` returned: the IDs are allocated and in flight."""
         return self._carried
-
-    @property
-    def unsettled(self) -> bool:
-        """Whether this is an own ride whose statement was sent and failed, not yet `settle`d."""
-        return self._marker is not None
 
     async def carry(self, conn: Any, host_sql: str, host_args: Sequence[object]) -> int:
         """Run `host_sql` (one INSERT, UPDATE or DELETE whose parameters are $1 to
         $len(host_args), without RETURNING) with this allocation in the same statement; how many
-        rows it wrote. Raises what the statement raises (then nothing is allocated, or for an
-        own ride, the allocation waits for `settle`)."""
-        if self._carried or self._marker is not None:
+        rows it wrote. Raises what the statement raises (then nothing is allocated)."""
+        if self._carried:
             raise RuntimeError("this ride was carried already")
-        gen = self._gen
-        marker = gen._begin_ride()
-        try:
-            self._ids, self.found, written, self._error = await gen._allocate_with(
-                conn, marker, host_sql, host_args, self._count, self._probe, self._own
-            )
-        except BaseException:
-            if self._own:
-                self._marker = marker
-            raise
+        self._ids, self.found, written, self._error = await self._gen._allocate_with(
+            conn, host_sql, host_args, self._count, self._probe
+        )
         self._carried = True
         return written
-
-    def settle(self, ids: Sequence[int]) -> None:
-        """After an own ride's statement failed: the IDs found written with it (in the rows it
-        wrote: all of them or, when it did not commit, none). With IDs the ride counts as carried
-        (enter it and its IDs finish on exit); with none its allocation ends, a harmless gap."""
-        marker, self._marker = self._marker, None
-        if marker is None:
-            raise RuntimeError("settle an own ride whose statement failed, once")
-        sign = self._gen._sign
-        self._ids, self._error = self._gen._settle(marker, [sign * i for i in ids])
-        self._carried = bool(ids)
 
     async def __aenter__(self) -> Any:
         if not self._carried or self._entered:
@@ -164,10 +118,7 @@ class Ride(Allocation):
         return list(self._ids) if sign == 1 else [-i for i in self._ids]
 
     async def discard(self) -> None:
-        """Finish the IDs of a carried ride that was never entered (they stay gaps), or end an own
-        ride's failed allocation as written with none; else nothing."""
-        if self._marker is not None:
-            self.settle(())
+        """Finish the IDs of a carried ride that was never entered (they stay gaps); else nothing."""
         if self._carried and not self._entered:
             self._entered = True
             await self._gen._complete(self._ids, failed=True)

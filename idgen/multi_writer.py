@@ -157,7 +157,7 @@ class MultiWriterIdGenerator:
     #: (table, column, carries the upsert) -> the allocation statement with that probe.
     _probe_sql: dict[tuple[str, str, bool], str]
     #: (host statement, its parameter count, probe (table, column), carries the upsert) -> `Ride` SQL.
-    _ride_sql: dict[tuple[str, int, tuple[str, str] | None, bool, bool], str]
+    _ride_sql: dict[tuple[str, int, tuple[str, str] | None, bool], str]
     _stored: int
     _stream_name: str
     _tables: tuple[StreamTable, ...]
@@ -267,28 +267,21 @@ class MultiWriterIdGenerator:
             raise ValueError(f"a probe looks up 1 to n={n} values, got {len(probe.values)}")
         return Allocation(self, n, False, probe)
 
-    def ride_mult(self, n: int, *, probe: Probe | None = None, own: bool = False) -> Ride:
+    def ride_mult(self, n: int, *, probe: Probe | None = None) -> Ride:
         """`n` IDs (ascending) as `get_next_mult` takes them, but in the round trip of a statement
         the caller runs anyway (`Ride.carry`). The caller keeps allocations in order as it would
-        with `get_next_mult`: a ride counts as allocated once `carry` returned.
-
-        `own`: the host statement writes with these IDs. It reads them from `ids(k, id)`, the k-th
-        lowest ID with k from 1, and with a probe the values found from `found(v)` (the values it
-        should not write); a write then costs one round trip where an allocation first and the
-        write after it cost two. When such a statement fails, the allocation stays in flight (the
-        writer's position held below it) until the caller `settle`s it with the IDs it finds
-        written, since a statement whose answer was lost may still commit."""
+        with `get_next_mult`: a ride counts as allocated once `carry` returned."""
         if n < 1:
             raise ValueError(f"ride_mult needs n >= 1, got {n}")
         if probe is not None and not 0 < len(probe.values) <= n:
             raise ValueError(f"a probe looks up 1 to n={n} values, got {len(probe.values)}")
-        return Ride(self, n, probe, own=own)
+        return Ride(self, n, probe)
 
-    def _sql_ride(self, host_sql: str, k: int, probe: Probe | None, carried: bool, own: bool) -> str:
-        key = (host_sql, k, None if probe is None else (probe.table, probe.column), carried, own)
+    def _sql_ride(self, host_sql: str, k: int, probe: Probe | None, carried: bool) -> str:
+        key = (host_sql, k, None if probe is None else (probe.table, probe.column), carried)
         sql = self._ride_sql.get(key)
         if sql is None:
-            ctes = [] if own else [f"host AS ({host_sql} RETURNING 1)"]
+            ctes = [f"host AS ({host_sql} RETURNING 1)"]
             if carried:
                 ctes.append(f"p AS ({self._upsert_sql(k + 1)})")
                 k += 3
@@ -298,53 +291,29 @@ class MultiWriterIdGenerator:
                 found = f"SELECT {column} AS v FROM {table} WHERE {column} = ANY(${k + 2}::text[])"
                 ctes.append(f"found AS ({found})")
                 count += " - (SELECT count(*) FROM found)::int"
-            nextval = f"nextval('{self._sequence}')"
-            if own:
-                # k by the IDs' order, whatever order nextval ran in: the caller's k-th row gets
-                # the k-th lowest ID, as the caller's k-th event does.
-                ctes.append(
-                    f"ids AS MATERIALIZED (SELECT row_number() OVER (ORDER BY id) AS k, id FROM"
-                    f" (SELECT {nextval} AS id FROM generate_series(1, {count})) AS taken)"
-                )
-                ctes.append(f"host AS ({host_sql} RETURNING 1)")
-                ids = "SELECT 1, id, NULL FROM ids"
-            else:
-                ids = f"SELECT 1, {nextval}, NULL FROM generate_series(1, {count})"
             # Rows by kind: 0 the host's count, 1 an ID, 2 a value the probe found.
             sql = (
                 f"WITH {', '.join(ctes)} SELECT 0, (SELECT count(*) FROM host), NULL::text"
-                f" UNION ALL {ids}"
+                f" UNION ALL SELECT 1, nextval('{self._sequence}'), NULL FROM generate_series(1, {count})"
                 f"{' UNION ALL SELECT 2, NULL, v FROM found' if probe is not None else ''}"
             )
             self._ride_sql[key] = sql
         return sql
 
-    def _begin_ride(self) -> int:
-        """The marker of a ride's allocation, in flight from the start of its statement."""
+    async def _allocate_with(
+        self, conn: Any, host_sql: str, host_args: Sequence[object], n: int, probe: Probe | None
+    ) -> tuple[Sequence[int], frozenset[str], int, InconsistentSequenceError | None]:
+        """`_allocate` inside the caller's statement, on the caller's connection: (IDs, values the
+        probe found, rows the host statement wrote, the error that makes the IDs unusable). The
+        host's rows stand whatever the IDs turn out to be, so a sequence found moved backwards is
+        returned, for the ride to raise when entered, rather than raised here."""
         book = self._book
         if not book.is_writer:
             raise NotAWriterError(
                 f"instance {self._instance!r} is not a writer of stream {self._stream_name!r} "
                 f"(writers: {list(self._writers)}); add it to the stream's writers to allocate IDs"
             )
-        return book.begin_allocation()
-
-    async def _allocate_with(
-        self,
-        conn: Any,
-        marker: int,
-        host_sql: str,
-        host_args: Sequence[object],
-        n: int,
-        probe: Probe | None,
-        own: bool,
-    ) -> tuple[Sequence[int], frozenset[str], int, InconsistentSequenceError | None]:
-        """`_allocate` inside the caller's statement, on the caller's connection, for the
-        allocation `marker` (`_begin_ride`): (IDs, values the probe found, rows the host statement
-        wrote, the error that makes the IDs unusable). The host's rows stand whatever the IDs turn
-        out to be, so a sequence found moved backwards is returned, for the ride to raise when
-        entered, rather than raised here. When the statement fails the allocation ends with no
-        IDs, unless the host wrote with them (`own`): then the caller `_settle`s it."""
+        marker = book.begin_allocation()
         try:
             carried = self._carried_position()
             args: list[object] = [*host_args]
@@ -353,11 +322,10 @@ class MultiWriterIdGenerator:
             args.append(n)
             if probe is not None:
                 args.append(probe.values)
-            sql = self._sql_ride(host_sql, len(host_args), probe, carried is not None, own)
+            sql = self._sql_ride(host_sql, len(host_args), probe, carried is not None)
             rows = await conn.fetch(sql, *args)
         except BaseException:
-            if not own:
-                self._book.end_allocation(marker, ())
+            book.end_allocation(marker, ())
             raise
         taken: list[int] = []
         found: list[str] = []
@@ -369,24 +337,16 @@ class MultiWriterIdGenerator:
                 found.append(text)
             else:
                 written = value
-        ids, error = self._settle(marker, taken)
-        if carried is not None and carried > self._stored:
-            self._stored = carried
-        return ids, frozenset(found), written, error
-
-    def _settle(
-        self, marker: int, taken: Sequence[int]
-    ) -> tuple[Sequence[int], InconsistentSequenceError | None]:
-        """End the allocation `marker` with the (internal, positive) IDs it took: (them in order,
-        or none and the error when the sequence was found moved backwards)."""
         ids = sorted(taken)
         try:
-            self._book.end_allocation(marker, ids)
+            book.end_allocation(marker, ids)
         except InconsistentSequenceError as e:
-            return (), e
+            return (), frozenset(), written, e
         if ids and ids[-1] > self._known_max:
             self._known_max = ids[-1]
-        return ids, None
+        if carried is not None and carried > self._stored:
+            self._stored = carried
+        return ids, frozenset(found), written, None
 
     def _sql_probe(self, probe: Probe, carried: bool) -> str:
         key = (probe.table, probe.column, carried)

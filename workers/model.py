@@ -134,13 +134,6 @@ class Event(NamedTuple):
         string; building a dict and serialising it, three times as much), and the strings that
         repeat from event to event are looked up in `_LITERALS`. `tests/workers` checks the first
         against `client_dict()` and the second against `EventRow.of`."""
-        head, tail, row = self.json_parts(room_version)
-        return f"{head}{self.stream_ordering}{tail}", row
-
-    def json_parts(self, room_version: str | None = None) -> tuple[str, str, str]:
-        """`json_texts` with the stored JSON in two parts, before and after its stream ordering
-        (which this event's own field does not give): for a write whose statement allocates the
-        stream ordering and puts it between them (`workers.storage.event_rows.own_rows_statement`)."""
         known, q = _LITERALS.get, encode_basestring
         room_id = known(self.room_id) or _literal(self.room_id)
         kind = known(self.type) or _literal(self.type)
@@ -152,12 +145,11 @@ class Event(NamedTuple):
             state_key = known(self.state_key) or _literal(self.state_key)
             state = f',"state_key":{state_key}'
         membership = self.membership if self.type == MEMBER_EVENT else None
-        head = (
+        stored = (
             f'{{"event_id":{event_id},"room_id":{room_id},"type":{kind},"sender":{sender},'
             f'"content":{pydantic_core.to_json(self.content).decode()},"origin_server_ts":{self.received_ts},'
-            '"stream_ordering":'
+            f'"stream_ordering":{self.stream_ordering},"instance_name":{instance}{state}}}'
         )
-        tail = f',"instance_name":{instance}{state}}}'
         version = "null" if room_version is None else known(room_version) or _literal(room_version)
         redacts = redacts_of(self.type, self.content) if self.type == REDACTION_EVENT else None
         row = (
@@ -165,7 +157,7 @@ class Event(NamedTuple):
             f"{'null' if membership is None else _literal(membership)},{version}"
             f"{']' if redacts is None else f',{q(redacts)}]'}"
         )
-        return head, tail, row
+        return stored, row
 
     def matrix(self, *, room_id: bool = True) -> dict[str, Any]:
         """The event in the client-server API's format (`room_id` left out inside a sync room,

@@ -182,49 +182,6 @@ async def test_a_ride_whose_statement_fails_takes_nothing_and_a_discarded_one_fi
     assert await write(gen) == [top + 1]
 
 
-#: A host statement for own rides: an `events` row per ID, named after it.
-_OWN_HOST = "INSERT INTO events SELECT ids.id, '$o' || ids.id, 'a', '!r', 'm', NULL, '@u', '{}', 0 FROM ids"
-
-
-async def test_an_own_ride_writes_with_the_ids_its_statement_takes(make: Make, db_pool: asyncpg.Pool) -> None:
-    """`ride_mult(n, own=True)`: the host statement reads the IDs from `ids(k, id)`; they are in
-    flight until the block exits. When that statement fails, the position stays held until the
-    caller settles what it found written: nothing (a gap), or the IDs of its rows."""
-    gen = await make("a", ["a"])
-    assert await write(gen) == [1]
-    ride = gen.ride_mult(3, own=True)
-    async with db_pool.acquire() as conn:
-        assert await ride.carry(conn, _OWN_HOST, ()) == 3
-    async with ride as ids:
-        assert ids == [2, 3, 4]
-        assert gen.get_current_token() == 1
-    assert gen.get_current_token() == 4
-    rows = await db_pool.fetch("SELECT stream_ordering, event_id FROM events WHERE event_id LIKE '$o%'")
-    assert sorted((r["stream_ordering"], r["event_id"]) for r in rows) == [(i, f"$o{i}") for i in ids]
-    failed = gen.ride_mult(1, own=True)
-    async with db_pool.acquire() as conn:
-        with pytest.raises(asyncpg.UniqueViolationError):
-            await failed.carry(conn, _OWN_HOST.replace("'$o' || ids.id", "'$o2'"), ())
-    assert not failed.carried
-    after = await write(gen)
-    assert gen.get_current_token() == 4  # held below the failed statement's unknown ID
-    failed.settle(())
-    assert gen.get_current_token() == after[0]
-    late = gen.ride_mult(1, own=True)
-    async with db_pool.acquire() as conn:
-        await conn.execute("SET statement_timeout = 100")
-        with pytest.raises(asyncpg.QueryCanceledError):  # after its nextval: the sleep reads the ID
-            await late.carry(conn, f"{_OWN_HOST} WHERE pg_sleep(5 + ids.id * 0) IS NOT NULL", ())
-        await conn.execute("RESET statement_timeout")
-    top = await db_pool.fetchval("SELECT last_value FROM events_stream_seq")
-    await db_pool.execute(_OWN_HOST.replace("FROM ids", f"FROM (SELECT {top}::bigint AS id) AS ids"))
-    late.settle([top])  # as if its rows were found written after its answer was lost
-    assert late.carried and gen.get_current_token() == after[0]
-    async with late as found:
-        assert found == [top]
-    assert gen.get_current_token() == top
-
-
 async def test_first_id_is_1_and_an_empty_stream_is_at_0(make: Make, db_pool: asyncpg.Pool) -> None:
     gen = await make("a", ["a"])
     assert gen.get_current_token() == 0

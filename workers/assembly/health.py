@@ -64,8 +64,7 @@ class WorkerHealth:
         if w.persister is not None:
             p = w.persister
             detail["persister"] = {"events": p.events, "batches": p.batches, "rides": p.rides,
-                                   "own_allocations": p.own_allocations, "queued": p.queued,
-                                   "batches_in_flight": p.batches_in_flight}  # fmt: skip
+                                   "queued": p.queued, "batches_in_flight": p.batches_in_flight}  # fmt: skip
         if w.room_stats is not None:
             detail["room_stats"] = {"position": w.room_stats.position, "processed": w.room_stats.processed}
         detail.update(reasons=reasons, degraded=degraded, degraded_reasons=degraded_reasons)

@@ -11,8 +11,6 @@ Its modules:
   the outbound pokes (one per remote server that shares a room with the user) that a ...
 * `devices.py`: Device keys: local devices' uploaded keys, and cached device lists of remote users
 * `directory.py`: Room aliases (`#name:server` -> `!room:server`)
-* `event_rows.py`: The `events` rows a persister writes: a few in one INSERT (guarded by a condition,
-  or taking stream orderings its own statement allocates), many in one binary COPY
 * `events.py`: SQL for events, current state, membership and the caches log
 * `forgotten_rooms.py`: Rooms a user forgot (`POST /rooms/{roomId}/forget`), and which of them /sync
   leaves out

@@ -11,7 +11,6 @@ from tests.conftest import Servers
 from workers.handlers.rooms.versions import RoomVersion, render
 from workers.handlers.sync.recent_events import EventBodies
 from workers.model import REDACTION_EVENT, Event, NewEvent
-from workers.storage import event_rows
 from workers.storage import events as store
 from workers.storage.migrate import apply_migrations, available_migrations
 
@@ -39,8 +38,8 @@ async def test_reads_prune_by_the_rooms_version_and_name_the_redaction(db_pool: 
     message = _event(4, NewEvent("$msg", ROOM, "m.room.message", "@a:hs", {"body": "oops"}))
     await _write(db_pool, create, topic, power, message)
     # A redaction and its record are one write: a batch with one needs a transaction.
-    assert not event_rows.needs_transaction([message], [])
-    assert event_rows.needs_transaction([message, _event(5, _redaction("$r", ROOM, "$msg"))], [])
+    assert not store.needs_transaction([message], [])
+    assert store.needs_transaction([message, _event(5, _redaction("$r", ROOM, "$msg"))], [])
     redactions = [
         _event(5, _redaction("$r1", ROOM, "$msg", reason="spam")),
         _event(6, _redaction("$r2", ROOM, "$topic")),
@@ -168,7 +167,7 @@ async def test_the_migration_applies_the_redactions_stored_before_it(servers: Se
             _event(6, _redaction("$cross", ROOM, "$far")),
             _event(7, _redaction("$create-gone", ROOM, "$create")),
         ]
-        await event_rows.copy_event_rows(
+        await store.copy_event_rows(
             conn,
             [(e.stream_ordering, e.instance_name, e.event_id, e.room_id, e.type, e.state_key, e.sender,
               e.to_json(), e.received_ts) for e in events],

@@ -36,7 +36,7 @@ from workers.handlers.placement.leases import (
 )
 from workers.process.instance_lease import Fence
 from workers.storage import Conn
-from workers.storage.event_rows import Guard
+from workers.storage.events import Guard
 from workers.storage.handovers import RECORD_ROOM
 
 __all__ = ["NotRoomOwner", "RoomLeaseLost", "RoomLeases", "RoomMoving", "holder_of"]

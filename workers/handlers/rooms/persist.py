@@ -18,13 +18,6 @@ its IDs, as above, and starts once the statement returned; if the statement fail
 batch goes back to the head of the queue and allocates on its own (IDs the failed statement may
 have taken are harmless gaps: nothing was written with them).
 
-A batch of a few messages that nothing queued behind (a send at a few a second) has no batch to
-ride on: its INSERT allocates its own IDs instead (`_persist_own`, `ride_mult(own=True)`), one
-round trip where an allocation and then the INSERT took two. The batch behind it is allocated
-once that statement returned, as behind a ride. When the statement's answer is lost, the
-allocation stays in flight (this writer's position held) until the rows it may have written are
-looked up with the old backend gone (`commit_outcome.committed`, `storage.event_rows.written_by`).
-
 Order on the writer, for every batch:
 1. commit the rows (events, current state, membership, the caches log);
 2. `on_committed`: the worker invalidates its own caches and stages the rows for RDATA (the
@@ -48,10 +41,9 @@ failed (a 503 for them). Only when that is interrupted (shutdown) does the outco
 `on_uncertain` runs inside the ID blocks, so the worker can make readers fetch those IDs from the
 database and forget what it cached.
 
-Over 500 lines: the queue, the batches in flight, the ride that hands one batch's IDs to the next,
-the lone batch that allocates in its own INSERT and the commit-outcome paths share the persister's
-state, and their interleavings (a failed statement sending the next batch back, a batch isolated
-in halves, a lone statement holding the batches behind it) read best in one place.
+Over 500 lines: the queue, the batches in flight, the ride that hands one batch's IDs to the next
+and the commit-outcome paths share the persister's state, and their interleavings (a failed
+statement sending the next batch back, a batch isolated in halves) read best in one place.
 """
 
 from __future__ import annotations
@@ -74,18 +66,16 @@ from workers.handlers.rooms.retried_sends import Pending, answer_stored
 from workers.handlers.rooms.versions import RoomVersions
 from workers.model import CREATE_EVENT, CacheInvalidation, Event, NewEvent, StateChanges, room_version_of
 from workers.process.instance_lease import Fence, LeaseLost
-from workers.storage import Conn
 from workers.storage.commit_outcome import BACKEND_PID_SQL, committed, outcome_unknown, row_exists
-from workers.storage.event_rows import (
+from workers.storage.events import (
     INSERT_MAX_ROWS,
     Guard,
     event_rows,
     event_rows_statement,
+    events_by_ids,
+    insert_batch,
     needs_transaction,
-    own_rows_statement,
-    written_by,
 )
-from workers.storage.events import events_by_ids, insert_batch
 from workers.storage.named_pool import NamedPool
 from workers.streams.events import with_after
 
@@ -173,8 +163,6 @@ class EventPersister:
         self._following: tuple[list[Pending], Ride] | None = None
         #: Batches whose IDs were allocated in the statement of the batch before them.
         self.rides = 0
-        #: Batches whose IDs were allocated in their own INSERT (`_persist_own`).
-        self.own_allocations = 0
         #: Ids of queued events that may be stored already (a client transaction id): looked up
         #: in their batch's allocation.
         self._maybe_stored: set[str] = set()
@@ -371,10 +359,6 @@ class EventPersister:
         versions = await self._room_versions(batch)
         maybe = [new.event_id for new, _ in batch if new.event_id in self._maybe_stored]
         self._maybe_stored.difference_update(maybe)
-        if ride is None and may_ride and not invalidation_rows:
-            own = await self._persist_own(batch, allocated, versions, maybe, now)
-            if own is not None:
-                return own
         stored_already: list[Pending] = []
         async with contextlib.AsyncExitStack() as stack:
             allocation = ride or self._events_gen.get_next_mult(
@@ -479,129 +463,6 @@ class EventPersister:
             if not future.done():
                 future.set_result(event)
         return stored_already
-
-    async def _persist_own(
-        self,
-        batch: list[Pending],
-        allocated: asyncio.Future[None],
-        versions: dict[str, str],
-        maybe: list[str],
-        now: int,
-    ) -> list[Pending] | None:
-        """Persist a batch of a few messages that nothing queued behind in one statement that also
-        allocates their stream orderings (`ride_mult(own=True)`): one round trip where an
-        allocation and then the INSERT take two. The requests found stored (as `_persist_batch`);
-        None, having done nothing, when the batch is not such a batch.
-
-        A send at a few a second costs a wake-up of the persister per round trip, most of its CPU:
-        this is what a lone send saves. When sends queue behind the batch, `_persist_batch`'s
-        ride (the next batch's IDs in this batch's INSERT) saves more, and is taken instead."""
-        if len(batch) > INSERT_MAX_ROWS or self._pooled:
-            return None
-        me = self._instance
-        drafts = [new.persisted(0, me, now) for new, _ in batch]  # stream orderings to come
-        if needs_transaction(drafts, ()) or (self._fence is not None and self._room_leases is None):
-            return None
-        guard = None
-        if self._room_leases is not None:
-            guard = self._room_leases.guard(guard_rooms(drafts), self._fence)
-            if guard is None:
-                return None  # a room not held here: `_persist_batch` says why
-        for _ in range(RIDE_WAIT_TURNS):  # sends whose request was read meanwhile queue up
-            await asyncio.sleep(0)
-            if self._queue:
-                return None
-        parts = [event.json_parts(versions.get(event.room_id)) for event in drafts]
-        rows: Sequence[str] = [row for _, _, row in parts]
-        if self._room_leases is not None and self._room_leases.any_taken:
-            rows = self._after_handovers(drafts, rows)
-        probe = Probe("events", "event_id", maybe) if maybe else None
-        ride = self._events_gen.ride_mult(len(batch), probe=probe, own=True)
-        sql, args = own_rows_statement(drafts, parts, guard, probe is not None)
-        above = self._events_gen.known_allocated_token()
-        pid = count = 0
-        written: dict[str, int] | None = None
-        try:
-            async with self._pool.acquire() as conn:
-                pid = conn.get_server_pid()
-                try:
-                    count = await ride.carry(conn, sql, args)
-                finally:
-                    allocated.set_result(None)
-                if count == 0 and len(ride.found) < len(batch):
-                    await ride.discard()  # taken, not used: gaps
-                    assert self._room_leases is not None
-                    raise await self._room_leases.why_not_held(conn, guard_rooms(drafts), self._fence)
-        except Exception as e:
-            if ride.carried:
-                if not count:
-                    raise
-                # The statement wrote and committed; what failed came after it (the release).
-            elif ride.unsettled:
-                written = await self._own_outcome(e, pid, ride, drafts, above)
-                if not written:
-                    raise
-            else:
-                raise  # before the statement was sent (no connection): nothing was allocated
-        except BaseException:
-            if ride.unsettled:  # cancelled at the statement: it may commit yet (rooms stay here)
-                self.unknown_outcomes += 1
-            raise
-        async with ride as ids:
-            if written is None:
-                fresh = [d.event_id for d in drafts if d.event_id not in ride.found]
-                written = dict(zip(fresh, ids, strict=True))
-            stored_already = [p for p in batch if p[0].event_id not in written]
-            if len(stored_already) == len(batch):
-                return stored_already
-            kept = [i for i, (new, _) in enumerate(batch) if new.event_id in written]
-            batch = [batch[i] for i in kept]
-            events = [new.persisted(written[new.event_id], me, now) for new, _ in batch]
-            rows = [rows[i] for i in kept]
-            result = self._on_committed(events, rows, ())
-            if result is not None:
-                await result
-        result = self._on_finished(events, rows, ())
-        if result is not None:
-            await result
-        self.batches += 1
-        self.events += len(events)
-        self.own_allocations += 1
-        for (_, future), event in zip(batch, events, strict=True):
-            if not future.done():
-                future.set_result(event)
-        return stored_already
-
-    async def _own_outcome(
-        self, error: Exception, pid: int, ride: Ride, drafts: Sequence[Event], above: int
-    ) -> dict[str, int]:
-        """`_persist_own`'s statement failed: the rows it wrote after all (event id -> stream
-        ordering), its ride settled with their IDs. Empty when PostgreSQL answered (it rolled
-        back) or when, with the old backend gone, nothing is there (`commit_outcome.committed`).
-
-        Cancelled (shutdown) before that is known, or at the statement itself, the ride stays
-        unsettled: its IDs are unknown, so rather than guess, this writer's position stays below
-        them for the rest of the process (a new one reads its rows at start-up), and the batch
-        counts in `unknown_outcomes`, which keeps its rooms here until the instance lease ends."""
-        if not outcome_unknown(error):
-            ride.settle(())
-            return {}
-        ids = [d.event_id for d in drafts]
-        found: dict[str, int] = {}
-
-        async def there(conn: Conn) -> bool:
-            found.update(await written_by(conn, self._instance, ids, above))
-            return bool(found)
-
-        try:
-            await committed(self._pool, pid, there, f"a batch of {len(drafts)} events")
-        except BaseException:
-            self.unknown_outcomes += 1
-            raise
-        ride.settle(list(found.values()))
-        if found:
-            self.late_commits += 1
-        return found
 
     def _ride_next(self) -> Ride | None:
         """The `Ride` of the next batch (its IDs and its retry lookup) for the current batch's

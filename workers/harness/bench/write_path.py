@@ -25,7 +25,7 @@ from workers.model import NewEvent
 from workers.process import event_loop
 from workers.routing import writer_for_room
 from workers.storage import connect
-from workers.storage.event_rows import copy_event_rows
+from workers.storage.events import copy_event_rows
 
 if TYPE_CHECKING:
     from workers.app import Worker

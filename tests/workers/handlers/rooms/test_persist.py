@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 from tests.pubsub.conftest import wait_for
 from tests.workers.conftest import MakeWorker
-from tests.workers.worker_process import until_blocked_on_lock
 from workers.app import Worker
 from workers.handlers.placement.room_leases import NotRoomOwner, RoomLeaseLost
 from workers.handlers.rooms.persist import EventPersister
@@ -17,14 +15,6 @@ from workers.handlers.rooms.rules import new_event_id
 from workers.model import NewEvent
 from workers.storage import connect
 from workers.streams.events import EVENTS
-
-
-async def hold_event_id(blocker: Any, event_id: str, ordering: int) -> None:
-    """An uncommitted row with `event_id` in `blocker`'s open transaction: an insert of that id
-    waits on the unique index until the transaction ends."""
-    await blocker.execute(
-        "INSERT INTO events VALUES ($1, $2, 'other', '!r', 't', NULL, '@s', '{}', 0)", ordering, event_id
-    )
 
 
 async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_one(
@@ -39,10 +29,10 @@ async def test_a_later_batch_that_commits_first_is_not_announced_past_the_held_o
         # An uncommitted row with the same event_id holds the first batch's insert on the unique index.
         held = blocker.transaction()
         await held.start()
-        await hold_event_id(blocker, "$held", -999999)
-        # A topic: its batch is a transaction, allocated before its insert. (A lone message's
-        # statement allocates its own IDs, so nothing is allocated behind it until it returns.)
-        first = p1.persister.persist(NewEvent("$held", "!room", "m.room.topic", "@u", {"topic": "t"}, ""))
+        await blocker.execute(
+            "INSERT INTO events VALUES (-999999, '$held', 'other', '!r', 't', NULL, '@s', '{}', 0)"
+        )
+        first = p1.persister.persist(NewEvent("$held", "!room", "m.room.message", "@u", {"n": 1}))
         await wait_for(lambda: p1.persister.batches_in_flight == 1, what="first batch in the database")
         second = await p1.persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {}))
         assert not first.done()
@@ -237,101 +227,3 @@ async def test_the_next_batch_goes_back_to_the_queue_when_the_statement_carrying
             "SELECT sender FROM events WHERE room_id = '!room' ORDER BY stream_ordering"
         )
     assert sorted(r["sender"] for r in stored) == sorted(f"@u{i}" for i in range(6) if i != 1)
-
-
-async def test_a_lone_message_is_one_statement_that_allocates_its_own_id(
-    make_worker: MakeWorker, database_url: str
-) -> None:
-    """Nothing queued behind it: the message's INSERT takes its stream ordering itself (one round
-    trip), stored in its column and in its JSON alike; a retry of it is answered from the stored
-    event with no new ID; a room lost meanwhile stores nothing and takes no position."""
-    p1 = await make_worker("p1", ["p1", "p2"])
-    persister = p1.persister
-    assert persister is not None and p1.room_leases is not None
-    await p1.room_leases.hold("!room")
-    before = persister.own_allocations
-    sent = NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"body": "one"})
-    event = await persister.persist(sent, may_exist=True)
-    assert persister.own_allocations == before + 1
-    async with connect(database_url) as conn:
-        row = await conn.fetchrow(
-            "SELECT stream_ordering, json FROM events WHERE event_id = $1", sent.event_id
-        )
-        assert row is not None and row["stream_ordering"] == event.stream_ordering
-        assert row["json"] == event.to_json()
-        assert p1.generators[EVENTS].get_current_token_for_writer("p1") == event.stream_ordering
-        top = await conn.fetchval("SELECT last_value FROM events_stream_seq")
-        assert await persister.persist(sent, may_exist=True) == event  # a retry
-        assert persister.retries_answered == 1
-        assert await conn.fetchval("SELECT last_value FROM events_stream_seq") == top
-        await conn.execute("UPDATE room_leases SET writer = 'p2', epoch = epoch + 1 WHERE room_id = '!room'")
-        lost = NewEvent(new_event_id(), "!room", "m.room.message", "@u", {"body": "two"})
-        with pytest.raises(RoomLeaseLost):
-            await persister.persist(lost)
-        assert await conn.fetchval("SELECT count(*) FROM events WHERE event_id = $1", lost.event_id) == 0
-    await p1.room_leases.hold("!other")
-    later = await persister.persist(NewEvent(new_event_id(), "!other", "m.room.message", "@u", {}))
-    assert later.stream_ordering > top  # the lost write's ID is a gap, not a held position
-    await wait_for(lambda: p1.generators[EVENTS].get_current_token_for_writer("p1") == later.stream_ordering)
-
-
-async def test_sends_behind_a_lone_message_wait_for_its_statement_and_keep_their_order(
-    make_worker: MakeWorker, database_url: str
-) -> None:
-    """A lone message's statement allocates its own ID, so the batch behind it is allocated only
-    once that statement returned: a statement held on a lock holds the sends behind it, and all
-    get stream orderings in arrival order."""
-    p1 = await make_worker("p1", ["p1"], persist_batches_in_flight=2)
-    persister = p1.persister
-    assert persister is not None and p1.room_leases is not None
-    await p1.room_leases.hold("!room")
-    async with connect(database_url) as blocker:
-        held = blocker.transaction()
-        await held.start()
-        await hold_event_id(blocker, "$held2", -999998)
-        first = persister.persist(NewEvent("$held2", "!room", "m.room.message", "@u", {"n": 1}))
-        async with connect(database_url) as watcher:
-            await until_blocked_on_lock(watcher)  # its statement waits: nothing queued behind it then
-        behind = [
-            persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {})) for _ in range(3)
-        ]
-        await asyncio.sleep(0.2)
-        assert not any(f.done() for f in [first, *behind])
-        assert persister.queued == 3
-        await held.rollback()
-    events = [await first, *[await f for f in behind]]
-    orderings = [e.stream_ordering for e in events]
-    assert orderings == sorted(orderings)
-
-
-async def test_a_lone_statement_cancelled_in_flight_holds_the_position_and_its_rooms(
-    make_worker: MakeWorker, database_url: str
-) -> None:
-    """Cancelled while its statement runs (a shutdown), a lone message's IDs are unknown: the
-    writer's position stays below them, and the batch counts as of unknown outcome, which keeps
-    its rooms on this writer until the instance lease ends."""
-    p1 = await make_worker("p1", ["p1"])
-    persister = p1.persister
-    assert persister is not None and p1.room_leases is not None
-    await p1.room_leases.hold("!room")
-    done = await persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {}))
-    position = p1.generators[EVENTS].get_current_token_for_writer("p1")
-    assert position == done.stream_ordering
-    async with connect(database_url) as blocker:
-        held = blocker.transaction()
-        await held.start()
-        await hold_event_id(blocker, "$held3", -999997)
-        cut = persister.persist(NewEvent("$held3", "!room", "m.room.message", "@u", {"n": 1}))
-        async with connect(database_url) as watcher:
-            await until_blocked_on_lock(watcher)
-        tasks = list(persister._in_flight)
-        for task in tasks:
-            task.cancel()
-        await asyncio.wait(tasks)
-        assert not cut.done()  # as for any batch cancelled in flight: no answer
-        assert persister.unknown_outcomes == 1
-        await held.rollback()
-    later = await persister.persist(NewEvent(new_event_id(), "!room", "m.room.message", "@u", {}))
-    await asyncio.sleep(0.2)
-    assert later.stream_ordering > position
-    assert p1.generators[EVENTS].get_current_token_for_writer("p1") == position  # held
