@@ -297,6 +297,7 @@ class Worker:
             )
             self.federation_sender.start()
         self._postgres_probe = PostgresProbe(self.pool, config.position_announce_interval_s)
+        previous.on_outcome = self._postgres_probe.observe
         self._postgres_probe.start()
         with self._phase("serve_http"):
             await self._serve()

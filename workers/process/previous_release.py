@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
 
-from idgen.multi_writer import DATABASE_ERRORS
+from idgen.multi_writer import DATABASE_DOWN, DATABASE_ERRORS
 from pubsub.ticks import sleep_to_next_run
 from workers.routing import writer_for_room
 from workers.storage.migrate import previous_release_workers
@@ -43,6 +43,10 @@ class PreviousRelease:
         self._interval_s = interval_s
         self.live = False
         self._task: asyncio.Task[None] | None = None
+        #: Told each periodic check's outcome (None, or why the server could not be reached; a
+        #: server's own error is not told): the reachability probe's, which then sends no
+        #: statement of its own.
+        self.on_outcome: Callable[[str | None], None] = lambda error: None
 
     async def check(self) -> bool:
         """Look now; `live` after."""
@@ -75,6 +79,10 @@ class PreviousRelease:
                 await self.check()
             except DATABASE_ERRORS as e:
                 log.warning("previous-release check failed, live=%s kept: %s", self.live, e or type(e))
+                if isinstance(e, DATABASE_DOWN):  # a server's own error: the probe's statement tells
+                    self.on_outcome(str(e) or type(e).__name__)
+            else:
+                self.on_outcome(None)
 
     async def stop(self) -> None:
         if self._task is not None:
