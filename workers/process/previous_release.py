@@ -79,7 +79,7 @@ class PreviousRelease:
                 await self.check()
             except DATABASE_ERRORS as e:
                 log.warning("previous-release check failed, live=%s kept: %s", self.live, e or type(e))
-                if isinstance(e, DATABASE_DOWN):  # a server's own error: the probe's statement tells
+                if isinstance(e, DATABASE_DOWN):  # not reached; a server's own error is left to the probe
                     self.on_outcome(str(e) or type(e).__name__)
             else:
                 self.on_outcome(None)
