@@ -280,16 +280,18 @@ class StreamPublisher:
         beat_due = now - self._beat_at >= self._keepalive_s
         if not moved and not beat_due:
             return
+        written = [(source, source.sent_upto) for source in moved]
+        commands: list[tuple[str, ...]] = [
+            ("HSET", keys.positions_key(self.prefix, source.stream.name), self.instance_name, str(upto))
+            for source, upto in written
+        ]
+        if beat_due:
+            beat = {"ts": round(time.time(), 3), "streams": sorted(self._sources)}
+            ttl_ms = str(max(1, int(self.heartbeat_ttl_s * 1000)))
+            beat_key = keys.heartbeat_key(self.prefix, self.instance_name)
+            commands.append(("SET", beat_key, json.dumps(beat), "PX", ttl_ms))
         try:
-            pipe = (await self.transport.hint_client()).pipeline(transaction=False)
-            written = [(source, source.sent_upto) for source in moved]
-            for source, upto in written:
-                pipe.hset(keys.positions_key(self.prefix, source.stream.name), self.instance_name, str(upto))
-            if beat_due:
-                beat = {"ts": round(time.time(), 3), "streams": sorted(self._sources)}
-                pipe.set(keys.heartbeat_key(self.prefix, self.instance_name), json.dumps(beat),
-                         px=max(1, int(self.heartbeat_ttl_s * 1000)))  # fmt: skip
-            await pipe.execute()
+            await self.transport.write_keys(commands)
         except LINK_ERRORS as e:
             self._ratelog.warning("hints", "could not refresh position hints (%s)", e)
             return

@@ -166,6 +166,12 @@ class RedisClusterTransport:
             await self._read_map()
         return self._route(keys.HINTS_TAG, key=True).publisher
 
+    async def write_keys(self, commands: Sequence[Sequence[str]]) -> None:
+        """Hint-key writes on the node of `keys.HINTS_TAG`'s slot, replies read (its links ask
+        for them: a MOVED is one), the first error raised."""
+        await self.hint_client()
+        await self._route(keys.HINTS_TAG, key=True).write_keys(commands)
+
     # -- subscribing ---------------------------------------------------------------------------
 
     def start(self, channels: Sequence[str]) -> None:

@@ -12,6 +12,12 @@
   it (a cluster's nodes, where a MOVED refusal is a reply) the replies are read back on a pooled
   connection like received messages below: one `read_response` per socket read, the rest
   straight from the hiredis reader (each `read_response` costs a timeout context).
+* `write_keys` writes the hint keys (positions hash, heartbeat) the same way: on the quiet link
+  when there is one (no reply, so a refusal goes unseen: the keys are for people and tools, never
+  the source of truth), else in one pipeline whose error the caller logs. A writer refreshes them
+  at its tick; through a pipeline that cost a redis-py `Retry`, a pool checkout and a reply read
+  (2.8 % of an event persister's active samples at 10 events/s; measured alone, 8 keys a tick,
+  about 340 µs of CPU a tick against 150 µs on the quiet link).
 * The subscriber loop reads raw replies (no per-message dict building) and hands the lines of each
   socket read to `on_lines` in one call, in order. It reconnects with capped exponential backoff
   and full jitter.
@@ -121,6 +127,17 @@ def pack_publishes(command: bytes, messages: Iterable[tuple[str, str]]) -> tuple
         size += length
         parts.append(f"{head}${length}\r\n{line}\r\n")
     return "".join(parts).encode(), len(parts), size
+
+
+def pack_commands(commands: Iterable[Sequence[str]]) -> bytes:
+    """Each command (its name and arguments, as text) as a RESP array of bulk strings, back to back."""
+    parts: list[bytes] = []
+    for command in commands:
+        parts.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            data = arg.encode()
+            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 def _buffered_replies(connection: Any) -> Callable[[], Any] | None:
@@ -278,6 +295,18 @@ class RedisTransport:
 
     async def hint_client(self) -> aioredis.Redis:
         return self._pub
+
+    async def write_keys(self, commands: Sequence[Sequence[str]]) -> None:
+        """Run `commands` (hint-key writes) in order: on the quiet link without replies when
+        there is one, else in one pipeline that raises its first error (see the module docstring)."""
+        if not commands:
+            return
+        if self._quiet is not None and await self._send_quiet(self._quiet, pack_commands(commands)):
+            return
+        pipe = self._pub.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        await pipe.execute()
 
     # -- subscribing ---------------------------------------------------------------------------
 

@@ -45,7 +45,8 @@ class Transport(Protocol):
     `start(channels)` subscribes in the background; `subscribed` is set once every channel is
     confirmed and cleared when a subscription is lost; `connects` counts the times it was set.
     `publish_many` sends (channel, line) pairs, each channel's lines in order, and raises the
-    link's error when any could not be sent. `hint_client()` is a client for the hint keys."""
+    link's error when any could not be sent. `hint_client()` is a client for reading the hint
+    keys; `write_keys(commands)` writes them (HSET, SET, ...), in order."""
 
     subscribed: asyncio.Event
     connects: int
@@ -59,3 +60,5 @@ class Transport(Protocol):
     async def publish(self, channel: str, line: str) -> int: ...
 
     async def hint_client(self) -> aioredis.Redis: ...
+
+    async def write_keys(self, commands: Sequence[Sequence[str]]) -> None: ...

@@ -202,8 +202,9 @@ class WorkerConfig(BaseSettings):
     sharded_pubsub: bool = Field(False, description="Use SPUBLISH/SSUBSCRIBE (Redis >= 7, Redis Cluster)")
     publish_replies: bool = Field(
         False,
-        description="Read a reply to every PUBLISH on one server (default: none, CLIENT REPLY OFF; set"
-        " true behind a proxy that refuses CLIENT REPLY). A Redis Cluster's are always read",
+        description="Read a reply to every PUBLISH and hint-key write on one server (default: none,"
+        " CLIENT REPLY OFF; set true behind a proxy that refuses CLIENT REPLY). A Redis Cluster's are"
+        " always read",
     )
     http_host: str = Field("127.0.0.1", description="Address the HTTP API listens on")
     http_port: int = Field(8080, ge=0, le=65535, description="0 picks a free port")

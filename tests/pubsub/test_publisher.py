@@ -4,8 +4,10 @@ define, whichever way the publisher builds them."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import cast
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,19 +22,6 @@ from tests.pubsub.conftest import STREAM, Node, NodeFactory, wait_for
 from tests.pubsub.fakes import MemoryGenerator, MemoryTable, Row, memory_stream
 
 
-class _Hints:
-    """The hint keys' client: the periodic tick writes them; nothing to keep of them here."""
-
-    def pipeline(self, transaction: bool) -> _Hints:
-        return self
-
-    def hset(self, *_: object) -> None: ...
-
-    def set(self, *_: object, **__: object) -> None: ...
-
-    async def execute(self) -> None: ...
-
-
 class _Recorder:
     """Stands in for the transport: keeps what would have been published."""
 
@@ -43,8 +32,8 @@ class _Recorder:
         self.lines += messages
         return len(messages)
 
-    async def hint_client(self) -> _Hints:
-        return _Hints()
+    async def write_keys(self, commands: object) -> None:
+        """The periodic tick writes the hint keys; nothing to keep of them here."""
 
 
 def _expected(name: str, prev: int, tokens: list[tuple[int, list[Row | str]]]) -> list[str]:
@@ -154,6 +143,34 @@ async def test_an_idle_writer_keeps_announcing_at_the_keepalive_cadence(
     await wait_for(lambda: _positions_out(writer) >= start + 3, what="three keep-alives")
     raw = redis_target.client()
     try:
+        assert await raw.pttl(keys.heartbeat_key(channel_prefix, "w1")) > 0
+    finally:
+        await raw.aclose()
+
+
+@pytest.mark.parametrize("publish_replies", [False, True], ids=["quiet link", "replies read"])
+async def test_a_tick_writes_the_hint_keys_on_either_link(
+    make_node: NodeFactory, redis_target: RedisTarget, channel_prefix: str, publish_replies: bool
+) -> None:
+    """The positions hash holds the writer's position and the heartbeat key names its streams,
+    with a TTL, whether the writer's publishes ask for no replies or read them."""
+    writer = await make_node("w1", announce_interval_s=0.05, publish_replies=publish_replies)
+    transport = writer.client.transport
+    assert isinstance(transport, RedisTransport)
+    assert (transport._quiet is None) == publish_replies
+    await writer.write(3)
+    top = writer.generator.get_current_token_for_writer("w1")
+    raw = redis_target.client()
+    try:
+        hinted = None
+        for _ in range(100):
+            hinted = await raw.hget(keys.positions_key(channel_prefix, STREAM), "w1")
+            if hinted is not None and int(hinted) >= top:
+                break
+            await asyncio.sleep(0.05)
+        assert hinted is not None and int(hinted) == top
+        beat = await raw.get(keys.heartbeat_key(channel_prefix, "w1"))
+        assert beat is not None and STREAM in json.loads(beat)["streams"]
         assert await raw.pttl(keys.heartbeat_key(channel_prefix, "w1")) > 0
     finally:
         await raw.aclose()
