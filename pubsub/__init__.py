@@ -10,6 +10,7 @@ in order, exactly once, and catch up from the database whenever a message was lo
 | `arrivals.py` | when a queue's entries were received (marked per socket read), for the stage histograms |
 | `publisher.py` | the writer side: RDATA in token order, POSITION periodically and on request |
 | `redis_transport.py` | connections, (s)publish/(s)subscribe, reconnects and their hooks |
+| `quiet_link.py` | the one-server link that writes publishes and hint keys without replies |
 | `redis_cluster_transport.py` | a Redis Cluster: one `RedisTransport` per primary, channels routed by slot |
 | `client.py` | `ReplicationClient`, which wires the above for one process |
 | `keys.py`, `metrics.py`, `ratelog.py` | channel and key names; counters; rate-limited logs |

@@ -3,12 +3,13 @@
 * `publish_many` sends lines in one write (PUBLISH, or SPUBLISH when sharded), packed here as
   RESP: redis-py's `Pipeline` spent about 30% of the writer's CPU in `fanout bench pubsub`
   profiles packing commands and parsing replies one by one. With `quiet_publish` (one server, not
-  a cluster's node) they go out on one link that asked for no replies (`CLIENT REPLY OFF`, sent
-  first on each new socket), in the order they were sent. A PUBLISH's reply (its receiver count)
-  tells the writer nothing it uses, and waiting for it woke the writer once more per batch,
-  before its client was answered. A link the server closed is seen by the pool before the next
-  write (the socket reads EOF) and reconnected; lines written into a socket that died without a
-  word are lost as any publish may be, and the next POSITION makes readers fetch them. Without
+  a cluster's node) they go out on one link that asked for no replies (`quiet_link.QuietLink`:
+  `CLIENT REPLY OFF` first on each new socket, then written straight into the socket), in the
+  order they were sent. A PUBLISH's reply (its receiver count) tells the writer nothing it uses,
+  and waiting for it woke the writer once more per batch, before its client was answered. A link
+  the server closed is seen before the next write (the socket read EOF) and reconnected; lines
+  written into a socket that died without a word are lost as any publish may be, and the next
+  POSITION makes readers fetch them. Without
   it (a cluster's nodes, where a MOVED refusal is a reply) the replies are read back on a pooled
   connection like received messages below: one `read_response` per socket read, the rest
   straight from the hiredis reader (each `read_response` costs a timeout context).
@@ -53,9 +54,10 @@ import redis.asyncio as aioredis
 from redis._parsers import hiredis as _hiredis_parser
 from redis.asyncio.client import PubSub
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from pubsub.metrics import ReplicationMetrics
+from pubsub.quiet_link import QuietLink
 from pubsub.tasks import cancel_and_wait
 from pubsub.ticks import sleep_to_next_run
 from pubsub.types import DropFilter
@@ -73,10 +75,6 @@ _MESSAGE_KINDS = (b"message", b"smessage")
 _NOT_ENOUGH_DATA: object = getattr(_hiredis_parser, "NOT_ENOUGH_DATA", False)
 _SUBSCRIBE_KINDS = (b"subscribe", b"ssubscribe")
 _UNSUBSCRIBE_KINDS = (b"unsubscribe", b"sunsubscribe")
-#: What a quiet publishing connection sends first on each socket (no reply to it, nor after it),
-#: and what it sends once behind it on a new socket to learn that the server takes it (+OK).
-_REPLY_OFF = b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$3\r\nOFF\r\n"
-_REPLY_ON = b"*3\r\n$6\r\nCLIENT\r\n$5\r\nREPLY\r\n$2\r\nON\r\n"
 
 
 def backoff_delay(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
@@ -193,15 +191,9 @@ class RedisTransport:
         self.watchdog_s = watchdog_s
         # RESP2: measurably faster than RESP3 on the receive path with redis-py 8.1.
         self._pub = aioredis.Redis.from_url(url, protocol=2, socket_keepalive=True)
-        #: The one link `publish_many` writes on without replies (`quiet_publish`), else None:
-        #: concurrent publishes wait for it, so batches reach Redis in the order they were sent.
-        self._quiet: aioredis.ConnectionPool | None = None
-        if quiet_publish:
-            self._quiet = aioredis.BlockingConnectionPool.from_url(
-                url, protocol=2, socket_keepalive=True, max_connections=1, timeout=None
-            )
-        #: The socket writer of the quiet link that was sent `_REPLY_OFF` (a reconnect makes another).
-        self._quieted: object = None
+        #: The link `publish_many` and `write_keys` write on without replies (`quiet_publish`,
+        #: until the server refuses CLIENT REPLY), else None.
+        self._quiet = QuietLink(url) if quiet_publish else None
         # Subscriber reads of 8 KiB, not redis-py's 64 KiB: hiredis moves its unread buffer to
         # the front after every 1 KiB it parses, so a 64 KiB read cost about 3,000 instructions of
         # copying per 200-byte message (callgrind); 8 KiB still takes dozens of messages a read
@@ -229,40 +221,21 @@ class RedisTransport:
             messages = self._drops.kept(messages)
         payload, sent, size = pack_publishes(b"SPUBLISH" if self.sharded else b"PUBLISH", messages)
         if sent:
-            if self._quiet is None or not await self._send_quiet(self._quiet, payload):
+            if not await self._send_quiet(payload):
                 await self._send_packed(payload, sent)
             self.metrics.bytes_out += size
         return sent
 
-    async def _send_quiet(self, pool: aioredis.ConnectionPool, payload: bytes) -> bool:
-        """Write `payload` on the quiet link; False when the server refuses CLIENT REPLY (an ACL
-        without it, a proxy): from then on every publish reads its replies, as a cluster's do."""
-        connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            if self._quiet is not pool:  # refused while this publish waited for the link
-                return False
-            writer = connection._writer  # the pool connected it, or reconnected a closed one
-            if self._quieted is not writer:
-                # A new socket: OFF then ON answers one +OK where CLIENT REPLY is taken; a refusal
-                # answers errors. Once a socket, then OFF rides in front of the lines.
-                await connection.send_packed_command(_REPLY_OFF + _REPLY_ON, check_health=False)
-                try:
-                    await connection.read_response()
-                except ResponseError as e:
-                    log.warning("redis refused CLIENT REPLY (%s): every publish reads its replies", e)
-                    self._quiet = None
-                    await connection.disconnect(nowait=True)
-                    await pool.aclose()
-                    return False
-                payload = _REPLY_OFF + payload
-            await connection.send_packed_command(payload, check_health=False)
-            self._quieted = writer
+    async def _send_quiet(self, payload: bytes) -> bool:
+        """`payload` on the quiet link; False without one, or once the server refused CLIENT REPLY
+        (then every write reads its replies from here on, as a cluster's do)."""
+        quiet = self._quiet
+        if quiet is None:
+            return False
+        if await quiet.send(payload):
             return True
-        except BaseException:
-            await connection.disconnect(nowait=True)
-            raise
-        finally:
-            await pool.release(connection)
+        self._quiet = None
+        return False
 
     async def _send_packed(self, payload: bytes, replies: int) -> None:
         pool = self._pub.connection_pool
@@ -301,7 +274,7 @@ class RedisTransport:
         there is one, else in one pipeline that raises its first error (see the module docstring)."""
         if not commands:
             return
-        if self._quiet is not None and await self._send_quiet(self._quiet, pack_commands(commands)):
+        if await self._send_quiet(pack_commands(commands)):
             return
         pipe = self._pub.pipeline(transaction=False)
         for command in commands:
@@ -321,8 +294,7 @@ class RedisTransport:
         await self._pub.aclose()
         await self._sub_pool.aclose()
         if self._quiet is not None:
-            await self._quiet.aclose()
-            self._quieted = None
+            await self._quiet.close()
 
     def _reconnected(self) -> None:
         self._confirmed.clear()

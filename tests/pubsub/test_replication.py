@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -254,27 +253,26 @@ async def test_publishes_ask_for_no_replies_and_survive_their_link_being_killed(
     assert isinstance(transport, RedisTransport) and transport._quiet is not None
     admin = aioredis.Redis.from_url(redis_url)
 
-    async def quiet_link() -> tuple[str, Any]:
-        """The address Redis knows the writer's publishing link by, and the link; once it has
-        sat for a while, nothing came back on it."""
-        pool = transport._quiet
-        assert pool is not None
+    async def quiet_link() -> str:
+        """The address Redis knows the writer's publishing link by; once it has sat for a while,
+        nothing came back on it."""
+        link = transport._quiet
+        assert link is not None
         await asyncio.sleep(0.1)
-        await wait_for(lambda: len(pool._available_connections) == 1, what="the link not in use")
-        [connection] = pool._available_connections
-        assert not pool._in_use_connections and not await connection.can_read()
-        host, port = connection._writer.get_extra_info("sockname")[:2]
-        return f"{host}:{port}", connection
+        name = link.socket_name()
+        assert name is not None and link.unread() == 0
+        return f"{name[0]}:{name[1]}"
 
     try:
         await writer.write_many(50)
         await wait_for(lambda: reader.applied_count() == 50, what="rows published without replies")
-        addr, _ = await quiet_link()
-        assert [c["cmd"] for c in await admin.client_list() if c["addr"] == addr] == ["publish"]
+        addr = await quiet_link()
+        [cmd] = [c["cmd"] for c in await admin.client_list() if c["addr"] == addr]
+        assert cmd in ("publish", "hset", "set")  # its lines, or the hint keys at a tick
         assert await admin.client_kill_filter(addr=addr) == 1
         await writer.write_many(50)
         await wait_for(lambda: reader.applied_count() == 100, what="rows after the link was killed")
-        again, _ = await quiet_link()
+        again = await quiet_link()
         assert again != addr
         check_history(reader.applied, {"w1": writer.written})
     finally:
