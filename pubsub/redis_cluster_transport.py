@@ -159,18 +159,20 @@ class RedisClusterTransport:
         self._routes[name] = link
         return link
 
-    async def hint_client(self) -> aioredis.Redis:
-        """The client of the node that holds the hint keys (all in `keys.HINTS_TAG`'s slot). A
+    async def _hint_link(self) -> RedisTransport:
+        """The link of the node that holds the hint keys (all in `keys.HINTS_TAG`'s slot). A
         MOVED there is the caller's failed write: the map is read again on the next lost link."""
         if not self._mapped:
             await self._read_map()
-        return self._route(keys.HINTS_TAG, key=True).publisher
+        return self._route(keys.HINTS_TAG, key=True)
+
+    async def hint_client(self) -> aioredis.Redis:
+        return (await self._hint_link()).publisher
 
     async def write_keys(self, commands: Sequence[Sequence[str]]) -> None:
-        """Hint-key writes on the node of `keys.HINTS_TAG`'s slot, replies read (its links ask
-        for them: a MOVED is one), the first error raised."""
-        await self.hint_client()
-        await self._route(keys.HINTS_TAG, key=True).write_keys(commands)
+        """Hint-key writes on the hint keys' node, replies read (a cluster's links ask for them:
+        a MOVED is one), the first error raised."""
+        await (await self._hint_link()).write_keys(commands)
 
     # -- subscribing ---------------------------------------------------------------------------
 

@@ -22,6 +22,12 @@ async def _received(sub: aioredis.client.PubSub, count: int) -> list[str]:
     return got
 
 
+async def _received_subscribed(sub: aioredis.client.PubSub) -> None:
+    async with asyncio.timeout(10):
+        while (await sub.get_message(timeout=1.0)) is None:
+            pass
+
+
 async def test_sends_keep_their_order_across_a_killed_link(redis_url: str, channel_prefix: str) -> None:
     """Publishes sent while the link must reconnect (the server killed it) queue behind the
     reconnect, later ones behind them, and all reach a subscriber in the order they were sent;
@@ -57,6 +63,8 @@ async def test_sends_keep_their_order_across_a_killed_link(redis_url: str, chann
 
 
 async def test_a_server_that_refuses_client_reply_is_asked_once(redis_url: str) -> None:
+    """A user whose ACL leaves CLIENT REPLY out: the first send is told no and the link is done
+    (no socket kept); later sends say so at once, for the caller to read replies itself."""
     user, password = f"fanout-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     admin = aioredis.Redis.from_url(redis_url)
     await admin.execute_command(
@@ -73,9 +81,3 @@ async def test_a_server_that_refuses_client_reply_is_asked_once(redis_url: str) 
         await link.close()
         await admin.execute_command("ACL", "DELUSER", user)
         await admin.aclose()
-
-
-async def _received_subscribed(sub: aioredis.client.PubSub) -> None:
-    async with asyncio.timeout(10):
-        while (await sub.get_message(timeout=1.0)) is None:
-            pass
