@@ -34,6 +34,7 @@ from workers.model import (
 )
 from workers.redaction_rules import prune_content, rules_for
 from workers.storage import Conn
+from workers.storage.one_time_keys import KeyCountsOf, fold_key_counts, key_counts_sql
 
 #: The columns of `events` that reads select and `copy_event_rows` writes, in this order.
 EVENT_COLUMNS = (
@@ -305,6 +306,33 @@ async def events_for_rooms(
 async def events_by_ids(conn: Conn, event_ids: Sequence[str]) -> dict[str, Event]:
     """The stored events among `event_ids`, by id."""
     return {e.event_id: e for e in await _events_where(conn, "event_id", "text", event_ids)}
+
+
+async def events_with_key_counts(
+    conn: Conn, event_ids: Sequence[str], devices: Sequence[tuple[str, str]]
+) -> tuple[dict[str, Event], KeyCountsOf]:
+    """`events_by_ids` and `one_time_keys.key_counts_of` in one statement: a sync worker reads the
+    bodies of a line's events and the key counts of the devices whose polls it wakes at once, and
+    one statement is one round trip and one wake-up of this process and of its backend instead of
+    two. The counts come as arrays on every row (one row when no event is stored)."""
+    records = await conn.fetch(
+        f"WITH {key_counts_sql(2)}, counts AS (SELECT array_agg(user_id) AS counted_users,"
+        " array_agg(device_id) AS counted_devices, array_agg(algorithm) AS counted_algorithms,"
+        " array_agg(n) AS counted_n FROM counted)"
+        " SELECT counts.*, e.* FROM counts LEFT JOIN ("
+        + _with_redactions(f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id = ANY($1::text[])")
+        + ") e ON true",
+        list(event_ids),
+        [u for u, _ in devices],
+        [d for _, d in devices],
+    )
+    first = records[0]
+    counted = zip(
+        first["counted_users"] or (), first["counted_devices"] or (), first["counted_algorithms"] or (),
+        first["counted_n"] or (), strict=True,
+    )  # fmt: skip
+    events = {r["event_id"]: _read_event(r) for r in records if r["event_id"] is not None}
+    return events, fold_key_counts(devices, counted)
 
 
 async def events_at(conn: Conn, orderings: Sequence[int]) -> dict[int, Event]:

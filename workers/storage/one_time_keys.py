@@ -8,7 +8,7 @@ of the algorithm gets the fallback key and marks it used (it stays, for the next
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -91,39 +91,55 @@ async def set_fallback_keys(conn: Conn, user_id: str, device_id: str, keys: Sequ
     )  # fmt: skip
 
 
+#: (user, device) -> (one-time keys left per algorithm, the unused fallback keys' algorithms).
+KeyCountsOf = dict[tuple[str, str], tuple[dict[str, int], list[str]]]
+
+
 async def key_counts(conn: Conn, user_id: str, device_id: str) -> tuple[dict[str, int], list[str]]:
     """(one-time keys left per algorithm, with `DEFAULT_ALGORITHM` at least; the algorithms of the
     device's unused fallback keys, sorted): what `/keys/upload` and `/sync` tell the device."""
     return (await key_counts_of(conn, [(user_id, device_id)]))[(user_id, device_id)]
 
 
-async def key_counts_of(
-    conn: Conn, devices: Sequence[tuple[str, str]]
-) -> dict[tuple[str, str], tuple[dict[str, int], list[str]]]:
-    """`key_counts` of several (user, device) pairs in one statement; every pair has an entry."""
-    users, device_ids = [u for u, _ in devices], [d for _, d in devices]
-    records = await conn.fetch(
-        "WITH wanted AS (SELECT * FROM unnest($1::text[], $2::text[]) AS w(user_id, device_id))"
-        " SELECT k.user_id, k.device_id, k.algorithm, count(*)::int AS n"
+def key_counts_sql(first: int) -> str:
+    """The CTEs `wanted` (the devices: user ids in `$first`, device ids in `$first + 1`) and
+    `counted` (user_id, device_id, algorithm, n: n one-time keys left, or -1 for an unused
+    fallback key), for `key_counts_of` and a statement that reads the counts beside something
+    else (`workers.storage.events.events_with_key_counts`)."""
+    return (
+        f"wanted AS (SELECT * FROM unnest(${first}::text[], ${first + 1}::text[]) AS w(user_id, device_id)),"
+        " counted AS (SELECT k.user_id, k.device_id, k.algorithm, count(*)::int AS n"
         " FROM e2e_one_time_keys k JOIN wanted USING (user_id, device_id)"
         " GROUP BY k.user_id, k.device_id, k.algorithm"
         " UNION ALL SELECT f.user_id, f.device_id, f.algorithm, -1"
-        " FROM e2e_fallback_keys f JOIN wanted USING (user_id, device_id) WHERE NOT f.used",
-        users,
-        device_ids,
+        " FROM e2e_fallback_keys f JOIN wanted USING (user_id, device_id) WHERE NOT f.used)"
     )
-    out: dict[tuple[str, str], tuple[dict[str, int], list[str]]] = {
-        device: ({DEFAULT_ALGORITHM: 0}, []) for device in devices
-    }
-    for r in records:
-        counts, fallback = out[(r["user_id"], r["device_id"])]
-        if r["n"] < 0:
-            fallback.append(r["algorithm"])
+
+
+def fold_key_counts(
+    devices: Sequence[tuple[str, str]], counted: Iterable[tuple[str, str, str, int]]
+) -> KeyCountsOf:
+    """`key_counts_of`'s answer from the rows of `counted` (see `key_counts_sql`)."""
+    out: KeyCountsOf = {device: ({DEFAULT_ALGORITHM: 0}, []) for device in devices}
+    for user_id, device_id, algorithm, n in counted:
+        counts, fallback = out[(user_id, device_id)]
+        if n < 0:
+            fallback.append(algorithm)
         else:
-            counts[r["algorithm"]] = r["n"]
+            counts[algorithm] = n
     for _, fallback in out.values():
         fallback.sort()
     return out
+
+
+async def key_counts_of(conn: Conn, devices: Sequence[tuple[str, str]]) -> KeyCountsOf:
+    """`key_counts` of several (user, device) pairs in one statement; every pair has an entry."""
+    records = await conn.fetch(
+        f"WITH {key_counts_sql(1)} SELECT user_id, device_id, algorithm, n FROM counted",
+        [u for u, _ in devices],
+        [d for _, d in devices],
+    )
+    return fold_key_counts(devices, records)
 
 
 async def claim_keys(conn: Conn, wanted: Sequence[tuple[str, str, str]]) -> list[ClaimedKey]:

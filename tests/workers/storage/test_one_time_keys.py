@@ -8,6 +8,7 @@ import asyncio
 
 import asyncpg
 
+from workers.storage import events as events_store
 from workers.storage import one_time_keys as store
 from workers.storage.one_time_keys import UploadedKey
 
@@ -44,3 +45,26 @@ async def test_concurrent_claims_on_two_pools_hand_out_each_key_once(database_ur
     finally:
         for pool in pools:
             await pool.close()
+
+
+async def test_counts_read_beside_event_bodies_are_the_counts_read_alone(db_pool: asyncpg.Pool) -> None:
+    """`events.events_with_key_counts` carries `key_counts_of` in the bodies' statement: the same
+    counts, also when no event asked for is stored (the counts come on the one row left)."""
+    async with db_pool.acquire() as conn:
+        await conn.execute("INSERT INTO users (user_id, created_ts) VALUES ($1, 0)", USER)
+        for device in (DEVICE, "LAPTOP"):
+            await conn.execute(
+                "INSERT INTO devices (user_id, device_id, created_ts) VALUES ($1, $2, 0)", USER, device
+            )
+        await store.add_one_time_keys(
+            conn, USER, DEVICE, [UploadedKey(ALG, f"K{n}", '"k"') for n in range(3)], 0
+        )
+        await store.add_one_time_keys(conn, USER, DEVICE, [UploadedKey("other", "O", '"o"')], 0)
+        await store.set_fallback_keys(conn, USER, "LAPTOP", [UploadedKey(ALG, "F", '"f"')])
+        devices = [(USER, DEVICE), (USER, "LAPTOP"), ("@nobody:localhost", "X")]
+        alone = await store.key_counts_of(conn, devices)
+        events, beside = await events_store.events_with_key_counts(conn, ["$not-stored"], devices)
+    assert events == {}
+    assert beside == alone
+    assert alone[(USER, DEVICE)] == ({ALG: 3, "other": 1}, [])
+    assert alone[(USER, "LAPTOP")] == ({ALG: 0}, [ALG])

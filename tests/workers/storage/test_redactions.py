@@ -57,6 +57,10 @@ async def test_reads_prune_by_the_rooms_version_and_name_the_redaction(db_pool: 
         windowed = await store.events_for_rooms(conn, [ROOM], {}, (0, 100), 20)
         as_stored = await store.events_by_writer(conn, "w1", 0, 100, 20)
         recorded = dict(await conn.fetch("SELECT redacts, redaction_id FROM redactions"))
+        ids = ["$msg", "$topic", "$power", "$create", "$r1", "$never"]
+        with_counts, counts = await store.events_with_key_counts(conn, ids, [("@a:hs", "D")])
+    assert with_counts == by_id  # the same events, pruned alike, whatever rides with them
+    assert counts == {("@a:hs", "D"): ({"signed_curve25519": 0}, [])}
     assert recorded == {"$msg": "$r1", "$topic": "$r2", "$power": "$r3", "$r1": "$r4"}
     msg = by_id["$msg"]
     assert msg.content == {}

@@ -25,11 +25,12 @@ While workers of the previous release run (`workers.process.previous_release`), 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -111,6 +112,10 @@ async def read_counts(conn: Conn, user_id: str, device_id: str) -> KeyCounts:
     return KeyCounts(*await store.key_counts(conn, user_id, device_id))
 
 
+Device = tuple[str, str]
+T = TypeVar("T")
+
+
 class CountReads:
     """Exact key counts, read from PostgreSQL: every read asked for in one event-loop turn shares
     one statement (`store.key_counts_of`), so the many answers of one wake cost one query.
@@ -120,19 +125,24 @@ class CountReads:
     read asked for ahead (`ahead`: a line for a room the device's long-poll waits on arrived, so
     its answer will want the counts): an asker whose request started before that read was asked
     for (`read`'s `since_ns`) takes it, since the read then began after anything the asker had been
-    told of, and the answer does not wait for a statement of its own after the wake."""
+    told of, and the answer does not wait for a statement of its own after the wake.
+
+    `ride` asks for reads ahead as `ahead` does, and hands the turn's reads to a statement the
+    caller makes anyway (the line's event bodies: `CountTurn`), so that the wake's answers wait
+    for one reply, not two."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._waiting: dict[tuple[str, str], asyncio.Future[KeyCounts]] = {}
+        self._waiting: dict[Device, asyncio.Future[KeyCounts]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: device -> (time.monotonic_ns() when it was asked for, the read) of reads asked for ahead,
         #: oldest first; each is taken once, or dropped after `AHEAD_KEEP_NS`.
-        self._ahead: dict[tuple[str, str], tuple[int, asyncio.Future[KeyCounts]]] = {}
-        #: Statements sent, and reads asked for ahead that an answer took.
-        self.statements = self.taken_ahead = 0
+        self._ahead: dict[Device, tuple[int, asyncio.Future[KeyCounts]]] = {}
+        #: Statements sent, statements of another read that carried this turn's reads (`ride`),
+        #: and reads asked for ahead that an answer took.
+        self.statements = self.rode = self.taken_ahead = 0
 
-    def ahead(self, devices: Iterable[tuple[str, str]]) -> None:
+    def ahead(self, devices: Iterable[Device]) -> None:
         """Read these devices' counts in this turn's statement, for answers about to be made."""
         now = time.monotonic_ns()
         kept = self._ahead
@@ -144,6 +154,14 @@ class CountReads:
         for device in devices:
             kept.pop(device, None)
             kept[device] = (now, self.read(*device))
+
+    def ride(self, devices: Iterable[Device]) -> CountTurn | None:
+        """`ahead`, with this turn's reads (those and any asked for since the last statement) taken
+        out for the caller's own statement (`CountTurn.riding`, or `CountTurn.send` when it makes
+        none). None when there is nothing to read."""
+        self.ahead(devices)
+        waiting, self._waiting = self._waiting, {}
+        return CountTurn(self, waiting) if waiting else None
 
     def read(self, user_id: str, device_id: str, since_ns: int = 0) -> asyncio.Future[KeyCounts]:
         """The device's counts as committed after this call, or after `since_ns` (the
@@ -160,30 +178,67 @@ class CountReads:
             future = self._waiting[device] = asyncio.get_running_loop().create_future()
         return future
 
-    def _send(self) -> None:
-        waiting, self._waiting = self._waiting, {}
+    def _send(self, waiting: dict[Device, asyncio.Future[KeyCounts]] | None = None) -> None:
+        if waiting is None:
+            waiting, self._waiting = self._waiting, {}
+            if not waiting:
+                return  # `ride` took them
         self.statements += 1
         task = asyncio.create_task(self._fetch(waiting), name="key-counts")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _fetch(self, waiting: dict[tuple[str, str], asyncio.Future[KeyCounts]]) -> None:
-        try:
+    async def _fetch(self, waiting: dict[Device, asyncio.Future[KeyCounts]]) -> None:
+        async def read(devices: list[Device]) -> tuple[None, store.KeyCountsOf]:
             async with self._pool.acquire() as conn:
-                counts = await store.key_counts_of(conn, list(waiting))
-        except Exception as e:  # each asker gets it (a 503 where the database is away)
-            for future in waiting.values():
-                if not future.done():
-                    future.set_exception(e)
-                    future.exception()  # retrieved: an asker that went away must not log it
-            return
-        except BaseException:
-            for future in waiting.values():
-                future.cancel()
-            raise
-        for device, future in waiting.items():
+                return None, await store.key_counts_of(conn, devices)
+
+        with contextlib.suppress(Exception):  # each asker has it
+            await _answer(waiting, read)
+
+
+async def _answer(
+    waiting: dict[Device, asyncio.Future[KeyCounts]],
+    read: Callable[[list[Device]], Awaitable[tuple[T, store.KeyCountsOf]]],
+) -> T:
+    """Run `read` for the devices of `waiting` and give each asker its counts, or the error (a 503
+    where the database is away; cancelled when the read is); `read`'s other result."""
+    try:
+        result, counts = await read(list(waiting))
+    except Exception as e:
+        for future in waiting.values():
             if not future.done():
-                future.set_result(KeyCounts(*counts[device]))
+                future.set_exception(e)
+                future.exception()  # retrieved: an asker that went away must not log it
+        raise
+    except BaseException:
+        for future in waiting.values():
+            future.cancel()
+        raise
+    for device, future in waiting.items():
+        if not future.done():
+            future.set_result(KeyCounts(*counts[device]))
+    return result
+
+
+class CountTurn:
+    """A turn's key-count reads, taken out of `CountReads` (`ride`) to go in another statement:
+    `riding` makes that statement with them (`read` gets the devices and returns its own result
+    with their counts); `send` sends them in a statement of their own instead. Exactly one of the
+    two, once."""
+
+    __slots__ = ("_reads", "_waiting")
+
+    def __init__(self, reads: CountReads, waiting: dict[Device, asyncio.Future[KeyCounts]]) -> None:
+        self._reads = reads
+        self._waiting = waiting
+
+    async def riding(self, read: Callable[[list[Device]], Awaitable[tuple[T, store.KeyCountsOf]]]) -> T:
+        self._reads.rode += 1
+        return await _answer(self._waiting, read)
+
+    def send(self) -> None:
+        self._reads._send(self._waiting)
 
 
 class OneTimeKeys:
@@ -224,9 +279,10 @@ class OneTimeKeys:
         """The device's counts as committed now, or after `since_ns` (`CountReads.read`)."""
         return self._reads.read(user_id, device_id, since_ns)
 
-    def counts_ahead(self, devices: Iterable[tuple[str, str]]) -> None:
-        """Start reading these devices' counts for answers about to be made (`CountReads.ahead`)."""
-        self._reads.ahead(devices)
+    def counts_ahead(self, devices: Iterable[tuple[str, str]]) -> CountTurn | None:
+        """Start reading these devices' counts for answers about to be made, in a statement the
+        caller makes (`CountReads.ride`)."""
+        return self._reads.ride(devices)
 
     async def claim(self, wanted: Sequence[tuple[str, str, str]]) -> list[ClaimedKey]:
         """One key per (user, device, algorithm) that has one (see `store.claim_keys`), claimed on

@@ -27,14 +27,17 @@ import bisect
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from functools import partial
 from typing import NamedTuple, Protocol
 
 import asyncpg
 
 from workers.handlers.caches.change_cache import BLIND_S
 from workers.handlers.caches.lru import EventLike
+from workers.handlers.stored.one_time_keys import CountTurn, Device
 from workers.model import Event
 from workers.storage import events as store
+from workers.storage.one_time_keys import KeyCountsOf
 
 #: Events kept (about 200 bytes each): at 1,000 events/s, the last 20 s.
 MAX_EVENTS = 20_000
@@ -197,8 +200,9 @@ class StoredWitness:
     asked for: a busy writer's lines cover a budget of reads each).
 
     `ahead`, when given, is called in the same turn with the rooms watched: the answers the line
-    will wake want more than the bodies (the devices' key counts), read beside the bodies' so that
-    the woken answers find them under way or done."""
+    will wake want more than the bodies (the devices' key counts). The reads it returns go in the
+    bodies' statement (`EventBodies.get`), so that the woken answers find them done with the
+    bodies, after one reply."""
 
     __slots__ = ("_ahead", "_bodies", "_watching")
 
@@ -206,7 +210,7 @@ class StoredWitness:
         self,
         bodies: EventBodies,
         watching: Callable[[str], bool],
-        ahead: Callable[[set[str]], None] | None = None,
+        ahead: Callable[[set[str]], CountTurn | None] | None = None,
     ) -> None:
         self._bodies = bodies
         self._watching = watching
@@ -217,12 +221,10 @@ class StoredWitness:
         rooms = {row.room_id for _, row in rows if watching(row.room_id)}
         if not rooms:
             return None
-        if self._ahead is not None:
-            self._ahead(rooms)
-        return self._stored(writer, rows)
+        return self._stored(writer, rows, None if self._ahead is None else self._ahead(rooms))
 
-    async def _stored(self, writer: str, rows: Sequence[tuple[int, Sent]]) -> bool:
-        found = await self._bodies.get([row.event_id for _, row in rows])
+    async def _stored(self, writer: str, rows: Sequence[tuple[int, Sent]], counts: CountTurn | None) -> bool:
+        found = await self._bodies.get([row.event_id for _, row in rows], counts)
         token, last = rows[-1]
         event = found.get(last.event_id)
         return event is not None and event.stream_ordering == token and event.instance_name == writer
@@ -283,8 +285,10 @@ class EventBodies:
         """The room was purged: its events are gone from the database, so from here too."""
         self.forget([event_id for event_id, event in self._cache.items() if event.room_id == room_id])
 
-    async def get(self, event_ids: Sequence[str]) -> dict[str, Event]:
-        """The persisted events among `event_ids`, by id (an id that is not stored is left out)."""
+    async def get(self, event_ids: Sequence[str], counts: CountTurn | None = None) -> dict[str, Event]:
+        """The persisted events among `event_ids`, by id (an id that is not stored is left out).
+        `counts`: key-count reads to make in the same statement as the bodies (sent alone when
+        every body is here or in flight already)."""
         found: dict[str, Event] = {}
         waiting: dict[str, asyncio.Future[dict[str, Event] | None]] = {}
         missing: list[str] = []
@@ -300,7 +304,9 @@ class EventBodies:
         self.hits += len(found)
         self.misses += len(event_ids) - len(found)
         if missing:
-            found |= await self._read(missing)
+            found |= await self._read(missing, counts)
+        elif counts is not None:
+            counts.send()
         unread = []
         for event_id, future in waiting.items():
             loaded = await future
@@ -312,14 +318,17 @@ class EventBodies:
             found |= await self._read(unread)
         return found
 
-    async def _read(self, event_ids: list[str]) -> dict[str, Event]:
+    async def _read(self, event_ids: list[str], counts: CountTurn | None = None) -> dict[str, Event]:
         future: asyncio.Future[dict[str, Event] | None] = asyncio.get_running_loop().create_future()
         self._loading |= dict.fromkeys(event_ids, future)
         loaded: dict[str, Event] | None = None
         try:
             self.reads += 1
-            async with self._pool.acquire() as conn:
-                loaded = await store.events_by_ids(conn, event_ids)
+            if counts is None:
+                async with self._pool.acquire() as conn:
+                    loaded = await store.events_by_ids(conn, event_ids)
+            else:
+                loaded = await counts.riding(partial(self._read_with_counts, event_ids))
             for event in loaded.values():
                 if self._loading.get(event.event_id) is future:  # not forgotten meanwhile
                     self._store(event)
@@ -329,3 +338,9 @@ class EventBodies:
                 if self._loading.get(event_id) is future:
                     del self._loading[event_id]
             future.set_result(loaded)  # None when the read failed or was cancelled
+
+    async def _read_with_counts(
+        self, event_ids: list[str], devices: list[Device]
+    ) -> tuple[dict[str, Event], KeyCountsOf]:
+        async with self._pool.acquire() as conn:
+            return await store.events_with_key_counts(conn, event_ids, devices)

@@ -82,3 +82,65 @@ async def test_reads_asked_for_ahead_and_never_taken_are_dropped(db_pool: asyncp
     reads.ahead([(USER, "LAPTOP")])
     assert list(reads._ahead) == [(USER, "LAPTOP")]
     await asyncio.sleep(0.01)
+
+
+async def test_reads_that_ride_get_their_counts_from_the_statement_that_carries_them(
+    db_pool: asyncpg.Pool,
+) -> None:
+    """`ride` takes the turn's reads (the ones asked for ahead and any other not yet sent) out of
+    the turn's own statement; the carrying statement answers each, and an answer that started
+    before takes the read asked for ahead."""
+    await _devices(db_pool, "PHONE", "LAPTOP")
+    reads = CountReads(db_pool)
+    started = time.monotonic_ns()
+    other = reads.read(USER, "LAPTOP")
+    turn = reads.ride([(USER, "PHONE")])
+    assert turn is not None
+    asked = []
+
+    async def carry(devices: list[tuple[str, str]]) -> tuple[str, store.KeyCountsOf]:
+        asked.append(sorted(devices))
+        async with db_pool.acquire() as conn:
+            return "mine", await store.key_counts_of(conn, devices)
+
+    assert await turn.riding(carry) == "mine"
+    assert asked == [[(USER, "LAPTOP"), (USER, "PHONE")]]
+    assert (await other).one_time == {ALG: 3}
+    assert (await reads.read(USER, "PHONE", started)).one_time == {ALG: 3}
+    await asyncio.sleep(0.01)
+    assert (reads.statements, reads.rode, reads.taken_ahead) == (0, 1, 1)
+
+
+async def test_a_failed_carrying_statement_fails_each_read_it_carried(db_pool: asyncpg.Pool) -> None:
+    reads = CountReads(db_pool)
+    turn = reads.ride([(USER, "PHONE")])
+    assert turn is not None
+    waiting = reads.read(USER, "PHONE", 1)
+
+    async def fail(devices: list[tuple[str, str]]) -> tuple[None, store.KeyCountsOf]:
+        raise ConnectionError("the database went away")
+
+    try:
+        await turn.riding(fail)
+    except ConnectionError:
+        pass
+    else:
+        raise AssertionError("the carrying statement's error was swallowed")
+    try:
+        await waiting
+    except ConnectionError as e:
+        assert "went away" in str(e)
+    else:
+        raise AssertionError("a carried read was answered without a statement")
+
+
+async def test_a_turn_not_carried_is_sent_alone(db_pool: asyncpg.Pool) -> None:
+    await _devices(db_pool, "PHONE")
+    reads = CountReads(db_pool)
+    started = time.monotonic_ns()
+    turn = reads.ride([(USER, "PHONE")])
+    assert turn is not None and reads.ride([]) is None
+    turn.send()
+    assert (await reads.read(USER, "PHONE", started)).one_time == {ALG: 3}
+    await asyncio.sleep(0.01)
+    assert (reads.statements, reads.rode) == (1, 0)

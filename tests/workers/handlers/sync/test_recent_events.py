@@ -157,15 +157,15 @@ async def test_a_line_for_a_watched_room_is_proven_by_its_body_read_before_the_w
     poll = await _parked(reader, room, lambda token: bob.sync("s1", token, 10_000), since)
     reads = reader.sync.bodies.reads
     counts = reader.stored.one_time_keys._reads
-    statements, taken = counts.statements, counts.taken_ahead
+    statements, rode, taken = counts.statements, counts.rode, counts.taken_ahead
     sent = await alice.send(room, "m.room.message", {"body": "seen"}, via="p1")
     answer = await poll
     assert sent["event_id"] in [e["event_id"] for e in timeline_events(answer)]
     assert witnessed("fanout_repl_witnessed_total") == before + 1
     assert reader.sync.bodies.reads == reads + 1  # the line's read: the answer found the body here
-    # The key counts were read beside the body, for the answer: one statement, taken by it.
+    # The key counts were read in the body's statement, for the answer, and taken by it.
     assert answer["device_one_time_keys_count"] == {"signed_curve25519": 0}
-    assert (counts.statements, counts.taken_ahead) == (statements + 1, taken + 1)
+    assert (counts.statements, counts.rode, counts.taken_ahead) == (statements, rode + 1, taken + 1)
 
     await alice.send(room, "m.room.message", {"body": "unwatched"}, via="p1")
     await asyncio.sleep(0.3)
