@@ -178,11 +178,12 @@ class CountReads:
             future = self._waiting[device] = asyncio.get_running_loop().create_future()
         return future
 
-    def _send(self, waiting: dict[Device, asyncio.Future[KeyCounts]] | None = None) -> None:
-        if waiting is None:
-            waiting, self._waiting = self._waiting, {}
-            if not waiting:
-                return  # `ride` took them
+    def _send(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        if waiting:  # else `ride` took them
+            self._start(waiting)
+
+    def _start(self, waiting: dict[Device, asyncio.Future[KeyCounts]]) -> None:
         self.statements += 1
         task = asyncio.create_task(self._fetch(waiting), name="key-counts")
         self._tasks.add(task)
@@ -200,9 +201,11 @@ class CountReads:
 async def _answer(
     waiting: dict[Device, asyncio.Future[KeyCounts]],
     read: Callable[[list[Device]], Awaitable[tuple[T, store.KeyCountsOf]]],
+    *,
+    cancel: bool = True,
 ) -> T:
     """Run `read` for the devices of `waiting` and give each asker its counts, or the error (a 503
-    where the database is away; cancelled when the read is); `read`'s other result."""
+    where the database is away; cancelled when the read is, if `cancel`); `read`'s other result."""
     try:
         result, counts = await read(list(waiting))
     except Exception as e:
@@ -212,8 +215,9 @@ async def _answer(
                 future.exception()  # retrieved: an asker that went away must not log it
         raise
     except BaseException:
-        for future in waiting.values():
-            future.cancel()
+        if cancel:
+            for future in waiting.values():
+                future.cancel()
         raise
     for device, future in waiting.items():
         if not future.done():
@@ -225,7 +229,8 @@ class CountTurn:
     """A turn's key-count reads, taken out of `CountReads` (`ride`) to go in another statement:
     `riding` makes that statement with them (`read` gets the devices and returns its own result
     with their counts); `send` sends them in a statement of their own instead. Exactly one of the
-    two, once."""
+    two, once. A carrying statement that is cancelled hands the reads back to a statement of
+    their own: the askers were not cancelled, only the line that carried them."""
 
     __slots__ = ("_reads", "_waiting")
 
@@ -235,10 +240,14 @@ class CountTurn:
 
     async def riding(self, read: Callable[[list[Device]], Awaitable[tuple[T, store.KeyCountsOf]]]) -> T:
         self._reads.rode += 1
-        return await _answer(self._waiting, read)
+        try:
+            return await _answer(self._waiting, read, cancel=False)
+        except asyncio.CancelledError:
+            self.send()
+            raise
 
     def send(self) -> None:
-        self._reads._send(self._waiting)
+        self._reads._start(self._waiting)
 
 
 class OneTimeKeys:

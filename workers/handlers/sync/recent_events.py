@@ -221,9 +221,12 @@ class StoredWitness:
         rooms = {row.room_id for _, row in rows if watching(row.room_id)}
         if not rooms:
             return None
-        return self._stored(writer, rows, None if self._ahead is None else self._ahead(rooms))
+        return self._stored(writer, rows, rooms)
 
-    async def _stored(self, writer: str, rows: Sequence[tuple[int, Sent]], counts: CountTurn | None) -> bool:
+    async def _stored(self, writer: str, rows: Sequence[tuple[int, Sent]], rooms: set[str]) -> bool:
+        # Asked for here, not in `__call__`: a witness never awaited (its line cancelled first)
+        # takes no count reads that would then never be made.
+        counts = None if self._ahead is None else self._ahead(rooms)
         found = await self._bodies.get([row.event_id for _, row in rows], counts)
         token, last = rows[-1]
         event = found.get(last.event_id)

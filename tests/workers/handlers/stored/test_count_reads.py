@@ -144,3 +144,26 @@ async def test_a_turn_not_carried_is_sent_alone(db_pool: asyncpg.Pool) -> None:
     assert (await reads.read(USER, "PHONE", started)).one_time == {ALG: 3}
     await asyncio.sleep(0.01)
     assert (reads.statements, reads.rode) == (1, 0)
+
+
+async def test_a_cancelled_carrying_statement_hands_its_reads_back(db_pool: asyncpg.Pool) -> None:
+    """The line that carried the reads was cancelled, not the askers: their reads go alone."""
+    await _devices(db_pool, "PHONE")
+    reads = CountReads(db_pool)
+    waiting = reads.read(USER, "PHONE")
+    turn = reads.ride([])
+    assert turn is not None
+
+    async def never(devices: list[tuple[str, str]]) -> tuple[None, store.KeyCountsOf]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    carrier = asyncio.create_task(turn.riding(never))
+    await asyncio.sleep(0.01)
+    carrier.cancel()
+    try:
+        await carrier
+    except asyncio.CancelledError:
+        pass
+    assert (await asyncio.wait_for(waiting, 5)).one_time == {ALG: 3}
+    assert (reads.statements, reads.rode) == (1, 1)

@@ -4,6 +4,7 @@ or says it cannot; concurrent syncs read a body once."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
 from collections.abc import Callable, Coroutine
@@ -18,8 +19,9 @@ from hypothesis import strategies as st
 from tests.pubsub.conftest import wait_for
 from tests.workers.conftest import MakeWorker, client_for
 from workers.app import Worker
+from workers.handlers.stored.one_time_keys import CountReads
 from workers.handlers.sync import recent_events
-from workers.handlers.sync.recent_events import EventBodies, EventRef, RecentEvents
+from workers.handlers.sync.recent_events import EventBodies, EventRef, RecentEvents, StoredWitness
 from workers.harness.cluster_client import timeline_events
 from workers.model import NewEvent
 from workers.storage.events import insert_batch
@@ -170,3 +172,19 @@ async def test_a_line_for_a_watched_room_is_proven_by_its_body_read_before_the_w
     await alice.send(room, "m.room.message", {"body": "unwatched"}, via="p1")
     await asyncio.sleep(0.3)
     assert witnessed("fanout_repl_witnessed_total") == before + 1
+
+
+async def test_a_witness_never_awaited_takes_no_count_reads(db_pool: asyncpg.Pool) -> None:
+    """A line cancelled before its witness ran leaves the turn's key-count reads to their own
+    statement: an answer waiting on one is never stranded."""
+    counts = CountReads(db_pool)
+    waiting = counts.read("@bob:localhost", "PHONE")
+    witness = StoredWitness(
+        EventBodies(db_pool), lambda room: True, lambda rooms: counts.ride([("@bob:localhost", "PHONE")])
+    )
+    row = EventRef(1, "w1", "$e", "!r:hs", "m.room.message", None, "@a:hs")
+    found = witness("w1", [(1, row)])
+    assert inspect.iscoroutine(found)
+    found.close()
+    assert (await asyncio.wait_for(waiting, 5)).one_time == {"signed_curve25519": 0}
+    assert (counts.statements, counts.rode) == (1, 0)
