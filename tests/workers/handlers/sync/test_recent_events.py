@@ -25,6 +25,7 @@ from workers.handlers.sync.recent_events import EventBodies, EventRef, RecentEve
 from workers.harness.cluster_client import timeline_events
 from workers.model import NewEvent
 from workers.storage.events import insert_batch
+from workers.streams.events import EVENTS
 
 WRITERS = ("w1", "w2", "w3")
 ROOMS = ("!a", "!b", "!c", "!d")
@@ -153,6 +154,11 @@ async def test_a_line_for_a_watched_room_is_proven_by_its_body_read_before_the_w
     await bob.register("@witness-bob")
     room = await alice.create_room("public", via="p1")
     await bob.membership(room, "join", via="p1")
+    # A token from after the join reached s1: else the parked poll may wake for the join's line.
+    joined = writer.generators[EVENTS].get_current_token_for_writer("p1")
+    await wait_for(
+        lambda: reader.generators[EVENTS].get_current_token_for_writer("p1") >= joined, what="the join on s1"
+    )
     since = (await bob.sync("s1"))["next_batch"]
     witnessed = reader.replication.metrics.value
     before = witnessed("fanout_repl_witnessed_total")
