@@ -173,7 +173,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"  workers                      {', '.join(summary['workers'])}",
         f"  actions / events persisted   {summary['actions']} / {summary['events_sent']}"
         f" ({summary['rejected_by_rules']} refused by room rules)",
-        f"  throughput                   {summary['events_per_s']} events/s over {summary['seconds']} s",
+        f"  throughput                   {summary['events_per_s']} events/s,"
+        f" {summary['actions_per_s']} actions/s over {summary['seconds']} s"
+        f" (the clients used {summary['client_cores']:.2f} of a core)",
         f"  persist-to-visible on every sync worker  p50 {summary['latency_p50_ms']} ms,"
         f" p99 {summary['latency_p99_ms']} ms ({summary['latency_samples']} messages)",
         f"  syncs checked                {summary['syncs']}",

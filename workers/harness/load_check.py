@@ -91,6 +91,8 @@ class LoadReport:
     left_and_pending_seen: int = 0
     pending_seen: int = 0
     seconds: float = 0.0
+    #: CPU the load's own process (its clients and readers) used over `seconds`.
+    client_cpu_s: float = 0.0
     syncs: int = 0
     latency_ms: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -117,6 +119,15 @@ class LoadReport:
     def events_per_s(self) -> float:
         return self.events_sent / self.seconds if self.seconds else 0.0
 
+    @property
+    def actions_per_s(self) -> float:
+        return self.actions / self.seconds if self.seconds else 0.0
+
+    @property
+    def client_cores(self) -> float:
+        """Cores the load's clients used: beside the machine's, whether they could bound the load."""
+        return self.client_cpu_s / self.seconds if self.seconds else 0.0
+
     def percentile(self, q: float) -> float:
         if not self.latency_ms:
             return float("nan")
@@ -142,6 +153,8 @@ class LoadReport:
             "left_and_pending_seen": self.left_and_pending_seen,
             "seconds": round(self.seconds, 2),
             "events_per_s": round(self.events_per_s, 1),
+            "actions_per_s": round(self.actions_per_s, 1),
+            "client_cores": round(self.client_cores, 3),
             "syncs": self.syncs,
             "latency_p50_ms": round(self.percentile(50), 1),
             "latency_p99_ms": round(self.percentile(99), 1),

@@ -410,6 +410,7 @@ class LoadDriver:
         for _ in range(plan.actions if until is None else 0):
             queue.put_nowait(self._next_action())
         started = self._started = time.monotonic()
+        cpu_started = time.process_time()
         self._until = until is not None
         done = 0
 
@@ -428,6 +429,7 @@ class LoadDriver:
         try:
             await asyncio.gather(*(actor() for _ in range(plan.concurrency)))
             self.report.seconds = time.monotonic() - started
+            self.report.client_cpu_s = time.process_time() - cpu_started
             self.report.actions = done
             async with connect(self.database_url) as conn:
                 final, ids = await written_positions(conn)

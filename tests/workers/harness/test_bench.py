@@ -192,12 +192,16 @@ def test_bench_crowd_and_live_count_every_poll_and_send(tmp_path: Path) -> None:
 
 def test_bench_demo_runs_the_demos_load_and_checks_its_history(tmp_path: Path) -> None:
     """`fanout bench demo` (here through `bench all --quick`) drives the demo's load and reports
-    persist-to-visible on every sync worker beside its targets, with the history check's verdict."""
+    persist-to-visible on every sync worker beside its targets, with the history check's verdict,
+    and the cores its own clients used."""
     document, table = _bench_all_quick(tmp_path, "demo", 300)
     result = document["results"]["demo"]
     assert result["verified"] and result["problems"] == []
     assert result["latency_samples"] > 0 and result["latency_p50_ms"] <= result["latency_p99_ms"]
+    assert result["actions"] > 0 and result["actions_per_s"] > 0
+    assert 0 < result["client_cores"] <= 2.0
     assert "| demo | persist-to-visible p99, every sync worker |" in table
+    assert "| demo | cores used by the demo's own clients |" in table
     assert "| demo | history problems (lost, duplicated, reordered, ...) | 0 |" in table
 
 
