@@ -145,15 +145,21 @@ async def key_counts_of(conn: Conn, devices: Sequence[tuple[str, str]]) -> KeyCo
 async def claim_keys(conn: Conn, wanted: Sequence[tuple[str, str, str]]) -> list[ClaimedKey]:
     """Hand out one key per (user, device, algorithm) of `wanted` that has one: a one-time key
     (deleted as it is picked; keys another claim holds are skipped), else the unused or used
-    fallback key (marked used). Each one-time key is handed out once, whoever claims at once."""
+    fallback key (marked used). Each one-time key is handed out once, whoever claims at once.
+
+    The keys are picked in a MATERIALIZED CTE, run once. Picked inside the DELETE's join, the pick
+    may run again for every key row the plan scans (a nested loop over the keys, as the planner
+    chooses from statistics of a nearly empty table), each run skipping the rows the runs before
+    locked: one claim then deleted every key of the device."""
     if not wanted:
         return []
     users, devices, algorithms = (list(column) for column in zip(*wanted, strict=True))
     records = await conn.fetch(
-        "DELETE FROM e2e_one_time_keys k USING (SELECT p.* FROM unnest($1::text[], $2::text[], $3::text[])"
+        "WITH picked AS MATERIALIZED (SELECT p.* FROM unnest($1::text[], $2::text[], $3::text[])"
         " AS w(u, d, a) CROSS JOIN LATERAL (SELECT user_id, device_id, algorithm, key_id"
         " FROM e2e_one_time_keys WHERE user_id = w.u AND device_id = w.d AND algorithm = w.a"
-        " ORDER BY key_id LIMIT 1 FOR UPDATE SKIP LOCKED) p) picked"
+        " ORDER BY key_id LIMIT 1 FOR UPDATE SKIP LOCKED) p)"
+        " DELETE FROM e2e_one_time_keys k USING picked"
         " WHERE k.user_id = picked.user_id AND k.device_id = picked.device_id"
         " AND k.algorithm = picked.algorithm AND k.key_id = picked.key_id"
         " RETURNING k.user_id, k.device_id, k.algorithm, k.key_id, k.key_json",

@@ -1,6 +1,7 @@
 """The claim statement under real concurrency: many connections of two pools (as two workers)
 claim one device's keys at once; each one-time key goes out exactly once, and no claim falls back
-while a one-time key is left."""
+while a one-time key is left. And under the plan statistics of a nearly empty table: one claim,
+one key."""
 
 from __future__ import annotations
 
@@ -68,3 +69,26 @@ async def test_counts_read_beside_event_bodies_are_the_counts_read_alone(db_pool
     assert beside == alone
     assert alone[(USER, DEVICE)] == ({ALG: 3, "other": 1}, [])
     assert alone[(USER, "LAPTOP")] == ({ALG: 0}, [ALG])
+
+
+async def test_a_claim_takes_one_key_when_the_statistics_saw_an_almost_empty_table(
+    db_pool: asyncpg.Pool,
+) -> None:
+    """One claim takes one key whatever plan PostgreSQL picks. With statistics from a table of one
+    key (a new or just restored database), the planner scanned the keys and ran the key pick inside
+    the DELETE again for each one, every run skipping the keys the runs before had locked: one
+    claim deleted all of the device's keys and the answer handed out only one."""
+    async with db_pool.acquire() as conn:
+        await conn.execute("INSERT INTO users (user_id, created_ts) VALUES ($1, 0)", USER)
+        for device in (DEVICE, "OTHER"):
+            await conn.execute(
+                "INSERT INTO devices (user_id, device_id, created_ts) VALUES ($1, $2, 0)", USER, device
+            )
+        await store.add_one_time_keys(conn, USER, "OTHER", [UploadedKey(ALG, "O", '"o"')], 0)
+        await conn.execute("ANALYZE e2e_one_time_keys")
+        await store.add_one_time_keys(
+            conn, USER, DEVICE, [UploadedKey(ALG, f"K{n}", f'"k{n}"') for n in range(3)], 0
+        )
+        claimed = await store.claim_keys(conn, [(USER, DEVICE, ALG)])
+        assert [c.key.key_id for c in claimed] == ["K0"]
+        assert await store.key_counts(conn, USER, DEVICE) == ({ALG: 2}, [])
