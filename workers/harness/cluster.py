@@ -78,7 +78,11 @@ class LocalCluster:
         worker_config: dict[str, dict[str, Any]] | None = None,
         redis_cluster: Sequence[str] = (),
         registration: str | None = "open",
+        cpu_profile: Path | None = None,
     ) -> None:
+        #: Where the workers' CPU profiles go: each worker of this tree's code then runs under
+        #: `workers.harness.bench.cpu_sampler` (recording between SIGUSR1 and SIGUSR2).
+        self.cpu_profile = cpu_profile
         #: The workers' registration policy (None: their default, closed).
         self.registration = registration
         self.write_only_persisters = write_only_persisters
@@ -167,9 +171,12 @@ class LocalCluster:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if spec.command is not None:
             env.pop("PYTHONPATH", None)
+        command = spec.command or [sys.executable, "-m", "workers.cli"]
+        if spec.command is None and self.cpu_profile is not None:
+            sampler = "workers.harness.bench.cpu_sampler"
+            command = [sys.executable, "-m", sampler, str(self.cpu_profile), spec.name, "--"]
         spec.process = subprocess.Popen(
-            [*(spec.command or [sys.executable, "-m", "workers.cli"]), "worker",
-             "--config", str(self.config_path(spec.name))],
+            [*command, "worker", "--config", str(self.config_path(spec.name))],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -28,6 +28,7 @@ import aiohttp
 
 from workers.embedded.services import given_or_embedded
 from workers.harness.bench._common import positive_int
+from workers.harness.bench.profile import profile
 from workers.harness.cluster import LocalCluster
 from workers.harness.load_check import LoadReport
 from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
@@ -82,14 +83,19 @@ async def room_stats_position(database_url: str) -> tuple[int, int]:
 
 
 def demo_cluster(
-    database_url: str, redis_url: str, workdir: Path, announce_interval_s: float
+    database_url: str,
+    redis_url: str,
+    workdir: Path,
+    announce_interval_s: float,
+    cpu_profile: Path | None = None,
 ) -> LocalCluster:
     """The demo's cluster, not started: 2 persisters (writing events, account data, device lists
     and to-device), 2 sync workers, background1 (room stats, and the typing and presence writer).
-    `fanout bench idle` measures this same topology at rest."""
+    `fanout bench idle` measures this same topology at rest. `cpu_profile`: the workers run under
+    the CPU sampler (`fanout bench demo --profile`)."""
     return LocalCluster(
         database_url, redis_url, workdir, channel_prefix=f"demo-{uuid.uuid4().hex[:8]}",
-        announce_interval_s=announce_interval_s, registration="open",
+        announce_interval_s=announce_interval_s, registration="open", cpu_profile=cpu_profile,
         stream_writers={
             "typing": ["background1"], "presence": ["background1"],
             "account_data": ["persister1", "persister2"], "device_lists": ["persister1", "persister2"],
@@ -106,7 +112,8 @@ async def run_demo(
     say(f"database {database_url}")
     say(f"redis    {redis_url}")
     await migrate_url(database_url)
-    cluster = demo_cluster(database_url, redis_url, workdir / "workers", args.announce_interval)
+    sampled = None if args.profile is None else args.profile / "sampled"
+    cluster = demo_cluster(database_url, redis_url, workdir / "workers", args.announce_interval, sampled)
     say(f"starting {len(cluster.workers)} workers ({', '.join(cluster.workers)}); logs in {cluster.workdir}")
     started = time.monotonic()
     await cluster.start()
@@ -123,7 +130,13 @@ async def run_demo(
             say(f"setting up {plan.users} users and {plan.rooms} rooms")
             await driver.setup()
             say("driving the load")
+            recording = None
+            if sampled is not None:
+                pids = {n: w.process.pid for n, w in cluster.workers.items() if w.process is not None}
+                recording = profile(sampled, pids, args.profile / "load")
             report: LoadReport = await driver.run(ProgressBar())
+            for written in () if recording is None else recording.wait():
+                say(f"profile: {written}")
             if report.problems:
                 driver.dump_histories(workdir / "histories.json")
         deadline = time.monotonic() + 10
@@ -233,6 +246,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-audit", action="store_true", help="skip the Spark invalidation audit at the end")
     p.add_argument("--keep", action="store_true", help="after the checks, keep the cluster up until Ctrl-C")
     args = p.parse_args(argv)
+    args.profile = None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fanout-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     with given_or_embedded(args.database_url, args.redis_url) as (server_url, redis_url):

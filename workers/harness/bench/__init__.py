@@ -19,6 +19,8 @@ The others:
   benchmarks' ceiling
 * `cluster.py`: `fanout bench cluster`: what the worker cluster sustains, beside a raw ceiling
   measured in the same run
+* `cpu_sampler.py`: Where a worker's CPU time goes: a sampling profiler on the process's own CPU
+  clock (what `--profile` runs the workers under)
 * `crowd.py`: `fanout bench crowd`: one sync worker holding a crowd of re-issued long-polls, woken
   room by room
 * `demo.py`: `fanout bench demo`: the demo's mixed load, as `make demo` drives it, measured as a
@@ -36,8 +38,7 @@ The others:
   waking a room
 * `poll_clients.py`: Long-polling clients in processes of their own, as Matrix clients behave: each
   `/sync` re-issued with the `next_batch` it returned, as soon as it returns
-* `profile.py`: Sampling profiles of worker processes during a benchmark (py-spy, from PyPI), and
-  their summary
+* `profile.py`: CPU profiles of worker processes during a benchmark, and their summary
 * `process_sockets.py`: Which process holds a TCP connection: its local ports, read from /proc
 * `pubsub.py`: `fanout bench pubsub`: replication throughput and latency beside the raw redis-py
   ceiling

@@ -59,10 +59,17 @@ def beside_ceiling(
 
 @asynccontextmanager
 async def bench_cluster(
-    admin_url: str, redis_url: str, tag: str, *, persisters: int, sync_workers: int
+    admin_url: str,
+    redis_url: str,
+    tag: str,
+    *,
+    persisters: int,
+    sync_workers: int,
+    cpu_profile: Path | None = None,
 ) -> AsyncIterator[LocalCluster]:
     """A started `LocalCluster` (no background worker) on a fresh database and its own channel
-    prefix; stopped on leaving."""
+    prefix; stopped on leaving. `cpu_profile`: the workers run under the CPU sampler
+    (`workers.harness.bench.profile`)."""
     cluster = LocalCluster(
         await scratch_database(admin_url, tag),
         redis_url,
@@ -71,6 +78,7 @@ async def bench_cluster(
         sync_workers=sync_workers,
         background_workers=0,
         channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
+        cpu_profile=cpu_profile,
     )
     await cluster.start()
     try:

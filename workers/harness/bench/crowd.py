@@ -47,7 +47,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +81,6 @@ TARGET_RSS_MB = 300.0
 #: is below what aiohttp alone costs per response on the machines measured).
 TARGET_REPOLL_RATIO = 1.3
 TARGET_WAKE_P99_MS = 100.0
-#: How long py-spy records the first round's wake.
-WAKE_PROFILE_S = 3
 #: How long a round waits for every reader before it counts the missing ones as not woken.
 ROUND_LIMIT_S = 15.0
 #: A client process busier than this share of one core during a wake may be what bounds it.
@@ -97,11 +97,12 @@ async def measure(
     rooms: list[Target],
     polls: list[Poll],
     args: argparse.Namespace,
-    profile_dir: Path | None = None,
+    record: Callable[[str], Profiles] | None = None,
 ) -> dict[str, Any]:
     """Open `polls` against `sync_base`, measure the process `pid` while they idle, then wake every
     room `args.rounds` times (sends to `send_base`). The same for fanout and the bare server.
-    With `profile_dir`, py-spy records `pid` over the idle window and over the first round."""
+    With `record` (a phase name -> a started recording of `pid`), its CPU is profiled over the
+    idle window and over the first round."""
     readers = sum(p.measured for p in polls)
     rss_before, _ = process_usage(pid)
     progress(
@@ -121,8 +122,9 @@ async def measure(
         idle_start = await clients.usage()
         started = time.monotonic()
         progress(f"  {held:,.0f} polls held; idle for {args.idle_seconds:g} s")
-        profiles = [_profile(pid, args.idle_seconds, profile_dir, "idle")]
+        recording = None if record is None else record("idle")
         await asyncio.sleep(args.idle_seconds)
+        profiles = [] if recording is None else recording.wait()
         rss_idle, cpu_end = process_usage(pid)
         idle_end = await clients.usage()
         idle_s = time.monotonic() - started
@@ -134,9 +136,7 @@ async def measure(
         wakes: list[ClientLoad] = []
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             for round_ in range(args.rounds):
-                if round_ == 0 and profile_dir is not None:
-                    profiles.append(_profile(pid, WAKE_PROFILE_S, profile_dir, "wake"))
-                    await asyncio.sleep(0.3)  # py-spy attached before the sends
+                recording = None if record is None or round_ else record("wake")
                 round_cpu = process_usage(pid)[1]
                 round_clients = await clients.usage()
                 round_start = time.monotonic()
@@ -159,13 +159,15 @@ async def measure(
                 wake_cpu += process_usage(pid)[1] - round_cpu
                 last = max((at for text, at, _ in seen if text.startswith(f"{round_}:")), default=round_start)
                 wakes.append(ClientLoad.between(round_clients, await clients.usage(), last - round_start))
+                if recording is not None:
+                    profiles += recording.wait()
                 progress(f"  round {round_ + 1}: {woken:,} of {readers:,} readers woken")
                 await asyncio.sleep(args.round_gap)
         rss_end, _ = process_usage(pid)
         _, failed = await clients.answers()
     finally:
         clients.close()
-    for written in (path for recording in profiles if recording is not None for path in recording.wait()):
+    for written in profiles:
         progress(f"  profile: {written}")
     woken_ms: dict[tuple[str, int], float] = {}
     for text, arrived, poll in seen:
@@ -226,10 +228,6 @@ def _per(cpu_s: float, count: int) -> float:
     return round(cpu_s / count * 1000, 4) if count else math.nan
 
 
-def _profile(pid: int, seconds: float, profile_dir: Path | None, phase: str) -> Profiles | None:
-    return None if profile_dir is None else profile({"sync": pid}, max(1, int(seconds)), profile_dir / phase)
-
-
 #: A user's poll as the crowd is made of them: (access token, since token).
 Holder = tuple[str, str]
 
@@ -243,15 +241,24 @@ def _polls(rooms: list[list[Holder]], idle: list[Holder], total: int) -> list[Po
 
 
 async def fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> dict[str, Any]:
-    async with bench_cluster(admin_url, redis_url, "crowd", persisters=1, sync_workers=1) as cluster:
+    sampled = None if args.profile is None else Path(args.profile) / "sampled"
+    async with bench_cluster(
+        admin_url, redis_url, "crowd", persisters=1, sync_workers=1, cpu_profile=sampled
+    ) as cluster:
         base = cluster.url("sync1")
         rooms, idle = await populate(base, args.rooms, args.members, idle_users(args))
         members = [[(u.token, u.since) for u in (r.sender, *r.joined)] for r in rooms]
         polls = _polls(members, [(u.token, u.since) for u in idle], args.polls)
         pid = cluster.workers["sync1"].process.pid  # type: ignore[union-attr]
         targets = [(r.room_id, r.sender.token) for r in rooms]
-        profile_dir = None if args.profile is None else Path(args.profile)
-        return await measure(base, cluster.url("persister1"), pid, targets, polls, args, profile_dir)
+        record = None
+        if sampled is not None:
+            record = partial(_record, sampled, {"sync1": pid}, Path(args.profile))
+        return await measure(base, cluster.url("persister1"), pid, targets, polls, args, record)
+
+
+def _record(sampled: Path, pids: dict[str, int], out: Path, phase: str) -> Profiles:
+    return profile(sampled, pids, out / phase)
 
 
 async def ceiling(args: argparse.Namespace, server: str = "aiohttp") -> dict[str, Any]:
@@ -379,9 +386,7 @@ def main(argv: list[str]) -> int:
         default=["uvicorn", "granian"],
         help="other HTTP servers to run the bare server on too, comma-separated ('' for none)",
     )
-    p.add_argument(
-        "--profile", metavar="DIR", help="record the sync worker with py-spy: idle window, first wake"
-    )
+    p.add_argument("--profile", metavar="DIR", help="profile the sync worker's CPU: idle window, first wake")
     args = p.parse_args(argv)
     if args.members < 2:
         p.error("--members must be at least 2 (a sender and a reader)")

@@ -53,6 +53,7 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="fanout bench demo", description=__doc__.split("\n\n")[0])
     add_load_arguments(p)
+    p.add_argument("--profile", type=Path, metavar="DIR", help="profile each worker's CPU during the load")
     args = p.parse_args(argv)
     args.keep = False
     workdir = Path(tempfile.mkdtemp(prefix="fanout-bench-demo-"))

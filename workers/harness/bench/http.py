@@ -180,6 +180,7 @@ async def _cluster_run(
         sync_workers=1,
         background_workers=0,
         channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
+        cpu_profile=None if args.profile is None else Path(args.profile) / "sampled",
     )
     await cluster.start()
     try:
@@ -187,7 +188,7 @@ async def _cluster_run(
         writers = cluster.event_writers
         progress(f"  direct: {persisters} wrk run(s) at once, each on the rooms its persister owns")
         pids = {name: spec.process.pid for name, spec in cluster.workers.items() if spec.process}
-        profiles = _profile(args, pids, f"{persisters}p-direct")
+        profiles = _profile(args, cluster, f"{persisters}p-direct")
         cpu_before = sum(process_usage(pid)[1] for pid in pids.values())
         runs = [
             _wrk(
@@ -202,7 +203,7 @@ async def _cluster_run(
         cpu = sum(process_usage(pid)[1] for pid in pids.values()) - cpu_before
         _report(profiles)
         progress("  forwarded: the same load sent to a sync worker")
-        profiles = _profile(args, pids, f"{persisters}p-forwarded")
+        profiles = _profile(args, cluster, f"{persisters}p-forwarded")
         forwarded = _wrk_result(_wrk(cluster.url("sync1"), token, [_room_path(r) for r in rooms], args))
         _report(profiles)
     finally:
@@ -218,10 +219,11 @@ async def _cluster_run(
     }
 
 
-def _profile(args: argparse.Namespace, pids: dict[str, int], run: str) -> Profiles | None:
-    if args.profile is None:
+def _profile(args: argparse.Namespace, cluster: LocalCluster, run: str) -> Profiles | None:
+    if cluster.cpu_profile is None:
         return None
-    return profile(pids, max(1, args.seconds - 1), Path(args.profile) / run)
+    pids = {name: spec.process.pid for name, spec in cluster.workers.items() if spec.process}
+    return profile(cluster.cpu_profile, pids, Path(args.profile) / run)
 
 
 def _report(profiles: Profiles | None) -> None:
@@ -288,7 +290,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--connections", type=int, default=64, help="open connections per wrk run")
     p.add_argument("--threads", type=int, default=2, help="wrk threads")
     p.add_argument(
-        "--profile", metavar="DIR", help="record each worker with py-spy during the runs; summaries in DIR"
+        "--profile", metavar="DIR", help="profile each worker's CPU during the runs; summaries in DIR"
     )
     p.add_argument("--rooms", type=int, default=16, help="rooms the sends are spread over")
     args = p.parse_args(argv)

@@ -30,8 +30,10 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -49,6 +51,7 @@ from workers.harness.bench._common import (
 from workers.harness.bench._processes import ProcessPool
 from workers.harness.bench.bare_server import bare_server
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked
+from workers.harness.bench.profile import Profiles, profile
 from workers.harness.bench.room_setup import populate
 from workers.process import event_loop
 from workers.routing import writer_for_room
@@ -119,9 +122,11 @@ async def _rates(
     readers: list[Poll],
     pids: Mapping[str, int],
     args: argparse.Namespace,
+    record: Callable[[str], Profiles] | None = None,
 ) -> list[dict[str, Any]]:
     """Every rate in turn against one server (fanout's or the bare one): the readers poll
-    `sync_base`, the senders send to each room's base URL, `pids` are the server's processes."""
+    `sync_base`, the senders send to each room's base URL, `pids` are the server's processes.
+    `record` (a rate's label -> a started recording) profiles the CPU of each rate."""
     clients = PollClients(
         sync_base + "/_matrix/client/v3/sync",
         readers,
@@ -141,6 +146,7 @@ async def _rates(
             cpu_before = {name: process_usage(pid)[1] for name, pid in pids.items()}
             switches_before = {name: process_switches(pid) for name, pid in pids.items()}
             closed_loop = max(1, args.closed_loop // args.sender_processes)
+            recording = None if record is None else record("max" if rate is None else f"{rate:g}-per-s")
             for i, conn in enumerate(senders.conns):
                 ours = rooms[i :: args.sender_processes] or rooms
                 conn.send((ours, share, closed_loop, seconds, f"{label}:{i}:"))
@@ -149,6 +155,8 @@ async def _rates(
                 sent += await senders.recv(conn, seconds + 120)
             seen = await _seen_all(clients, {marker for marker, _, _, ok in sent if ok})
             cpu = {name: process_usage(pid)[1] - cpu_before[name] for name, pid in pids.items()}
+            for written in () if recording is None else recording.wait():
+                progress(f"  profile: {written}")
             switches = {name: process_switches(pid) - switches_before[name] for name, pid in pids.items()}
             runs.append({**_rate_result(label, rate, sent, seen, cpu, switches), "seconds": seconds})
             run = runs[-1]
@@ -219,7 +227,10 @@ def _rate_result(
 
 
 async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> list[dict[str, Any]]:
-    async with bench_cluster(admin_url, redis_url, "live", persisters=2, sync_workers=1) as cluster:
+    sampled = None if args.profile is None else Path(args.profile) / "sampled"
+    async with bench_cluster(
+        admin_url, redis_url, "live", persisters=2, sync_workers=1, cpu_profile=sampled
+    ) as cluster:
         base = cluster.url("sync1")
         rooms, _ = await populate(base, args.rooms, 2)
         writers = cluster.event_writers
@@ -228,7 +239,14 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> l
         ]
         readers = [Poll(r.joined[0].token, r.joined[0].since, True) for r in rooms]
         pids = {name: spec.process.pid for name, spec in cluster.workers.items() if spec.process is not None}
-        return await _rates(base, senders, readers, pids, args)
+        record = None
+        if sampled is not None:
+            record = partial(_record, sampled, pids, Path(args.profile))
+        return await _rates(base, senders, readers, pids, args, record)
+
+
+def _record(sampled: Path, pids: dict[str, int], out: Path, phase: str) -> Profiles:
+    return profile(sampled, pids, out / phase)
 
 
 async def _ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -315,6 +333,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--sender-processes", type=positive_int, default=4)
     p.add_argument("--reader-processes", type=positive_int, default=2)
     p.add_argument("--closed-loop", type=positive_int, default=16, help="senders in flight at once for 'max'")
+    p.add_argument(
+        "--profile", metavar="DIR", help="profile each worker's CPU at each rate; summaries in DIR"
+    )
     args = p.parse_args(argv)
     raise_fd_limit()
     return beside_ceiling(args, {"rooms": args.rooms, "seconds": args.seconds}, _ceiling, _fanout, figures)

@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--open-per-s", type=float, default=2000.0, help="polls opened per second")
     p.add_argument("--client-processes", type=int, default=4)
     p.add_argument("--idle-seconds", type=float, default=10.0)
-    p.add_argument("--profile", metavar="DIR", help="record the sync worker with py-spy: idle window, wake")
+    p.add_argument("--profile", metavar="DIR", help="profile the sync worker's CPU: idle window, wake")
     args = p.parse_args(argv)
     if args.room_members + 1 > args.polls:
         p.error("--room-members must be below --polls")

@@ -1,61 +1,99 @@
-"""Sampling profiles of worker processes during a benchmark (py-spy, from PyPI), and their summary.
+"""CPU profiles of worker processes during a benchmark, and their summary.
 
-`profile(pids, seconds, out)` starts one `py-spy record` per process for the length of a run and
-returns a handle to wait on; `summarize(path)` reads py-spy's collapsed stacks and lists where
-the samples were: self time per function, and time inside (inclusive) per function, each as a
-share of the process's samples. Benchmarks pass `--profile DIR` to write both beside the figures.
+A benchmark that profiles starts its cluster with `LocalCluster(cpu_profile=...)`, so that every
+worker runs under `workers.harness.bench.cpu_sampler` (samples on the process's own CPU clock,
+not on the wall: see that module for why py-spy misleads on a full machine). `profile(...)`
+starts a recording of the named workers at once; `Profiles.wait()` ends it and writes, per
+worker, `<name>.stacks` (collapsed stacks, microseconds of CPU) and `<name>.txt`, whose
+`summarize` lists self time and time inside (inclusive) per function as shares of the recorded CPU.
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import shutil
-import subprocess
-import sys
+import signal
+import time
 from pathlib import Path
+
+#: How long a worker has to write its stacks once told to stop.
+WRITE_TIMEOUT_S = 10.0
 
 
 class Profiles:
-    def __init__(self, runs: list[tuple[str, Path, subprocess.Popen[bytes]]]) -> None:
-        self._runs = runs
+    """A recording of workers that run under the CPU sampler: started when made, ended by `wait`."""
+
+    def __init__(self, sampled: Path, pids: dict[str, int], out: Path) -> None:
+        self._sampled = sampled
+        self._pids = pids
+        self._out = out
+        for name, pid in pids.items():
+            (sampled / f"{name}.stacks").unlink(missing_ok=True)
+            os.kill(pid, signal.SIGUSR1)
 
     def wait(self) -> list[Path]:
-        """Wait for every recording; write `<name>.txt` summaries beside the stacks; their paths."""
+        """End the recording; write `<name>.stacks` and `<name>.txt` into `out`; the summaries."""
+        for pid in self._pids.values():
+            os.kill(pid, signal.SIGUSR2)
+        self._out.mkdir(parents=True, exist_ok=True)
         written = []
-        for name, stacks, process in self._runs:
-            process.wait()
-            if stacks.exists():
-                summary = stacks.with_suffix(".txt")
-                summary.write_text(f"{name}\n{summarize(stacks)}")
-                written.append(summary)
+        deadline = time.monotonic() + WRITE_TIMEOUT_S
+        for name in self._pids:
+            source = self._sampled / f"{name}.stacks"
+            while not source.exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} wrote no CPU profile to {source}")
+                time.sleep(0.05)
+            stacks = source.replace(self._out / source.name)
+            summary = stacks.with_suffix(".txt")
+            summary.write_text(f"{name}\n{summarize(stacks)}")
+            written.append(summary)
         return written
 
 
-def profile(pids: dict[str, int], seconds: int, out: Path) -> Profiles:
-    """Record each process (name -> pid) for `seconds` into `out/<name>.stacks`."""
-    # Beside this interpreter first: the virtualenv's bin need not be on PATH.
-    spy = shutil.which(
-        "py-spy", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    )
-    if spy is None:
-        raise RuntimeError("--profile needs py-spy (pip install py-spy)")
-    out.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for name, pid in pids.items():
-        stacks = out / f"{name}.stacks"
-        command = [spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "250",
-                   "--format", "raw", "--output", str(stacks), "--nonblocking"]  # fmt: skip
-        runs.append(
-            (name, stacks, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        )
-    return Profiles(runs)
+def profile(sampled: Path, pids: dict[str, int], out: Path) -> Profiles:
+    """Start recording the workers `pids` (name -> pid), which write their stacks into `sampled`
+    (the cluster's `cpu_profile`); `wait()` moves them into `out`."""
+    return Profiles(sampled, pids, out)
+
+
+#: What a worker's CPU is spent on: a stack's activity is the first of these that names a frame
+#: in it (in this order: a /sync answer's stack also holds aiohttp's frames). A stack with none
+#: is "other" (timers, callbacks of their own), or uvloop's own work when it ends in `run`.
+ACTIVITIES = (
+    ("/sync handler", ("sync (handler.py)",)),
+    ("send handler", ("send (rooms.py)", "send (writes.py)")),
+    (
+        "HTTP around the handlers (aiohttp, middlewares, other routes)",
+        (
+            "_handle_request (web_protocol.py)",
+            "data_received (web_protocol.py)",
+            "start (web_protocol.py)",
+            "finish_response (web_protocol.py)",
+        ),
+    ),
+    ("persist batches", ("_run_batch (persist.py)", "_run (persist.py)")),
+    (
+        "replication received",
+        ("_read_loop (redis_transport.py)", "consume (stream_queue.py)", "handle_lines (handler.py)"),
+    ),
+    ("replication published", ("_run (publisher.py)", "flush (publisher.py)")),
+)
+
+
+def activity(names: list[str]) -> str:
+    """The activity (`ACTIVITIES`) of a stack of short frame names, outermost first."""
+    for label, frames in ACTIVITIES:
+        if any(name in frames for name in names):
+            return label
+    return "event loop's own (uvloop)" if names and names[-1] == "run (runners.py)" else "other"
 
 
 def summarize(stacks: Path, top: int = 25) -> str:
-    """The functions holding the most samples, by self time and by time inside them."""
+    """The CPU by activity, then the functions holding the most, by self time and time inside."""
     own: collections.Counter[str] = collections.Counter()
     inside: collections.Counter[str] = collections.Counter()
+    by_activity: collections.Counter[str] = collections.Counter()
     total = 0
     for line in stacks.read_text().splitlines():
         frames, _, count_text = line.rpartition(" ")
@@ -65,11 +103,14 @@ def summarize(stacks: Path, top: int = 25) -> str:
         total += count
         names = [_short(f) for f in frames.split(";")]
         own[names[-1]] += count
+        by_activity[activity(names)] += count
         for name in set(names):
             inside[name] += count
     if not total:
         return "no samples\n"
-    lines = [f"{total} samples", "", "self time:"]
+    lines = [f"{total / 1000:,.0f} ms of CPU", "", "by activity:"]
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in by_activity.most_common()]
+    lines += ["", "self time:"]
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in own.most_common(top)]
     lines += ["", "time inside (inclusive):"]
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in inside.most_common(top)]
