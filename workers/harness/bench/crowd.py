@@ -49,7 +49,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +72,7 @@ from workers.harness.bench.poll_clients import (
     send_marked,
     wait_held,
 )
-from workers.harness.bench.profile import Profiles, profile
+from workers.harness.bench.profile import Profiles, recorder
 from workers.harness.bench.room_setup import populate
 
 TARGET_RSS_MB = 300.0
@@ -253,12 +252,8 @@ async def fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> di
         targets = [(r.room_id, r.sender.token) for r in rooms]
         record = None
         if sampled is not None:
-            record = partial(_record, sampled, {"sync1": pid}, Path(args.profile))
+            record = recorder(sampled, {"sync1": pid}, Path(args.profile))
         return await measure(base, cluster.url("persister1"), pid, targets, polls, args, record)
-
-
-def _record(sampled: Path, pids: dict[str, int], out: Path, phase: str) -> Profiles:
-    return profile(sampled, pids, out / phase)
 
 
 async def ceiling(args: argparse.Namespace, server: str = "aiohttp") -> dict[str, Any]:

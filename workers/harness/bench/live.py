@@ -31,7 +31,6 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ from workers.harness.bench._common import (
 from workers.harness.bench._processes import ProcessPool
 from workers.harness.bench.bare_server import bare_server
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked
-from workers.harness.bench.profile import Profiles, profile
+from workers.harness.bench.profile import Profiles, recorder
 from workers.harness.bench.room_setup import populate
 from workers.process import event_loop
 from workers.routing import writer_for_room
@@ -241,12 +240,8 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> l
         pids = {name: spec.process.pid for name, spec in cluster.workers.items() if spec.process is not None}
         record = None
         if sampled is not None:
-            record = partial(_record, sampled, pids, Path(args.profile))
+            record = recorder(sampled, pids, Path(args.profile))
         return await _rates(base, senders, readers, pids, args, record)
-
-
-def _record(sampled: Path, pids: dict[str, int], out: Path, phase: str) -> Profiles:
-    return profile(sampled, pids, out / phase)
 
 
 async def _ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:

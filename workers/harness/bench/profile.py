@@ -14,6 +14,7 @@ import collections
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: How long a worker has to write its stacks once told to stop.
@@ -55,6 +56,11 @@ def profile(sampled: Path, pids: dict[str, int], out: Path) -> Profiles:
     """Start recording the workers `pids` (name -> pid), which write their stacks into `sampled`
     (the cluster's `cpu_profile`); `wait()` moves them into `out`."""
     return Profiles(sampled, pids, out)
+
+
+def recorder(sampled: Path, pids: dict[str, int], out: Path) -> Callable[[str], Profiles]:
+    """`profile` by phase: the function that starts a recording into `out/<phase>`."""
+    return lambda phase: Profiles(sampled, pids, out / phase)
 
 
 #: What a worker's CPU is spent on: a stack's activity is the first of these that names a frame
