@@ -126,6 +126,11 @@ class LocalCluster:
     def urls(self) -> dict[str, str]:
         return {name: self.url(name) for name in self.workers}
 
+    @property
+    def pids(self) -> dict[str, int]:
+        """Each running worker's process id, by name."""
+        return {name: spec.process.pid for name, spec in self.workers.items() if spec.process is not None}
+
     def config_path(self, name: str) -> Path:
         return self.workdir / f"{name}.yaml"
 

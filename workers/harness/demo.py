@@ -28,7 +28,7 @@ import aiohttp
 
 from workers.embedded.services import given_or_embedded
 from workers.harness.bench._common import positive_int
-from workers.harness.bench.profile import profile
+from workers.harness.bench.profile import recorder
 from workers.harness.cluster import LocalCluster
 from workers.harness.load_check import LoadReport
 from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
@@ -132,8 +132,7 @@ async def run_demo(
             say("driving the load")
             recording = None
             if sampled is not None:
-                pids = {n: w.process.pid for n, w in cluster.workers.items() if w.process is not None}
-                recording = profile(sampled, pids, args.profile / "load")
+                recording = recorder(sampled, cluster.pids, args.profile)("load")
             report: LoadReport = await driver.run(ProgressBar())
             for written in () if recording is None else recording.wait():
                 say(f"profile: {written}")

@@ -123,10 +123,10 @@ async def measure(
         progress(f"  {held:,.0f} polls held; idle for {args.idle_seconds:g} s")
         recording = None if record is None else record("idle")
         await asyncio.sleep(args.idle_seconds)
-        profiles = [] if recording is None else recording.wait()
         rss_idle, cpu_end = process_usage(pid)
         idle_end = await clients.usage()
         idle_s = time.monotonic() - started
+        profiles = [] if recording is None else recording.wait()  # after the window: it writes
         idle = ClientLoad.between(idle_start, idle_end, idle_s)
         idle_answers = idle.answers
         answered: dict[tuple[int, int], float] = {}

@@ -39,7 +39,7 @@ from aiohttp import web
 
 from workers.embedded.services import free_port, given_or_embedded
 from workers.harness.bench._common import Figure, process_usage, progress, scratch_database
-from workers.harness.bench.profile import Profiles, profile
+from workers.harness.bench.profile import Profiles, recorder
 from workers.harness.cluster import LocalCluster
 from workers.process import event_loop
 from workers.routing import writer_for_room
@@ -187,7 +187,7 @@ async def _cluster_run(
         token, rooms = await _setup_user_and_rooms(cluster.url("sync1"), args.rooms)
         writers = cluster.event_writers
         progress(f"  direct: {persisters} wrk run(s) at once, each on the rooms its persister owns")
-        pids = {name: spec.process.pid for name, spec in cluster.workers.items() if spec.process}
+        pids = cluster.pids
         profiles = _profile(args, cluster, f"{persisters}p-direct")
         cpu_before = sum(process_usage(pid)[1] for pid in pids.values())
         runs = [
@@ -222,8 +222,7 @@ async def _cluster_run(
 def _profile(args: argparse.Namespace, cluster: LocalCluster, run: str) -> Profiles | None:
     if cluster.cpu_profile is None:
         return None
-    pids = {name: spec.process.pid for name, spec in cluster.workers.items() if spec.process}
-    return profile(cluster.cpu_profile, pids, Path(args.profile) / run)
+    return recorder(cluster.cpu_profile, cluster.pids, Path(args.profile))(run)
 
 
 def _report(profiles: Profiles | None) -> None:

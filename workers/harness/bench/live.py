@@ -237,7 +237,7 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> l
             (cluster.url(writer_for_room(r.room_id, writers)), r.room_id, r.sender.token) for r in rooms
         ]
         readers = [Poll(r.joined[0].token, r.joined[0].since, True) for r in rooms]
-        pids = {name: spec.process.pid for name, spec in cluster.workers.items() if spec.process is not None}
+        pids = cluster.pids
         record = None
         if sampled is not None:
             record = recorder(sampled, pids, Path(args.profile))

@@ -2,10 +2,12 @@
 
 A benchmark that profiles starts its cluster with `LocalCluster(cpu_profile=...)`, so that every
 worker runs under `workers.harness.bench.cpu_sampler` (samples on the process's own CPU clock,
-not on the wall: see that module for why py-spy misleads on a full machine). `profile(...)`
-starts a recording of the named workers at once; `Profiles.wait()` ends it and writes, per
-worker, `<name>.stacks` (collapsed stacks, microseconds of CPU) and `<name>.txt`, whose
-`summarize` lists self time and time inside (inclusive) per function as shares of the recorded CPU.
+not on the wall: see that module for why py-spy misleads on a full machine).
+`recorder(...)(phase)` starts a recording of the named workers at once; `Profiles.wait()` ends
+it and writes, per worker, `<name>.stacks` (collapsed stacks, microseconds of CPU) and
+`<name>.txt`, whose `summarize` gives the CPU by activity, then self time and time inside
+(inclusive) per function, as shares of the recorded CPU. `wait()` blocks until the workers have
+written (milliseconds): it runs between a benchmark's phases, never inside a measured window.
 """
 
 from __future__ import annotations
@@ -52,14 +54,10 @@ class Profiles:
         return written
 
 
-def profile(sampled: Path, pids: dict[str, int], out: Path) -> Profiles:
-    """Start recording the workers `pids` (name -> pid), which write their stacks into `sampled`
-    (the cluster's `cpu_profile`); `wait()` moves them into `out`."""
-    return Profiles(sampled, pids, out)
-
-
 def recorder(sampled: Path, pids: dict[str, int], out: Path) -> Callable[[str], Profiles]:
-    """`profile` by phase: the function that starts a recording into `out/<phase>`."""
+    """The function that starts a recording of a phase: of the workers `pids` (name -> pid),
+    which write their stacks into `sampled` (the cluster's `cpu_profile`), moved by `wait()`
+    into `out/<phase>`."""
     return lambda phase: Profiles(sampled, pids, out / phase)
 
 

@@ -56,7 +56,7 @@ class FanoutTarget:
         await self.cluster.stop()
 
     def server_pids(self) -> list[int]:
-        return [s.process.pid for s in self.cluster.workers.values() if s.process is not None]
+        return list(self.cluster.pids.values())
 
     def client_url(self) -> str:
         return self.cluster.url("sync1")
