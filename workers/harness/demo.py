@@ -28,7 +28,7 @@ import aiohttp
 
 from workers.embedded.services import given_or_embedded
 from workers.harness.bench._common import positive_int
-from workers.harness.bench.profile import recorder
+from workers.harness.bench.profile import recorder, sampled_dir
 from workers.harness.cluster import LocalCluster
 from workers.harness.load_check import LoadReport
 from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
@@ -112,8 +112,9 @@ async def run_demo(
     say(f"database {database_url}")
     say(f"redis    {redis_url}")
     await migrate_url(database_url)
-    sampled = None if args.profile is None else args.profile / "sampled"
-    cluster = demo_cluster(database_url, redis_url, workdir / "workers", args.announce_interval, sampled)
+    cluster = demo_cluster(
+        database_url, redis_url, workdir / "workers", args.announce_interval, sampled_dir(args.profile)
+    )
     say(f"starting {len(cluster.workers)} workers ({', '.join(cluster.workers)}); logs in {cluster.workdir}")
     started = time.monotonic()
     await cluster.start()
@@ -130,9 +131,8 @@ async def run_demo(
             say(f"setting up {plan.users} users and {plan.rooms} rooms")
             await driver.setup()
             say("driving the load")
-            recording = None
-            if sampled is not None:
-                recording = recorder(sampled, cluster.pids, args.profile)("load")
+            record = recorder(cluster)
+            recording = None if record is None else record("load")
             report: LoadReport = await driver.run(ProgressBar())
             for written in () if recording is None else recording.wait():
                 say(f"profile: {written}")

@@ -49,7 +49,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -72,7 +71,7 @@ from workers.harness.bench.poll_clients import (
     send_marked,
     wait_held,
 )
-from workers.harness.bench.profile import Profiles, recorder
+from workers.harness.bench.profile import Profiles, recorder, sampled_dir
 from workers.harness.bench.room_setup import populate
 
 TARGET_RSS_MB = 300.0
@@ -240,9 +239,8 @@ def _polls(rooms: list[list[Holder]], idle: list[Holder], total: int) -> list[Po
 
 
 async def fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> dict[str, Any]:
-    sampled = None if args.profile is None else Path(args.profile) / "sampled"
     async with bench_cluster(
-        admin_url, redis_url, "crowd", persisters=1, sync_workers=1, cpu_profile=sampled
+        admin_url, redis_url, "crowd", persisters=1, sync_workers=1, cpu_profile=sampled_dir(args.profile)
     ) as cluster:
         base = cluster.url("sync1")
         rooms, idle = await populate(base, args.rooms, args.members, idle_users(args))
@@ -250,9 +248,7 @@ async def fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> di
         polls = _polls(members, [(u.token, u.since) for u in idle], args.polls)
         pid = cluster.workers["sync1"].process.pid  # type: ignore[union-attr]
         targets = [(r.room_id, r.sender.token) for r in rooms]
-        record = None
-        if sampled is not None:
-            record = recorder(sampled, {"sync1": pid}, Path(args.profile))
+        record = recorder(cluster, ["sync1"])
         return await measure(base, cluster.url("persister1"), pid, targets, polls, args, record)
 
 

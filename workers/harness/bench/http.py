@@ -39,7 +39,7 @@ from aiohttp import web
 
 from workers.embedded.services import free_port, given_or_embedded
 from workers.harness.bench._common import Figure, process_usage, progress, scratch_database
-from workers.harness.bench.profile import Profiles, recorder
+from workers.harness.bench.profile import Profiles, recorder, sampled_dir
 from workers.harness.cluster import LocalCluster
 from workers.process import event_loop
 from workers.routing import writer_for_room
@@ -180,7 +180,7 @@ async def _cluster_run(
         sync_workers=1,
         background_workers=0,
         channel_prefix=f"bench-{uuid.uuid4().hex[:6]}",
-        cpu_profile=None if args.profile is None else Path(args.profile) / "sampled",
+        cpu_profile=sampled_dir(args.profile),
     )
     await cluster.start()
     try:
@@ -188,7 +188,7 @@ async def _cluster_run(
         writers = cluster.event_writers
         progress(f"  direct: {persisters} wrk run(s) at once, each on the rooms its persister owns")
         pids = cluster.pids
-        profiles = _profile(args, cluster, f"{persisters}p-direct")
+        profiles = _profile(cluster, f"{persisters}p-direct")
         cpu_before = sum(process_usage(pid)[1] for pid in pids.values())
         runs = [
             _wrk(
@@ -203,7 +203,7 @@ async def _cluster_run(
         cpu = sum(process_usage(pid)[1] for pid in pids.values()) - cpu_before
         _report(profiles)
         progress("  forwarded: the same load sent to a sync worker")
-        profiles = _profile(args, cluster, f"{persisters}p-forwarded")
+        profiles = _profile(cluster, f"{persisters}p-forwarded")
         forwarded = _wrk_result(_wrk(cluster.url("sync1"), token, [_room_path(r) for r in rooms], args))
         _report(profiles)
     finally:
@@ -219,10 +219,9 @@ async def _cluster_run(
     }
 
 
-def _profile(args: argparse.Namespace, cluster: LocalCluster, run: str) -> Profiles | None:
-    if cluster.cpu_profile is None:
-        return None
-    return recorder(cluster.cpu_profile, cluster.pids, Path(args.profile))(run)
+def _profile(cluster: LocalCluster, run: str) -> Profiles | None:
+    record = recorder(cluster)
+    return None if record is None else record(run)
 
 
 def _report(profiles: Profiles | None) -> None:

@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -50,7 +49,7 @@ from workers.harness.bench._common import (
 from workers.harness.bench._processes import ProcessPool
 from workers.harness.bench.bare_server import bare_server
 from workers.harness.bench.poll_clients import Poll, PollClients, raise_fd_limit, send_marked
-from workers.harness.bench.profile import Profiles, recorder
+from workers.harness.bench.profile import Profiles, recorder, sampled_dir
 from workers.harness.bench.room_setup import populate
 from workers.process import event_loop
 from workers.routing import writer_for_room
@@ -226,9 +225,8 @@ def _rate_result(
 
 
 async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> list[dict[str, Any]]:
-    sampled = None if args.profile is None else Path(args.profile) / "sampled"
     async with bench_cluster(
-        admin_url, redis_url, "live", persisters=2, sync_workers=1, cpu_profile=sampled
+        admin_url, redis_url, "live", persisters=2, sync_workers=1, cpu_profile=sampled_dir(args.profile)
     ) as cluster:
         base = cluster.url("sync1")
         rooms, _ = await populate(base, args.rooms, 2)
@@ -237,11 +235,7 @@ async def _fanout(args: argparse.Namespace, admin_url: str, redis_url: str) -> l
             (cluster.url(writer_for_room(r.room_id, writers)), r.room_id, r.sender.token) for r in rooms
         ]
         readers = [Poll(r.joined[0].token, r.joined[0].since, True) for r in rooms]
-        pids = cluster.pids
-        record = None
-        if sampled is not None:
-            record = recorder(sampled, pids, Path(args.profile))
-        return await _rates(base, senders, readers, pids, args, record)
+        return await _rates(base, senders, readers, cluster.pids, args, recorder(cluster))
 
 
 async def _ceiling(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """CPU profiles of worker processes during a benchmark, and their summary.
 
-A benchmark that profiles starts its cluster with `LocalCluster(cpu_profile=...)`, so that every
-worker runs under `workers.harness.bench.cpu_sampler` (samples on the process's own CPU clock,
-not on the wall: see that module for why py-spy misleads on a full machine).
-`recorder(...)(phase)` starts a recording of the named workers at once; `Profiles.wait()` ends
+A benchmark that profiles starts its cluster with `LocalCluster(cpu_profile=sampled_dir(DIR))`
+(`DIR` its `--profile`), so that every worker runs under `workers.harness.bench.cpu_sampler`
+(samples on the process's own CPU clock, not on the wall: see that module for why py-spy misleads
+on a full machine).
+`recorder(cluster)(phase)` starts a recording of its workers at once; `Profiles.wait()` ends
 it and writes, per worker, `<name>.stacks` (collapsed stacks, microseconds of CPU) and
 `<name>.txt`, whose `summarize` gives the CPU by activity, then self time and time inside
 (inclusive) per function, as shares of the recorded CPU. `wait()` blocks until the workers have
@@ -16,8 +17,12 @@ import collections
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.harness.cluster import LocalCluster
 
 #: How long a worker has to write its stacks once told to stop.
 WRITE_TIMEOUT_S = 10.0
@@ -54,11 +59,21 @@ class Profiles:
         return written
 
 
-def recorder(sampled: Path, pids: dict[str, int], out: Path) -> Callable[[str], Profiles]:
-    """The function that starts a recording of a phase: of the workers `pids` (name -> pid),
-    which write their stacks into `sampled` (the cluster's `cpu_profile`), moved by `wait()`
-    into `out/<phase>`."""
-    return lambda phase: Profiles(sampled, pids, out / phase)
+def sampled_dir(profile: str | Path | None) -> Path | None:
+    """For a benchmark's `--profile DIR`, its cluster's `cpu_profile`: where the sampled workers
+    write their stacks (`DIR/sampled`); None without `--profile`."""
+    return None if profile is None else Path(profile) / "sampled"
+
+
+def recorder(cluster: LocalCluster, names: Iterable[str] | None = None) -> Callable[[str], Profiles] | None:
+    """The function that starts a recording of a phase, of the cluster's workers `names` (every
+    running one by default); their profiles go to `DIR/<phase>` beside `DIR/sampled`. None when
+    the cluster's workers run unsampled (no `cpu_profile`)."""
+    sampled = cluster.cpu_profile
+    if sampled is None:
+        return None
+    pids = cluster.pids if names is None else {name: cluster.pids[name] for name in names}
+    return lambda phase: Profiles(sampled, pids, sampled.parent / phase)
 
 
 #: What a worker's CPU is spent on: a stack's activity is the first of these that names a frame
