@@ -442,19 +442,29 @@ async def invalidations_by_writer(
 
 
 async def user_rooms(conn: Conn, user_id: str) -> UserRooms:
-    """Every room the user has a membership in (current or past) and the user's membership history."""
-    rooms = await conn.fetch("SELECT room_id FROM local_current_membership WHERE user_id = $1", user_id)
-    changes = await conn.fetch(
+    """Every room the user has a membership in (current or past) and the user's membership history.
+
+    One statement, so one snapshot: read as two, a member event committed between them was in the
+    history and not in the rooms, and `UserRooms.with_change` keeps such an entry as it is when the
+    event's row comes (the history holds it already): the sync worker left the room out of every
+    window until the entry was dropped."""
+    records = await conn.fetch(
         "SELECT room_id, stream_ordering, json FROM events WHERE type = 'm.room.member' AND state_key = $1"
-        " AND stream_ordering > 0 ORDER BY stream_ordering",
+        " AND stream_ordering > 0"
+        " UNION ALL SELECT room_id, NULL, NULL FROM local_current_membership WHERE user_id = $1"
+        " ORDER BY 2",
         user_id,
     )
+    rooms: set[str] = set()
     history: dict[str, list[tuple[int, str]]] = {}
-    for r in changes:
+    for r in records:
+        if r["stream_ordering"] is None:
+            rooms.add(r["room_id"])
+            continue
         value = membership_of(MEMBER_EVENT, json.loads(r["json"]).get("content", {}))
         if value is not None:
             history.setdefault(r["room_id"], []).append((r["stream_ordering"], value))
-    return UserRooms(frozenset(r["room_id"] for r in rooms), {k: tuple(v) for k, v in history.items()})
+    return UserRooms(frozenset(rooms), {k: tuple(v) for k, v in history.items()})
 
 
 async def joined_members(conn: Conn, room_id: str) -> frozenset[str]:
