@@ -16,7 +16,10 @@ Where we differ from Synapse:
   sequence's `is_called`, so there is no Synapse "streams start at 2" rule and no `nextval` recipe needed.
 * Consistency: a sequence behind a stream table is moved forward (setval, warning naming both); a
   `stream_positions` row ahead of the sequence (read *after* the rows, after any repair) refuses start-up.
-* Without `track_positions_table` (the caches stream) persisted-upto starts at the tables' maximum.
+* Without `track_positions_table` (the caches stream) persisted-upto starts at the tables' maximum,
+  or at a row of the stream in `stream_positions` when that is higher. Its workers write none: the
+  row is the restore procedure's mark (`workers.harness.backup`), written while no worker runs, at
+  the moved sequence, so that the stream starts above every token issued before the restore.
 
 The reads are index-backed aggregates (one row per table, never a scan), the sequence state and the
 stream's `stream_positions` rows; a writer then upserts its own position (and deletes the rows of
@@ -82,12 +85,9 @@ async def load_positions(conn: Connection, read: StartupRead) -> tuple[StreamPos
             )  # fmt: skip
         await conn.fetchval(f"SELECT setval('{read.sequence}', $1)", max(m for _, m in behind))
         seq_before = await sequence_max(conn, read.sequence)
-    rows: list[asyncpg.Record] = []
-    if read.track:
-        rows = await conn.fetch(
-            "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = $1",
-            read.stream_name,
-        )
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT instance_name, stream_id FROM stream_positions WHERE stream_name = $1", read.stream_name
+    )
     # Read after the rows: every value in them was allocated before this read.
     seq_after = await sequence_max(conn, read.sequence)
     stored = {r["instance_name"]: sign * int(r["stream_id"]) for r in rows}
@@ -107,7 +107,7 @@ async def load_positions(conn: Connection, read: StartupRead) -> tuple[StreamPos
         own = seq_after
     else:
         others = {}
-        persisted = min(max(table_max), seq_after)
+        persisted = min(max([*table_max, *stored.values()]), seq_after)
         own = persisted
     book = StreamPositions(
         read.instance,

@@ -6,7 +6,9 @@ Checked after the restart: every worker starts; the Redis position hints (ahead 
 data) are not taken by anyone and are overwritten from the restored sequences, and one beyond the
 sequence is deleted with a warning; the same clients go on with the tokens they held before (ahead
 of the restored data) and are answered without an error, and then see every event persisted after
-the restore exactly once (the history check over a second load phase); every ID handed out after
+the restore exactly once (the history check over a second load phase), and at once: a token from
+before the restore is answered from the current position, not "nothing new" until the caches
+stream moves; every ID handed out after
 the restore is above every ID handed out before it, and no `stream_positions` row is past its
 sequence. Beside it: point-in-time recovery from archived WAL on a server of its own, and the check
 that the docs print the commands these tests run.
@@ -295,6 +297,14 @@ async def test_restore_from_a_dump_taken_under_load(
                 await asyncio.sleep(0.1)
             assert set(await restored_hints(redis_url, channel_prefix)) == set(WRITERS)
 
+            # A token from before the restore is answered from the current position at once, not
+            # "nothing new" with itself until a worker writes a caches row (the stream starts at its
+            # table's highest ID, or at `backup.MARK_CACHES_SQL`'s mark).
+            for reader in first.readers + first.probes:
+                old = tokens_before[str(reader.client.user_id)]
+                for worker in cluster.sync_workers if old is not None else ():
+                    body = await reader.client.sync(via=worker, since=old)
+                    assert body["next_batch"] != old, (worker, old)
             second = LoadDriver(session, cluster.urls, WRITERS, cluster.sync_workers, restored_url, plan(8))
             carry_over(first, second, await restored_state(restored_url))
             ahead = [

@@ -509,24 +509,48 @@ async def test_non_writer_cannot_allocate(make: Make) -> None:
     assert reader.get_current_token() == 3
 
 
+#: The caches stream's generator: no `stream_positions` rows of its own.
+CACHES_STREAM: dict[str, Any] = {
+    "stream_name": "caches",
+    "tables": [("cache_invalidation_stream_by_instance", "instance_name", "stream_id")],
+    "sequence_name": "cache_invalidation_stream_seq",
+    "track_positions_table": False,
+}
+
+
 async def test_untracked_stream_never_touches_stream_positions(make: Make, db_pool: asyncpg.Pool) -> None:
     await db_pool.execute(
         "INSERT INTO cache_invalidation_stream_by_instance VALUES (4, 'x', 'f', NULL, 0);"
         "SELECT setval('cache_invalidation_stream_seq', 4)"
     )
-    opts: dict[str, Any] = {
-        "stream_name": "caches",
-        "tables": [("cache_invalidation_stream_by_instance", "instance_name", "stream_id")],
-        "sequence_name": "cache_invalidation_stream_seq",
-        "track_positions_table": False,
-    }
-    gen = await make("a", [], **opts)
+    gen = await make("a", [], **CACHES_STREAM)
     assert gen.get_current_token() == 4
     assert await write(gen, 2) == [5, 6]
     assert gen.get_current_token() == 6
     assert await db_pool.fetchval("SELECT count(*) FROM stream_positions") == 0
     with pytest.raises(ValueError, match="track_positions_table=False"):
-        await make("a", [], **{**opts, "track_positions_table": True})
+        await make("a", [], **{**CACHES_STREAM, "track_positions_table": True})
+
+
+async def test_untracked_stream_starts_at_a_restores_mark(make: Make, db_pool: asyncpg.Pool) -> None:
+    """After a restore the table's highest ID is the dump's, behind the tokens clients hold: the
+    procedure's row in `stream_positions` (at the moved sequence) is where the stream starts, never
+    past the sequence."""
+    await db_pool.execute(
+        "INSERT INTO cache_invalidation_stream_by_instance VALUES (4, 'x', 'f', NULL, 0);"
+        "SELECT setval('cache_invalidation_stream_seq', 1004);"
+        "INSERT INTO stream_positions VALUES ('caches', 'restore', 1004)"
+    )
+    gen = await make("a", [], **CACHES_STREAM)
+    assert gen.get_current_token() == 1004
+    assert await write(gen) == [1005]
+    await db_pool.execute(
+        "INSERT INTO cache_invalidation_stream_by_instance VALUES (1005, 'a', 'f', NULL, 0)"
+    )
+    assert (await make("r", [], **CACHES_STREAM)).get_current_token() == 1005  # the table's, above the mark
+    await db_pool.execute("UPDATE stream_positions SET stream_id = 2000")
+    with pytest.raises(InconsistentSequenceError):
+        await make("r2", [], **CACHES_STREAM)
 
 
 async def test_failed_and_cancelled_writes_finish_their_ids(make: Make, db_pool: asyncpg.Pool) -> None:

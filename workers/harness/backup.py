@@ -12,7 +12,11 @@ up to what the old cluster handed out, which is past the dump. Were the restored
 those IDs out again, a client whose token covers an ID would never be sent the new event that
 reused it. `ADVANCE_SQL` moves every stream sequence `gap` past its restored value, so every ID
 handed out after the restore is above every token issued before it (the gap must exceed the IDs
-handed out between the dump and the old cluster's stop; the default covers a billion).
+handed out between the dump and the old cluster's stop; the default covers a billion). The caches
+stream's workers keep no `stream_positions` rows: a worker starts it at its table's highest ID, or
+at a row of the stream there (`idgen.startup`). `MARK_CACHES_SQL` writes that row at the moved
+sequence. Without it, every client holding a token from before the restore was answered "nothing
+new" with its own token until some worker wrote a caches row.
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ DEFAULT_GAP = 1_000_000_000
 ADVANCE_SQL = (
     "SELECT c.relname, setval(c.oid, coalesce(pg_sequence_last_value(c.oid), 0) + {gap})"
     " FROM pg_class c WHERE c.relkind = 'S' AND c.relname LIKE '%stream_seq' ORDER BY 1"
+)
+
+#: The caches stream's start at its moved sequence: its workers keep no `stream_positions` rows and
+#: start it at its table's highest ID (the dump's, behind the tokens clients hold), or at this row.
+MARK_CACHES_SQL = (
+    "INSERT INTO stream_positions (stream_name, instance_name, stream_id)"
+    " SELECT 'caches', 'restore', last_value FROM cache_invalidation_stream_seq"
+    " ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id"
 )
 
 
@@ -70,6 +82,7 @@ def procedure(
             Step(
                 "advance", ("psql", restored_url, "-v", "ON_ERROR_STOP=1", "-c", ADVANCE_SQL.format(gap=gap))
             ),
+            Step("mark", ("psql", restored_url, "-v", "ON_ERROR_STOP=1", "-c", MARK_CACHES_SQL)),
         ],
     }
 

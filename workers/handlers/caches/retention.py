@@ -4,6 +4,11 @@ There is no audit export watermark yet, so rows are pruned by age alone (`invali
 milliseconds). Each batch deletes at most `batch` rows in its own short transaction, so pruning a
 large backlog never holds a long lock or a long transaction; the task sleeps `interval_s` between
 passes. A reader catching up never needs a row this old: catch-up starts from persisted positions.
+
+The row with the highest ID stays, however old: the stream's workers keep no `stream_positions`
+rows, so a worker starts it at the table's highest ID. With the table emptied by a quiet week, a restarted
+cluster started the stream below the tokens its clients held, and answered them "nothing new"
+until some worker wrote a caches row.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ DAY_MS = 86_400_000
 _DELETE_BATCH = """
 DELETE FROM cache_invalidation_stream_by_instance
 WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM cache_invalidation_stream_by_instance WHERE invalidation_ts < $1 LIMIT $2
+    SELECT ctid FROM cache_invalidation_stream_by_instance WHERE invalidation_ts < $1
+    AND stream_id < (SELECT max(stream_id) FROM cache_invalidation_stream_by_instance) LIMIT $2
 ))
 """
 

@@ -1,5 +1,6 @@
 """Invalidation-log retention against the real database: rows older than the cutoff go, in
-batches smaller than the backlog; newer rows stay; the background task prunes by age on its own."""
+batches smaller than the backlog; newer rows stay, and so does the newest row however old (where a
+worker starts the stream); the background task prunes by age on its own."""
 
 from __future__ import annotations
 
@@ -46,3 +47,13 @@ async def test_the_background_task_prunes_by_age(db_pool: asyncpg.Pool[Any]) -> 
         await task.stop()
     assert task.pruned == 2
     assert await _remaining(db_pool) == [now - DAY_MS // 2, now]
+
+
+async def test_the_newest_row_stays_however_old(db_pool: asyncpg.Pool[Any]) -> None:
+    """Where a restarted worker starts the caches stream: pruned, the stream would start below the
+    tokens clients hold."""
+    await _insert(db_pool, [100, 100, 100])
+    assert await prune_older_than(db_pool, 1_000, batch=2) == 2
+    rows = await db_pool.fetch("SELECT stream_id FROM cache_invalidation_stream_by_instance")
+    assert [r["stream_id"] for r in rows] == [3]
+    assert await prune_older_than(db_pool, 1_000, batch=2) == 0
