@@ -5,10 +5,10 @@ milliseconds). Each batch deletes at most `batch` rows in its own short transact
 large backlog never holds a long lock or a long transaction; the task sleeps `interval_s` between
 passes. A reader catching up never needs a row this old: catch-up starts from persisted positions.
 
-The row with the highest ID stays, however old: the stream's workers keep no `stream_positions`
-rows, so a worker starts it at the table's highest ID. With the table emptied by a quiet week, a restarted
-cluster started the stream below the tokens its clients held, and answered them "nothing new"
-until some worker wrote a caches row.
+The row with the highest ID stays, however old: the caches stream's workers keep no
+`stream_positions` rows, so a worker starts the stream at the table's highest ID. With the table
+emptied by a quiet week, a restarted cluster started it below the tokens its clients held, and
+answered them "nothing new" until some worker wrote a caches row.
 """
 
 from __future__ import annotations
