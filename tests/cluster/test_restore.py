@@ -17,6 +17,7 @@ that the docs print the commands these tests run.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
 import tempfile
@@ -149,12 +150,21 @@ async def set_hint(redis_url: str, prefix: str, instance: str, position: int) ->
         await client.aclose()
 
 
-def assert_clean(driver: LoadDriver, report: LoadReport, phase: str, keep: Path) -> None:
-    """The phase's load is clean; if not, its readers' syncs and the stored events they were checked
-    against are kept in `keep` (pytest keeps the last runs' temporary directories), beside the
-    workers' logs."""
+async def assert_clean(driver: LoadDriver, report: LoadReport, phase: str, keep: Path) -> None:
+    """The phase's load is clean; if not, what the diagnosis needs is kept in `keep` (pytest keeps
+    the last runs' temporary directories): the readers' syncs, the stored events they were checked
+    against, and, beside them, the workers' logs."""
     if report.problems:
         driver.dump_histories(keep / f"histories {phase}.json")
+        conn = await asyncpg.connect(driver.database_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key, json"
+                " FROM events ORDER BY stream_ordering"
+            )
+        finally:
+            await conn.close()
+        (keep / f"events {phase}.json").write_text(json.dumps([dict(r) for r in rows]))
     assert report.problems == [], (phase, report.problems[:10], str(keep))
     assert report.internal_errors == 0, phase
     assert report.events_sent > 0 and report.events_checked > 0, phase
@@ -263,7 +273,7 @@ async def test_restore_from_a_dump_taken_under_load(
             await backup.run(steps["backup"])
             timings["pg_dump under load"] = time.monotonic() - started
             sent_at_dump = first.report.events_sent
-            assert_clean(first, await load, "before the restore", tmp_path)
+            await assert_clean(first, await load, "before the restore", tmp_path)
             assert first.report.events_sent > sent_at_dump, "no write after the dump: nothing to lose"
             handed_out = await sequence_values(database_url)
             tokens_before = {str(r.client.user_id): r.token for r in first.readers + first.probes}
@@ -319,7 +329,7 @@ async def test_restore_from_a_dump_taken_under_load(
             ]
             assert ahead, "no client held a token ahead of the restored database"
             report = await second.run()
-            assert_clean(second, report, "after the restore", tmp_path)
+            await assert_clean(second, report, "after the restore", tmp_path)
             for reader in second.readers + second.probes:
                 user = str(reader.client.user_id)
                 assert reader.failed_syncs == 0, (user, "a sync failed after the restore")

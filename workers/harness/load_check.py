@@ -193,10 +193,9 @@ async def invalidation_counts(conn: Conn) -> tuple[int, int]:
     return int(row["rows"]), int(row["per_key"])
 
 
-async def verify_load(driver: CheckedLoad, instance_ids: dict[str, int]) -> list[StoredEvent]:
+async def verify_load(driver: CheckedLoad, instance_ids: dict[str, int]) -> None:
     """Check every reader's recorded history against the tables and what the driver sent; the
-    problems, counts and latencies go into `driver.report`. Returns the stored events checked
-    against (kept for a failed check's diagnosis)."""
+    problems, counts and latencies go into `driver.report`."""
     async with connect(driver.database_url) as conn:
         rows = await conn.fetch(
             "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
@@ -266,7 +265,6 @@ async def verify_load(driver: CheckedLoad, instance_ids: dict[str, int]) -> list
             )
         if driver.report.presence_sent and not driver.report.presence_seen:
             driver.report.problems.append(f"{driver.report.presence_sent} presence updates sent, none seen")
-    return stored
 
 
 async def _check_redactions(driver: CheckedLoad) -> list[str]:

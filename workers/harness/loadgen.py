@@ -34,7 +34,6 @@ from pathlib import Path
 import aiohttp
 
 from workers.harness.cluster_client import ClusterClient, RequestRefused
-from workers.harness.history import StoredEvent
 from workers.harness.laggard import LagClock, LaggardReader
 from workers.harness.load_check import LoadReport, verify_load
 from workers.harness.race_load import MembershipRacer
@@ -111,8 +110,6 @@ class LoadDriver:
         self.redactions: dict[str, tuple[str, str]] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.report = LoadReport()
-        #: The stored events the last run's check read (see `dump_histories`).
-        self.checked: list[StoredEvent] = []
         #: (recipient, device) -> the to-device messages sent to it in order: (id, acknowledged, sender).
         self.to_device: dict[tuple[str, str], list[tuple[str, bool, str]]] = {}
         self._sent = 0
@@ -452,7 +449,7 @@ class LoadDriver:
                 task.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
             await self.racer.close()
-        self.checked = await verify_load(self, instance_ids)
+        await verify_load(self, instance_ids)
         self.report.problems += self.racer.check()
         self.report.problems += self.report.mix.count_readers(self.readers, self.racer.tally)
         return self.report
@@ -476,9 +473,8 @@ class LoadDriver:
 
     def dump_histories(self, path: Path) -> None:
         """Every reader's recorded syncs, for diagnosing a failed verification, and beside them
-        every problem found (`problems.txt`) and the stored events checked against (`events.json`)."""
+        (`problems.txt`) every problem found."""
         path.with_name("problems.txt").write_text("".join(f"{p}\n" for p in self.report.problems))
-        path.with_name("events.json").write_text(json.dumps([dataclasses.asdict(e) for e in self.checked]))
         data = {
             str(r.client.user_id): [dataclasses.asdict(record) for record in r.records]
             for r in self.readers + self.probes
