@@ -128,6 +128,8 @@ def test_a_room_plan_follows_the_spec_order_and_presets() -> None:
         {"initial_state": [{"type": 1}]},
         {"name": 5},
         {"initial_state": [{"type": "m.room.join_rules", "content": {"join_rule": "restricted"}}]},
+        {"power_level_content_override": {"ban": "50"}},  # v10+: integers only, refused before any write
+        {"power_level_content_override": {"users": {"@b:hs": True}}},
     ):
         with pytest.raises(rooms.BadEvent):
             rooms.plan_room(bad, "@a:hs", "!r:hs", "hs")

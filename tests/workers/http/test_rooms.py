@@ -211,6 +211,9 @@ async def test_power_levels_decide_who_may_kick_ban_and_change_state(
         await bob.membership(room, "ban", target="alice", via="r1")
     with pytest.raises(RequestRefused):  # a moderator cannot grant more than it has
         await bob.set_state(room, "m.room.power_levels", "", {**levels, "users": {"@bob:localhost": 100}})
+    with pytest.raises(RequestRefused) as stringy:  # rooms 10 and 11 take integer levels only
+        await alice.set_state(room, "m.room.power_levels", "", {**levels, "ban": "50"}, via="r1")
+    assert (stringy.value.status, stringy.value.errcode) == (400, "M_BAD_JSON"), stringy.value.body
     await alice.membership(room, "ban", target="bob", via="r1")
     state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room, via="r1")}
     assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "ban"

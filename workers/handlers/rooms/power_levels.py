@@ -5,6 +5,12 @@ Pure: `PowerLevels.from_state` reads the room's current `m.room.power_levels` co
 room has none, gives the creator 100 and everyone else 0), and the `may_*` checks answer with the
 reason a request is refused, or None. Values that are not integers (or numeric strings, which old
 rooms allowed) fall back to the default, so a malformed state event can never raise here.
+
+A new power levels event is judged on its content as sent, as the spec's rules 10.x say: a level is
+"added, changed or removed" when the key is, whatever the default it stands for (a `redact: 50` added
+where the room had none changes nothing the room enforces, yet a sender below 50 may not add it:
+Synapse refuses it, and every server replaying the room would). `content_problem` is the room
+versions' (10, 11) check that the content's levels are integers.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ class PowerLevels:
     users: Mapping[str, int] = field(default_factory=dict)
     events: Mapping[str, int] = field(default_factory=dict)
     top: Mapping[str, int] = field(default_factory=lambda: dict(_DEFAULTS))
+    #: The current event's content as stored (None: the room has no power levels event).
+    content: Mapping[str, Any] | None = None
 
     @classmethod
     def from_state(cls, content: dict[str, Any] | None, creator: str | None) -> PowerLevels:
@@ -45,7 +53,7 @@ class PowerLevels:
         if content is None:
             return cls({creator: 100} if creator else {}, {}, {**_DEFAULTS, "state_default": 0})
         top = {key: _or(_integer(content.get(key)), default) for key, default in _DEFAULTS.items()}
-        return cls(_levels(content.get("users")), _levels(content.get("events")), top)
+        return cls(_levels(content.get("users")), _levels(content.get("events")), top, content)
 
     def user(self, user_id: str) -> int:
         return self.users.get(user_id, self.top["users_default"])
@@ -75,24 +83,51 @@ class PowerLevels:
             return None
         return f"redacting another's event needs power {needed}, {sender} has {has}"
 
-    def may_change_to(self, sender: str, new: PowerLevels) -> str | None:
-        """A new `m.room.power_levels` from `sender`: no level it grants, removes or moves may be
-        above the sender's own, and it may not touch users at or above its level (but itself)."""
+    def may_change_to(self, sender: str, new: Mapping[str, Any]) -> str | None:
+        """A new `m.room.power_levels` content from `sender` (`content_problem` passed): no level it
+        adds, changes or removes may be above the sender's own, before or after, and it may not
+        touch another user at or above the sender's level. Keys compare as sent, never through
+        their defaults. The room's first power levels event is not limited."""
+        if self.content is None:
+            return None
         has = self.user(sender)
-        for user in set(self.users) | set(new.users):
-            old_level, new_level = self.users.get(user), new.users.get(user)
+        changes = [("", key, self.content.get(key), new.get(key)) for key in _DEFAULTS]
+        for name in ("events", "notifications", "users"):
+            old_map, new_map = _mapping(self.content.get(name)), _mapping(new.get(name))
+            changes += [(name, key, old_map.get(key), new_map.get(key)) for key in {*old_map, *new_map}]
+        for section, key, old_value, new_value in changes:
+            old_level, new_level = _integer(old_value), _integer(new_value)
             if old_level == new_level:
                 continue
-            if user != sender and old_level is not None and old_level >= has:
-                return f"{sender} (power {has}) cannot change the level of {user} ({old_level})"
-            if new_level is not None and new_level > has:
-                return f"{sender} (power {has}) cannot grant power {new_level}"
-        for mapping_old, mapping_new in ((self.events, new.events), (self.top, new.top)):
-            for key in set(mapping_old) | set(mapping_new):
-                old_level, new_level = mapping_old.get(key), mapping_new.get(key)
-                if old_level != new_level and max(old_level or 0, new_level or 0) > has:
-                    return f"{sender} (power {has}) cannot change the level of {key}"
+            if section == "users" and key != sender and old_level is not None and old_level >= has:
+                return f"{sender} (power {has}) cannot change the level of {key} ({old_level})"
+            if any(level is not None and level > has for level in (old_level, new_level)):
+                what = f"{section}.{key}" if section else key
+                return f"{sender} (power {has}) cannot change {what} from {old_level} to {new_level}"
         return None
+
+
+def content_problem(content: Mapping[str, Any]) -> str | None:
+    """What makes `content` an invalid `m.room.power_levels` in room versions 10 and 11 (integers
+    only: no numeric strings, no booleans; `users` keyed by user ids), or None."""
+    for key in _DEFAULTS:
+        if key in content and not _strict_int(content[key]):
+            return f"{key} must be an integer"
+    for name in ("events", "notifications", "users"):
+        value = content.get(name, {})
+        if not isinstance(value, dict) or not all(_strict_int(v) for v in value.values()):
+            return f"{name} must be an object whose values are integers"
+    if not all(user.startswith("@") and ":" in user for user in content.get("users", {})):
+        return "users must be keyed by user ids (@name:server)"
+    return None
+
+
+def _strict_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _or(value: int | None, default: int) -> int:

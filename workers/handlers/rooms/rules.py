@@ -26,7 +26,7 @@ from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers.caches.lru import EventLike, LruCache
 from workers.handlers.rooms import history_visibility
-from workers.handlers.rooms.power_levels import PowerLevels
+from workers.handlers.rooms.power_levels import PowerLevels, content_problem
 from workers.model import (
     CREATE_EVENT,
     DEFAULT_ROOM_VERSION,
@@ -217,7 +217,9 @@ def check(event: NewEvent, view: RoomView) -> None:
         ):
             raise Forbidden("a state key that is a user id must be the sender's own")
         if event.type == POWER_LEVELS_EVENT and event.state_key == "":
-            _allowed(power.may_change_to(event.sender, PowerLevels.from_state(event.content, None)))
+            if (problem := content_problem(event.content)) is not None:
+                raise BadEvent(problem)
+            _allowed(power.may_change_to(event.sender, event.content))
         return
     membership = event.membership
     if membership not in MEMBERSHIPS or event.state_key is None:
@@ -374,6 +376,8 @@ def plan_room(
         },
         **_object(body, "power_level_content_override"),
     }  # fmt: skip
+    if (problem := content_problem(power)) is not None:  # refused before any of the room is written
+        raise BadEvent(f"power_level_content_override: {problem}")
     alias = None
     alias_name = body.get("room_alias_name")
     if alias_name is not None:

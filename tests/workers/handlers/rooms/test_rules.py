@@ -66,10 +66,50 @@ def test_power_levels_defaults_and_tolerance() -> None:
 
 def test_a_power_levels_change_cannot_exceed_or_touch_higher_levels() -> None:
     now = PowerLevels.from_state({"users": {"@owner": 100, "@mod": 50, "@m": 0}}, None)
-    mod_raises_member = PowerLevels.from_state({"users": {"@owner": 100, "@mod": 50, "@m": 50}}, None)
-    assert now.may_change_to("@mod", mod_raises_member) is None
-    too_high = PowerLevels.from_state({"users": {"@owner": 100, "@mod": 50, "@m": 60}}, None)
-    assert now.may_change_to("@mod", too_high) is not None
-    demote_owner = PowerLevels.from_state({"users": {"@owner": 0, "@mod": 50, "@m": 0}}, None)
+    assert now.may_change_to("@mod", {"users": {"@owner": 100, "@mod": 50, "@m": 50}}) is None
+    assert now.may_change_to("@mod", {"users": {"@owner": 100, "@mod": 50, "@m": 60}}) is not None
+    demote_owner = {"users": {"@owner": 0, "@mod": 50, "@m": 0}}
     assert now.may_change_to("@mod", demote_owner) is not None
     assert now.may_change_to("@owner", demote_owner) is None  # lowering yourself is allowed
+    assert now.may_change_to("@mod", {"users": {"@owner": 100, "@mod": 50}}) is None  # @m's 0 removed
+
+
+def test_a_power_levels_change_is_judged_on_the_keys_sent_not_their_defaults() -> None:
+    """Rule 10.4 of room versions 10 and 11: a key added or removed is a change even when its value
+    is the default it stood for; a sender below that value may not make it (Synapse's
+    `_check_power_levels` and every server replaying the room refuse it)."""
+    base = {"users": {"@owner": 100, "@mod": 40}, "events": {"m.room.power_levels": 40}, "ban": 50}
+    now = PowerLevels.from_state(base, None)
+    assert now.may_change_to("@mod", {**base, "redact": 50}) is not None  # added at its default, 50 > 40
+    assert now.may_change_to("@mod", {**base, "redact": 40}) is None
+    assert now.may_change_to("@mod", {k: v for k, v in base.items() if k != "ban"}) is not None  # 50 removed
+    assert now.may_change_to("@mod", {**base, "notifications": {"room": 50}}) is not None
+    assert now.may_change_to("@mod", {**base, "events": {"m.room.power_levels": 40, "m.x": 40}}) is None
+    assert now.may_change_to("@owner", {**base, "redact": 100, "notifications": {"room": 100}}) is None
+    # The room's first power levels event is not limited by any before it.
+    assert PowerLevels.from_state(None, "@owner").may_change_to("@anyone", {"ban": 100}) is None
+
+
+@pytest.mark.parametrize(
+    ("content", "valid"),
+    [
+        ({"ban": 50, "users": {"@a:x": 100}, "events": {"m.x": 0}, "notifications": {"room": 50}}, True),
+        ({"ban": "50"}, False),
+        ({"kick": True}, False),
+        ({"redact": 1.5}, False),
+        ({"users": {"@a:x": "100"}}, False),
+        ({"users": {"a": 100}}, False),
+        ({"events": {"m.x": None}}, False),
+        ({"notifications": []}, False),
+    ],
+)  # fmt: skip
+def test_power_levels_content_holds_integers_only(content: dict[str, object], valid: bool) -> None:
+    event = NewEvent("$p", "!r", "m.room.power_levels", "@a:x", content, "")
+    view = rooms.RoomView(
+        True, "public", "join", None, PowerLevels.from_state({"users": {"@a:x": 100}}, None)
+    )
+    if valid:
+        rooms.check(event, view)
+    else:
+        with pytest.raises(rooms.BadEvent):
+            rooms.check(event, view)
