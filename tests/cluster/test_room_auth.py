@@ -1,7 +1,8 @@
 """A room's events are authorized in the room's order, on real persisters and workers: racing
 membership changes, power-level changes and sends, sent to different workers at once, never leave
-a stored event that the Matrix authorization rules refuse (judged by the harness's own replay of
-the rules, `workers.harness.auth_rules`, over the rooms' stored events)."""
+a stored event that the Matrix authorization rules refuse. Two judges replay the rooms' stored
+events: the rules as the harness writes them from the spec (`workers.harness.auth_rules`) and
+Synapse's own `synapse.event_auth`, run in Synapse's virtualenv (`judge_with_synapse`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import aiohttp
 import asyncpg
 
 from tests.cluster.conftest import MakeCluster
-from workers.harness.auth_replay import replay_database
+from workers.harness.auth_replay import judge_with_synapse, replay_database
+from workers.harness.bench.peer.synapse_build import build_synapse
 from workers.harness.cluster_client import ClusterClient, RequestRefused
 from workers.routing import writer_for_room
 
@@ -30,6 +32,13 @@ async def _outcome(call: Awaitable[Any]) -> str:
     except RequestRefused as e:
         return f"{e.status} {e.errcode}"
     return "ok"
+
+
+async def _judged_by_synapse(database_url: str, rooms: list[str], why: object) -> None:
+    """Synapse's `event_auth` refuses none of the rooms' stored events (it judges them all)."""
+    synapse = await asyncio.to_thread(build_synapse, say=lambda line: None)
+    verdict = await judge_with_synapse(database_url, synapse.python, rooms)
+    assert verdict.rooms == len(rooms) and not verdict.refused, (why, str(verdict))
 
 
 async def _memberships(database_url: str, user: str) -> dict[str, tuple[str, int]]:
@@ -81,6 +90,7 @@ async def test_a_join_racing_a_reinvite_leaves_the_user_joined(
     assert not invited_after_joining, (len(invited_after_joining), Counter(i for _, i in pairs))
     result = await replay_database(database_url, rooms)
     assert result.events > 40 * 5 and not result.violations, [str(v) for v in result.violations]
+    await _judged_by_synapse(database_url, rooms, "join racing a re-invite")
 
 
 async def test_racing_room_changes_store_only_what_the_rules_allow(
@@ -88,8 +98,10 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
 ) -> None:
     """A bounded random driver: each step takes a room and a target user and sends, at once and
     through different workers, membership changes of that target from several members (join,
-    invite, leave, kick, ban, unban), a power-level change, a join-rule change and messages; every
-    answer is 200 or a 403. Then every room's stored events are replayed through the rules."""
+    invite, leave, kick, ban, unban), a power-level change by the owner or by a member below every
+    level it may add or remove (carol, at 40, may send power levels: the default 50s it adds or drops
+    as keys are changes the rules judge), a join-rule change and messages; every answer is 200 or a
+    403. Then every room's stored events are replayed through the rules."""
     seed = int(os.environ.get("FANOUT_AUTH_SEED", random.randrange(1 << 32)))
     rng = random.Random(seed)
     cluster = await make_cluster(persisters=2, sync_workers=2, background_workers=0)
@@ -100,8 +112,8 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
         for name, client in users.items():
             await client.register(name, via=rng.choice(WORKERS))
         ids = {n: str(c.user_id) for n, c in users.items()}
-        levels = {ids["alice"]: 100, ids["bob"]: 50}
-        power = {"users": levels, "ban": 50, "kick": 50, "invite": 0}
+        levels = {ids["alice"]: 100, ids["bob"]: 50, ids["carol"]: 40}
+        power = {"users": levels, "ban": 50, "kick": 50, "invite": 0, "events": {"m.room.power_levels": 40}}
         rooms = [
             await users["alice"].create_room("public", via=w, power_level_content_override=power)
             for w in ("persister1", "persister2", "sync1")
@@ -127,6 +139,17 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
                 new = {ids["alice"]: 100, ids[target]: rng.choice([0, 50, 60])}
                 content = {**power, "users": new, "kick": rng.choice([50, 60])}
                 moves.append(users["alice"].set_state(room, "m.room.power_levels", "", content, via=via()))
+            if rng.random() < 0.5:
+                content = dict(power)
+                if rng.random() < 0.3:
+                    content["notifications"] = {"room": rng.choice([40, 50])}
+                key = rng.choice(["redact", "state_default", "ban", "kick", "users_default"])
+                if rng.random() < 0.5:
+                    content.pop(key, None)
+                else:
+                    content[key] = rng.choice([0, 40, 50])
+                by = users[rng.choice(["bob", "carol"])]
+                moves.append(by.set_state(room, "m.room.power_levels", "", content, via=via()))
             if rng.random() < 0.3:
                 rule = rng.choice(["public", "invite"])
                 moves.append(actor().set_state(room, "m.room.join_rules", "", {"join_rule": rule}, via=via()))
@@ -140,3 +163,4 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
     assert outcomes["ok"] > 50, (seed, outcomes)
     result = await replay_database(database_url, rooms)
     assert not result.violations, (seed, outcomes, [str(v) for v in result.violations])
+    await _judged_by_synapse(database_url, rooms, (seed, outcomes))

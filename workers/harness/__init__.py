@@ -5,7 +5,8 @@
 recording /sync loop, `history.py`
 checks what clients saw (exactly once, in order, tokens monotone), `auth_rules.py` is the Matrix
 authorization rules written apart from the worker's as a judge and `auth_replay.py` replays stored
-rooms through them, `demo.py` is `fanout demo`,
+rooms through them and through Synapse's own rules (`synapse_auth_judge.py`, run in Synapse's
+virtualenv), `demo.py` is `fanout demo`,
 `upgrade.py` is `fanout upgrade-check` (the previous release, built by `upgrade_build.py`,
 upgraded worker by worker under load) and `bench/` holds the benchmarks. A production worker
 imports none of this (a test checks it); the harness may import anything.

@@ -6,7 +6,8 @@ messages, changing state, typing and setting presence, writing account data, sen
 messages and uploading device keys (progress on stderr), and checks that every sync client saw
 every event of its rooms, every account-data change, its own device-list changes and every
 to-device message sent to its device exactly once and in order, and that typing and presence
-reached the readers. It prints a summary (events/s,
+reached the readers; every room's stored events are judged by the Matrix authorization rules twice,
+as written from the spec and by Synapse's own `event_auth`. It prints a summary (events/s,
 persist-to-visible latency on every sync worker, invalidation messages vs per-key invalidation),
 runs the invalidation audit on the demo's data, and exits 1 if any check failed.
 """
@@ -27,11 +28,14 @@ from typing import Any
 import aiohttp
 
 from workers.embedded.services import given_or_embedded
+from workers.harness.auth_replay import judge_with_synapse
 from workers.harness.bench._common import positive_int
+from workers.harness.bench.peer.synapse_build import build_synapse
 from workers.harness.bench.profile import recorder, sampled_dir
 from workers.harness.cluster import LocalCluster
 from workers.harness.load_check import LoadReport
 from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
+from workers.harness.upgrade_build import BuildError
 from workers.process import event_loop
 from workers.storage import connect
 from workers.storage.migrate import migrate_url
@@ -152,10 +156,27 @@ async def run_demo(
     bad_exits = {name: code for name, code in codes.items() if code != 0}
     if bad_exits:
         report.problems.append(f"workers did not stop cleanly: {bad_exits}")
+    synapse = await _judged_by_synapse(database_url, report) if args.synapse_judge else None
     summary = report.summary()
+    summary["synapse_auth"] = synapse
     summary["workers"] = list(cluster.workers)
     summary["background_position"] = position
     return summary
+
+
+async def _judged_by_synapse(database_url: str, report: LoadReport) -> dict[str, int] | None:
+    """Every room's stored events judged by Synapse's own `event_auth` too (a second judge, the
+    peer's code), in Synapse's virtualenv (built the first time, about a minute); its refusals and
+    a failed build are the run's problems."""
+    try:
+        synapse = await asyncio.to_thread(build_synapse, say=say)
+        verdict = await judge_with_synapse(database_url, synapse.python)
+    except (BuildError, RuntimeError) as e:
+        report.problems.append(f"Synapse's auth judge could not run: {e} (--no-synapse-judge leaves it out)")
+        return None
+    report.problems += [f"refused by Synapse's event_auth: {r['event_id']} ({r['type']}, {r['room_id']}):"
+                        f" {r['reason']}" for r in verdict.refused]  # fmt: skip
+    return {"events": verdict.events, "rooms": verdict.rooms, "refused": len(verdict.refused)}
 
 
 async def _serve_until_stopped(cluster: LocalCluster, redis_url: str, database_url: str) -> None:
@@ -221,10 +242,18 @@ def _print_summary(summary: dict[str, Any]) -> None:
         " through other workers",
         f"  auth rules (stored events)   {summary['auth_events_replayed']} replayed in stream order,"
         f" {summary['auth_violations']} refused by the Matrix authorization rules",
+        _synapse_line(summary.get("synapse_auth")),
         f"  verification                 {'PASSED' if summary['verified'] else 'FAILED'}",
     ]
     lines += [f"    - {p}" for p in summary["problems"]]
     print("\n".join(lines), flush=True)
+
+
+def _synapse_line(verdict: dict[str, int] | None) -> str:
+    if verdict is None:
+        return "  Synapse's event_auth         not run"
+    return (f"  Synapse's event_auth         {verdict['events']} stored events of {verdict['rooms']} rooms"
+            f" judged, {verdict['refused']} refused")  # fmt: skip
 
 
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
@@ -236,6 +265,11 @@ def add_load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--actions", type=positive_int, default=3000)
     p.add_argument("--concurrency", type=positive_int, default=16)
     p.add_argument("--announce-interval", type=float, default=1.0, help="seconds between POSITIONs")
+    p.add_argument(
+        "--no-synapse-judge", dest="synapse_judge", action="store_false",
+        help="leave out the second judge of the stored rooms, Synapse's own event_auth (its virtualenv"
+        " is built under .cache/ the first time, from PyPI)",
+    )  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
