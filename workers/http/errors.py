@@ -108,6 +108,8 @@ def api_error_for(error: Exception) -> ApiError | None:
         return ApiError(400, "M_INCOMPATIBLE_ROOM_VERSION", str(error))
     if isinstance(error, rooms.BadEvent):
         return ApiError(400, "M_BAD_JSON", str(error))
+    if isinstance(error, rooms.TooLarge):
+        return ApiError(413, "M_TOO_LARGE", str(error))
     if isinstance(error, rooms.NotFound):
         return ApiError(404, "M_NOT_FOUND", str(error))
     if isinstance(error, rooms.Forbidden):

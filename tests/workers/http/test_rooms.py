@@ -220,6 +220,29 @@ async def test_power_levels_decide_who_may_kick_ban_and_change_state(
     assert state[("m.room.member", "@carol:localhost")]["content"]["membership"] == "leave"
 
 
+async def test_a_second_create_event_and_an_event_over_the_size_limit_are_refused(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """Events the spec's rules refuse whatever the sender's power: a second m.room.create (403, as
+    Synapse answers), and an event over 65,536 bytes in the federation format though its body is
+    within the request limit (413 M_TOO_LARGE); the room goes on as it was."""
+    worker = await make_worker("p1", ["p1"])
+    alice = client_for(http, [worker], ["p1"])
+    await alice.register("alice")
+    room = await alice.create_room("public")
+    with pytest.raises(RequestRefused) as create:
+        await alice.set_state(
+            room, "m.room.create", "", {"creator": "@alice:localhost", "room_version": "11"}
+        )
+    assert (create.value.status, create.value.errcode) == (403, "M_FORBIDDEN"), create.value.body
+    with pytest.raises(RequestRefused) as large:
+        await alice.send(room, "m.room.message", {"body": "x" * 65_000})
+    assert (large.value.status, large.value.errcode) == (413, "M_TOO_LARGE"), large.value.body
+    await alice.send(room, "m.room.message", {"body": "x" * 60_000})
+    state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
+    assert state[("m.room.create", "")]["content"]["room_version"] == "10"
+
+
 async def test_one_event_and_profiles_answer_only_what_the_requester_may_see(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import pydantic_core
 
 from workers import identifiers
 from workers.errors import RoomRuleError
@@ -60,6 +61,19 @@ class NotFound(RoomRuleError):
 
 class BadEvent(RoomRuleError):
     """The event is malformed (HTTP 400)."""
+
+
+class TooLarge(RoomRuleError):
+    """The event would be over the spec's size limit (HTTP 413)."""
+
+
+#: The spec's limit on an event in the federation format (signatures, hashes, prev and auth events
+#: included), as canonical JSON.
+MAX_EVENT_BYTES = 65_536
+#: What the federation format adds to an event's type, room, sender, state key and content: the
+#: key names, hashes, signatures, depth, timestamp and a few prev and auth event ids (about 700
+#: bytes in Synapse's events), rounded up so that no event stored here is over the limit there.
+_PDU_OVERHEAD = 1_024
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,8 +217,17 @@ def check(event: NewEvent, view: RoomView) -> None:
         raise Forbidden(BLOCKED_ROOM)
     if not view.exists:
         raise NotFound(f"no room {event.room_id}")
+    size = (
+        len(pydantic_core.to_json(event.content))
+        + _PDU_OVERHEAD
+        + sum(len(text.encode()) for text in (event.room_id, event.sender, event.type, event.state_key or ""))
+    )
+    if size > MAX_EVENT_BYTES:
+        raise TooLarge(f"the event would be about {size} bytes, over the limit of {MAX_EVENT_BYTES}")
     power = view.power
     if event.type != MEMBER_EVENT:
+        if event.type == CREATE_EVENT:  # only createRoom writes it, first (rule 1: no prev_events)
+            raise Forbidden("m.room.create is a room's first event, written by createRoom only")
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
         if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
@@ -216,7 +239,9 @@ def check(event: NewEvent, view: RoomView) -> None:
             and event.state_key != event.sender
         ):
             raise Forbidden("a state key that is a user id must be the sender's own")
-        if event.type == POWER_LEVELS_EVENT and event.state_key == "":
+        if event.type == POWER_LEVELS_EVENT:
+            if event.state_key != "":
+                raise BadEvent("m.room.power_levels takes the empty state key")
             if (problem := content_problem(event.content)) is not None:
                 raise BadEvent(problem)
             _allowed(power.may_change_to(event.sender, event.content))

@@ -113,3 +113,22 @@ def test_power_levels_content_holds_integers_only(content: dict[str, object], va
     else:
         with pytest.raises(rooms.BadEvent):
             rooms.check(event, view)
+
+
+def test_a_room_has_one_create_event_power_levels_one_key_and_events_a_size_limit() -> None:
+    """Events Synapse's own rules refuse, never stored here: a second m.room.create (rule 1: a create
+    event has no prev_events), power levels under another state key, and an event over 65,536
+    bytes in the federation format (the spec's size limit; Synapse answers 413 M_TOO_LARGE)."""
+    owner = rooms.RoomView(
+        True, "public", "join", None, PowerLevels.from_state({"users": {"@a:x": 100}}, None)
+    )
+    with pytest.raises(rooms.Forbidden):
+        rooms.check(NewEvent("$c", "!r", "m.room.create", "@a:x", {"room_version": "11"}, ""), owner)
+    with pytest.raises(rooms.BadEvent):
+        rooms.check(NewEvent("$p", "!r", "m.room.power_levels", "@a:x", {"ban": 50}, "other"), owner)
+    fits = rooms.MAX_EVENT_BYTES - 2_000
+    rooms.check(NewEvent("$m", "!r", "m.room.message", "@a:x", {"body": "x" * fits}), owner)
+    with pytest.raises(rooms.TooLarge):
+        rooms.check(NewEvent("$m", "!r", "m.room.message", "@a:x", {"body": "x" * (fits + 1_500)}), owner)
+    with pytest.raises(rooms.TooLarge):  # counted in UTF-8 bytes, not characters
+        rooms.check(NewEvent("$m", "!r", "m.room.message", "@a:x", {"body": "é" * (fits // 2 + 800)}), owner)
