@@ -12,7 +12,9 @@ accepted event and whose `auth_events` are the current state's entries that
 `synapse.event_auth.auth_types_for_event` selects; then `validate_event_for_room_version` (sizes;
 the signatures are stand-ins, since one server signs nothing here),
 `check_state_independent_auth_rules` and `check_state_dependent_auth_rules` judge it, as Synapse
-judges an event it receives. A refused event changes no state, so one bad event is reported once.
+judges an event it receives. A refused event changes no state, so one bad event is reported once;
+content Synapse's code cannot even read (it raises KeyError or TypeError on it) is a refusal too:
+Synapse would never have created such an event.
 An accepted redaction of a state event in the current state replaces that entry by its pruned
 form, as Synapse's state reads return redacted events.
 """
@@ -35,7 +37,9 @@ from synapse.event_auth import (
 from synapse.events import make_event_from_dict
 from synapse.events.utils import prune_event
 
+#: Stand-ins of the lengths real ones have (the size limit counts them; nothing verifies them).
 _HASHES = {"sha256": "A" * 43}
+_SIGNATURE = "A" * 86
 
 
 class _Events:
@@ -66,7 +70,7 @@ async def _judge_room(room: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
             "type": stored["type"], "room_id": room["room_id"], "sender": sender,
             "content": stored["content"], "origin_server_ts": stored["origin_server_ts"],
             "depth": depth, "prev_events": prev, "auth_events": [], "hashes": _HASHES,
-            "signatures": {sender.partition(":")[2]: {"ed25519:judge": "stand-in"}},
+            "signatures": {sender.partition(":")[2]: {"ed25519:a_judge": _SIGNATURE}},
         }  # fmt: skip
         if stored["state_key"] is not None:
             pdu["state_key"] = stored["state_key"]
@@ -83,6 +87,11 @@ async def _judge_room(room: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
             check_state_dependent_auth_rules(event, [state[k] for k in keys])
         except SynapseError as error:
             refused.append(_refusal(room, stored, f"{type(error).__name__}: {error.msg}"))
+            continue
+        except (KeyError, TypeError, ValueError, AttributeError) as error:  # content Synapse never stores
+            refused.append(
+                _refusal(room, stored, f"Synapse's rules failed on it: {type(error).__name__} {error}")
+            )
             continue
         store.by_id[event.event_id] = event
         ours[stored["event_id"]] = event

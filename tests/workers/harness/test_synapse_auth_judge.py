@@ -33,11 +33,11 @@ async def test_synapse_refuses_what_its_rules_refuse_and_judges_in_stored_order(
         _event(9, "m.room.member", "@a:hs", {"membership": "invite"}, "@m:hs"),  # refused: joined
         _event(10, "m.room.member", "@m:hs", {"membership": "leave"}, "@m:hs"),
         _event(11, "m.room.member", "@a:hs", {"membership": "invite"}, "@m:hs"),
+        # refused: content Synapse's code cannot read (a third-party invite without its signed token)
+        _event(12, "m.room.member", "@a:hs", {"membership": "invite", "third_party_invite": {}}, "@n:hs"),
     ]
     verdict = await run_synapse_judge(python, [{"room_id": "!r:hs", "events": events}])
-    assert (verdict.events, verdict.rooms) == (11, 1)
-    assert [(r["event_id"], r["type"]) for r in verdict.refused] == [
-        ("$5", "m.room.message"),
-        ("$7", "m.room.power_levels"),
-        ("$9", "m.room.member"),
-    ], str(verdict)
+    assert (verdict.events, verdict.rooms) == (12, 1)
+    refused = [(r["event_id"], r["type"]) for r in verdict.refused]
+    assert refused == [("$5", "m.room.message"), ("$7", "m.room.power_levels"), ("$9", "m.room.member"),
+                       ("$12", "m.room.member")], str(verdict)  # fmt: skip

@@ -250,6 +250,12 @@ def check(event: NewEvent, view: RoomView) -> None:
     if membership not in MEMBERSHIPS or event.state_key is None:
         raise BadEvent("a member event needs a state_key (the user) and content.membership")
     target = event.state_key
+    try:
+        identifiers.check_user_id(target)
+    except ValueError as e:
+        raise BadEvent(f"a member event's state_key is a user id: {e}") from None
+    if "third_party_invite" in event.content:  # the rules would need a signed token from an identity server
+        raise Forbidden("third-party invites are not served here")
     if membership == "join":
         if target != event.sender:
             raise Forbidden("only the user themself can join")

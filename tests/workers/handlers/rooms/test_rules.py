@@ -8,7 +8,7 @@ from workers.handlers.rooms import rules as rooms
 from workers.handlers.rooms.power_levels import PowerLevels
 from workers.model import NewEvent
 
-_MOD = PowerLevels.from_state({"users": {"@a": 100, "@b": 50}, "kick": 60, "state_default": 0}, None)
+_MOD = PowerLevels.from_state({"users": {"@a:x": 100, "@b:x": 50}, "kick": 60, "state_default": 0}, None)
 
 
 def _member(user: str, membership: str, sender: str | None = None) -> NewEvent:
@@ -18,28 +18,34 @@ def _member(user: str, membership: str, sender: str | None = None) -> NewEvent:
 @pytest.mark.parametrize(
     ("event", "view", "error"),
     [
-        (_member("@b", "join"), rooms.RoomView(True, "public", None, None), None),
-        (_member("@b", "join"), rooms.RoomView(True, "invite", None, None), rooms.Forbidden),
-        (_member("@b", "join"), rooms.RoomView(True, "invite", "invite", None), None),
-        (_member("@b", "join", sender="@a"), rooms.RoomView(True, "public", "join", None), rooms.Forbidden),
-        (_member("@b", "join"), rooms.RoomView(False, "public", None, None), rooms.NotFound),
-        (_member("@b", "leave"), rooms.RoomView(True, "public", None, None), rooms.Forbidden),
-        (_member("@b", "invite", sender="@a"), rooms.RoomView(True, "invite", "join", None), None),
-        (_member("@b", "invite", sender="@a"), rooms.RoomView(True, "invite", None, None), rooms.Forbidden),
-        (_member("@b", "dance"), rooms.RoomView(True, "public", None, None), rooms.BadEvent),
-        (NewEvent("$m", "!r", "m.room.message", "@b", {}), rooms.RoomView(True, "public", "leave", None),
+        (_member("@b:x", "join"), rooms.RoomView(True, "public", None, None), None),
+        (_member("@b:x", "join"), rooms.RoomView(True, "invite", None, None), rooms.Forbidden),
+        (_member("@b:x", "join"), rooms.RoomView(True, "invite", "invite", None), None),
+        (_member("@b:x", "join", sender="@a:x"), rooms.RoomView(True, "public", "join", None),
          rooms.Forbidden),
-        (NewEvent("$m", "!r", "m.room.message", "@b", {}), rooms.RoomView(True, "public", "join", None),
+        (_member("@b:x", "join"), rooms.RoomView(False, "public", None, None), rooms.NotFound),
+        (_member("@b:x", "leave"), rooms.RoomView(True, "public", None, None), rooms.Forbidden),
+        (_member("@b:x", "invite", sender="@a:x"), rooms.RoomView(True, "invite", "join", None), None),
+        (_member("@b:x", "invite", sender="@a:x"), rooms.RoomView(True, "invite", None, None),
+         rooms.Forbidden),
+        (_member("@b:x", "dance"), rooms.RoomView(True, "public", None, None), rooms.BadEvent),
+        (NewEvent("$m", "!r", "m.room.message", "@b:x", {}), rooms.RoomView(True, "public", "leave", None),
+         rooms.Forbidden),
+        (NewEvent("$m", "!r", "m.room.message", "@b:x", {}), rooms.RoomView(True, "public", "join", None),
          None),
         # A user-id state key is the sender's own (the spec's rule 8).
-        (NewEvent("$s", "!r", "m.custom", "@b", {}, "@a"), rooms.RoomView(True, "public", "join", None, _MOD),
-         rooms.Forbidden),
-        (NewEvent("$s", "!r", "m.custom", "@b", {}, "@b"), rooms.RoomView(True, "public", "join", None, _MOD),
-         None),
+        (NewEvent("$s", "!r", "m.custom", "@b:x", {}, "@a:x"),
+         rooms.RoomView(True, "public", "join", None, _MOD), rooms.Forbidden),
+        (NewEvent("$s", "!r", "m.custom", "@b:x", {}, "@b:x"),
+         rooms.RoomView(True, "public", "join", None, _MOD), None),
+        # A member event's state key is a user id; a third-party invite needs what is not served here.
+        (_member("b", "invite", sender="@a:x"), rooms.RoomView(True, "invite", "join", None), rooms.BadEvent),
+        (NewEvent("$e", "!r", "m.room.member", "@a:x", {"membership": "invite", "third_party_invite": {}},
+                  "@b:x"), rooms.RoomView(True, "invite", "join", None), rooms.Forbidden),
         # An unban takes the ban and the kick level (@b: ban 50 reached, kick 60 not).
-        (_member("@c", "leave", sender="@b"), rooms.RoomView(True, "public", "join", "ban", _MOD),
+        (_member("@c:x", "leave", sender="@b:x"), rooms.RoomView(True, "public", "join", "ban", _MOD),
          rooms.Forbidden),
-        (_member("@c", "leave", sender="@a"), rooms.RoomView(True, "public", "join", "ban", _MOD), None),
+        (_member("@c:x", "leave", sender="@a:x"), rooms.RoomView(True, "public", "join", "ban", _MOD), None),
     ],
 )  # fmt: skip
 def test_room_rules(event: NewEvent, view: rooms.RoomView, error: type[Exception] | None) -> None:
@@ -54,12 +60,14 @@ def test_power_levels_defaults_and_tolerance() -> None:
     none_yet = PowerLevels.from_state(None, "@creator")
     assert none_yet.user("@creator") == 100 and none_yet.user("@x") == 0
     assert none_yet.required("m.room.name", True) == 0  # no power levels event: state_default 0
-    odd = PowerLevels.from_state({"users": {"@a": "75", "@b": True, "@c": [1]}, "ban": "x", "kick": 20}, None)
-    assert odd.users == {"@a": 75} and odd.top["ban"] == 50 and odd.top["kick"] == 20
-    assert odd.may_act_on("kick", "@a", "@z") is None
-    assert odd.may_act_on("kick", "@z", "@a") is not None  # no power
+    odd = PowerLevels.from_state(
+        {"users": {"@a:x": "75", "@b:x": True, "@c:x": [1]}, "ban": "x", "kick": 20}, None
+    )
+    assert odd.users == {"@a:x": 75} and odd.top["ban"] == 50 and odd.top["kick"] == 20
+    assert odd.may_act_on("kick", "@a:x", "@z") is None
+    assert odd.may_act_on("kick", "@z", "@a:x") is not None  # no power
     assert (
-        PowerLevels.from_state({"users": {"@a": 50, "@b": 50}}, None).may_act_on("ban", "@a", "@b")
+        PowerLevels.from_state({"users": {"@a:x": 50, "@b:x": 50}}, None).may_act_on("ban", "@a:x", "@b:x")
         is not None
     )
 
