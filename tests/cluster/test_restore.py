@@ -17,7 +17,6 @@ that the docs print the commands these tests run.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import pwd
 import tempfile
@@ -36,7 +35,7 @@ from workers.embedded.services import start_postgres
 from workers.harness import backup
 from workers.harness.cluster import LocalCluster
 from workers.harness.history import stream_token
-from workers.harness.load_check import LoadReport
+from workers.harness.load_check import LoadReport, keep_for_diagnosis
 from workers.harness.loadgen import LoadDriver, LoadPlan
 from workers.streams import account_data, device_lists, receipts, to_device
 
@@ -155,16 +154,7 @@ async def assert_clean(driver: LoadDriver, report: LoadReport, phase: str, keep:
     the last runs' temporary directories): the readers' syncs, the stored events they were checked
     against, and, beside them, the workers' logs."""
     if report.problems:
-        driver.dump_histories(keep / f"histories {phase}.json")
-        conn = await asyncpg.connect(driver.database_url)
-        try:
-            rows = await conn.fetch(
-                "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key, json"
-                " FROM events ORDER BY stream_ordering"
-            )
-        finally:
-            await conn.close()
-        (keep / f"events {phase}.json").write_text(json.dumps([dict(r) for r in rows]))
+        await keep_for_diagnosis(driver, keep, phase)
     assert report.problems == [], (phase, report.problems[:10], str(keep))
     assert report.internal_errors == 0, phase
     assert report.events_sent > 0 and report.events_checked > 0, phase

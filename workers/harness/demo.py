@@ -33,7 +33,7 @@ from workers.harness.bench._common import positive_int
 from workers.harness.bench.peer.synapse_build import build_synapse
 from workers.harness.bench.profile import recorder, sampled_dir
 from workers.harness.cluster import LocalCluster
-from workers.harness.load_check import LoadReport
+from workers.harness.load_check import LoadReport, keep_for_diagnosis
 from workers.harness.loadgen import LoadDriver, LoadPlan, with_racing_clients
 from workers.harness.upgrade_build import BuildError
 from workers.process import event_loop
@@ -141,7 +141,8 @@ async def run_demo(
             for written in () if recording is None else recording.wait():
                 say(f"profile: {written}")
             if report.problems:
-                driver.dump_histories(workdir / "histories.json")
+                kept = await keep_for_diagnosis(driver, workdir)
+                say(f"what the check judged: {', '.join(str(path) for path in kept)}")
         deadline = time.monotonic() + 10
         position, top = await room_stats_position(database_url)
         while position < top and time.monotonic() < deadline:

@@ -2,14 +2,18 @@
 the events and stored streams' tables and what the driver sent (`workers.harness.history` holds
 the rules), the redactions as every sync worker serves them, receipts and one-time keys, every
 room's stored events against the Matrix authorization rules (`workers.harness.auth_rules`), and the
-persist-to-visible latency of the probes, into the load's `LoadReport`. Harness only: a worker
-never imports it.
+persist-to-visible latency of the probes, into the load's `LoadReport`; and, for a check that
+failed, `keep_for_diagnosis` (what it judged, written beside the workers' logs). Harness only: a
+worker never imports it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -193,16 +197,20 @@ async def invalidation_counts(conn: Conn) -> tuple[int, int]:
     return int(row["rows"]), int(row["per_key"])
 
 
+#: The stored events the histories are checked against (`workers.harness.history.StoredEvent`).
+_STORED_EVENTS = (
+    "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
+    " json::jsonb->'content'->>'membership' AS membership,"
+    " json::jsonb->'content'->>'history_visibility' AS visibility"
+    " FROM events ORDER BY stream_ordering"
+)
+
+
 async def verify_load(driver: CheckedLoad, instance_ids: dict[str, int]) -> None:
     """Check every reader's recorded history against the tables and what the driver sent; the
     problems, counts and latencies go into `driver.report`."""
     async with connect(driver.database_url) as conn:
-        rows = await conn.fetch(
-            "SELECT stream_ordering, instance_name, event_id, room_id, type, state_key,"
-            " json::jsonb->'content'->>'membership' AS membership,"
-            " json::jsonb->'content'->>'history_visibility' AS visibility"
-            " FROM events ORDER BY stream_ordering"
-        )
+        rows = await conn.fetch(_STORED_EVENTS)
         driver.report.invalidation_rows, driver.report.per_key_invalidations = await invalidation_counts(conn)
         changes = await conn.fetch(
             "SELECT 'account_data' AS stream, user_id, account_data_type AS key, stream_id, instance_name"
@@ -298,3 +306,23 @@ async def _message_times(database_url: str) -> dict[str, int]:
             "SELECT event_id, received_ts FROM events WHERE type = 'm.room.message' AND stream_ordering > 0"
         )
     return {r["event_id"]: r["received_ts"] for r in rows}
+
+
+async def keep_for_diagnosis(driver: CheckedLoad, directory: Path, phase: str = "") -> list[Path]:
+    """What a failed check judged, written into `directory` (`phase` names a load of several):
+    every problem found, every reader's recorded syncs and the stored events they were checked
+    against, read as `verify_load` reads them. The files written."""
+    suffix = f" {phase}" if phase else ""
+    problems, histories, events = (
+        directory / f"{name}{suffix}.{ext}"
+        for name, ext in (("problems", "txt"), ("histories", "json"), ("events", "json"))
+    )
+    problems.write_text("".join(f"{p}\n" for p in driver.report.problems))
+    records = {
+        str(r.client.user_id): [dataclasses.asdict(x) for x in r.records]
+        for r in driver.readers + driver.probes
+    }
+    histories.write_text(json.dumps(records))
+    async with connect(driver.database_url) as conn:
+        events.write_text(json.dumps([dict(r) for r in await conn.fetch(_STORED_EVENTS)]))
+    return [problems, histories, events]

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 
@@ -470,16 +468,6 @@ class LoadDriver:
                 if task.done():
                     task.result()  # a reader that failed already: say why now
             await asyncio.sleep(0.02)
-
-    def dump_histories(self, path: Path) -> None:
-        """Every reader's recorded syncs, for diagnosing a failed verification, and beside them
-        (`problems.txt`) every problem found."""
-        path.with_name("problems.txt").write_text("".join(f"{p}\n" for p in self.report.problems))
-        data = {
-            str(r.client.user_id): [dataclasses.asdict(record) for record in r.records]
-            for r in self.readers + self.probes
-        }
-        path.write_text(json.dumps(data))
 
 
 #: The longest the load waits for the readers to read what the setup wrote.

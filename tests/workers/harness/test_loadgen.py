@@ -1,18 +1,21 @@
 """The load driver's bookkeeping, on a real worker: a device whose key upload or claim failed keeps
 its key count out of the check, whatever succeeds after; events written by concurrent actors all
-count in the report's throughput."""
+count in the report's throughput; a failed check keeps what it judged."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.workers.conftest import MakeWorker
 from workers.harness.cluster_client import RequestRefused
+from workers.harness.load_check import keep_for_diagnosis
 from workers.harness.loadgen import LoadDriver, LoadPlan
 
 
@@ -62,3 +65,25 @@ async def test_events_written_meanwhile_count_beside_a_churn(
         report = driver.report
         assert report.rejected == report.failed == 0
         assert report.events_sent == 3 * 8 + report.membership_changes
+
+
+async def test_a_failed_check_keeps_what_it_judged(
+    make_worker: MakeWorker, database_url: str, tmp_path: Path
+) -> None:
+    """A check with problems keeps them, the readers' recorded syncs and the stored events they were
+    checked against (as `verify_load` reads them), where the demo, the container scenarios and the
+    restore drill put it."""
+    async with _driver(make_worker, database_url) as driver:
+        await driver.setup()
+        await driver._act("message", driver.clients[0])
+        driver.report.problems.append("an injected problem")
+        kept = await keep_for_diagnosis(driver, tmp_path, "after")
+    assert [p.name for p in kept] == ["problems after.txt", "histories after.json", "events after.json"]
+    assert kept[0].read_text() == "an injected problem\n"
+    histories = json.loads(kept[1].read_text())
+    assert len(histories) == 3 and set(histories) == {
+        str(r.client.user_id) for r in driver.readers + driver.probes
+    }
+    events = json.loads(kept[2].read_text())
+    assert {"m.room.create", "m.room.message"} <= {e["type"] for e in events}
+    assert {"stream_ordering", "instance_name", "event_id", "membership", "visibility"} <= set(events[0])

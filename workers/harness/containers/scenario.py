@@ -30,7 +30,7 @@ from workers.harness.containers.commands import StepFailed, docker, run, say
 from workers.harness.containers.engine import DOCKERD_ARGS, engine
 from workers.harness.containers.images import IMAGES, Built, build
 from workers.harness.containers.stack import WORKERS, Stack, announce
-from workers.harness.load_check import LoadReport
+from workers.harness.load_check import LoadReport, keep_for_diagnosis
 from workers.harness.loadgen import LoadDriver, LoadPlan
 
 EVENT_WRITERS = ["persister1", "persister2"]
@@ -212,7 +212,7 @@ async def steady_load(stack: Stack, urls: dict[str, str], options: Options) -> t
         await driver.setup()
         report = await driver.run(_progress(options.actions))
         if report.problems:
-            driver.dump_histories(options.workdir / "histories.json")
+            await keep_for_diagnosis(driver, options.workdir)
         owner = driver.clients[0]
         since = (await owner.sync(sync_workers[0]))["next_batch"]
         kept = Kept(str(owner.user_id), str(owner.token), str(since), driver.rooms[0], sync_workers[0])
@@ -269,7 +269,7 @@ async def faulted_load(stack: Stack, options: Options) -> tuple[dict[str, Any], 
             say("  (the load had ended before the restart: make --actions larger to restart under load)")
         report = await load
         if report.problems:
-            driver.dump_histories(options.workdir / "histories-faults.json")
+            await keep_for_diagnosis(driver, options.workdir, "faults")
     return figures, report
 
 
