@@ -100,8 +100,9 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
     through different workers, membership changes of that target from several members (join,
     invite, leave, kick, ban, unban), a power-level change by the owner or by a member below every
     level it may add or remove (carol, at 40, may send power levels: the default 50s it adds or drops
-    as keys are changes the rules judge), a join-rule change and messages; every answer is 200 or a
-    403. Then every room's stored events are replayed through the rules."""
+    as keys are changes the rules judge), a join-rule change, a redaction of an earlier rule change
+    and messages; every answer is 200 or a 403. Then every room's stored events are replayed
+    through both judges."""
     seed = int(os.environ.get("FANOUT_AUTH_SEED", random.randrange(1 << 32)))
     rng = random.Random(seed)
     cluster = await make_cluster(persisters=2, sync_workers=2, background_workers=0)
@@ -122,6 +123,15 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
             for name in names[1:]:
                 await users[name].membership(room, "join", via=rng.choice(WORKERS))
 
+        rule_events: dict[str, list[str]] = {room: [] for room in rooms}
+
+        async def set_rule(
+            by: ClusterClient, room: str, kind: str, content: dict[str, Any], via: str
+        ) -> None:
+            """A rule change, whose event a later step may redact (a redacted power levels event
+            counts as its pruned content from then on)."""
+            rule_events[room].append((await by.set_state(room, kind, "", content, via=via))["event_id"])
+
         def step(room: str) -> list[Awaitable[Any]]:
             target = rng.choice(names[1:])
             actor = lambda: users[rng.choice(names)]  # noqa: E731
@@ -138,7 +148,7 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
             if rng.random() < 0.5:
                 new = {ids["alice"]: 100, ids[target]: rng.choice([0, 50, 60])}
                 content = {**power, "users": new, "kick": rng.choice([50, 60])}
-                moves.append(users["alice"].set_state(room, "m.room.power_levels", "", content, via=via()))
+                moves.append(set_rule(users["alice"], room, "m.room.power_levels", content, via()))
             if rng.random() < 0.5:
                 content = dict(power)
                 if rng.random() < 0.3:
@@ -149,10 +159,12 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
                 else:
                     content[key] = rng.choice([0, 40, 50])
                 by = users[rng.choice(["bob", "carol"])]
-                moves.append(by.set_state(room, "m.room.power_levels", "", content, via=via()))
+                moves.append(set_rule(by, room, "m.room.power_levels", content, via()))
             if rng.random() < 0.3:
                 rule = rng.choice(["public", "invite"])
-                moves.append(actor().set_state(room, "m.room.join_rules", "", {"join_rule": rule}, via=via()))
+                moves.append(set_rule(actor(), room, "m.room.join_rules", {"join_rule": rule}, via()))
+            if rule_events[room] and rng.random() < 0.4:
+                moves.append(actor().redact(room, rng.choice(rule_events[room]), via=via()))
             rng.shuffle(moves)
             return moves
 
