@@ -46,6 +46,7 @@ from workers.storage.purge import BLOCKED_ROOM
 
 JOIN_RULES_EVENT = "m.room.join_rules"
 POWER_LEVELS_EVENT = "m.room.power_levels"
+THIRD_PARTY_INVITE_EVENT = "m.room.third_party_invite"
 #: The state events the rules read of a room (besides memberships).
 RULE_EVENTS = frozenset({CREATE_EVENT, JOIN_RULES_EVENT, POWER_LEVELS_EVENT})
 JOIN_RULES = frozenset({"public", "invite", "knock"})
@@ -228,6 +229,8 @@ def check(event: NewEvent, view: RoomView) -> None:
     if event.type != MEMBER_EVENT:
         if event.type == CREATE_EVENT:  # only createRoom writes it, first (rule 1: no prev_events)
             raise Forbidden("m.room.create is a room's first event, written by createRoom only")
+        if event.type == THIRD_PARTY_INVITE_EVENT:  # its own rule (the invite level), for a feature not here
+            raise Forbidden("third-party invites are not served here")
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
         if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):

@@ -134,6 +134,11 @@ def test_a_room_has_one_create_event_power_levels_one_key_and_events_a_size_limi
         rooms.check(NewEvent("$c", "!r", "m.room.create", "@a:x", {"room_version": "11"}, ""), owner)
     with pytest.raises(rooms.BadEvent):
         rooms.check(NewEvent("$p", "!r", "m.room.power_levels", "@a:x", {"ban": 50}, "other"), owner)
+    # Its own rule (the invite level, not the state level) is for third-party invites, not served here.
+    with pytest.raises(rooms.Forbidden):
+        rooms.check(
+            NewEvent("$t", "!r", "m.room.third_party_invite", "@a:x", {"display_name": "x"}, "tok"), owner
+        )
     fits = rooms.MAX_EVENT_BYTES - 2_000
     rooms.check(NewEvent("$m", "!r", "m.room.message", "@a:x", {"body": "x" * fits}), owner)
     with pytest.raises(rooms.TooLarge):
