@@ -130,9 +130,13 @@ def test_a_room_plan_follows_the_spec_order_and_presets() -> None:
         {"initial_state": [{"type": "m.room.join_rules", "content": {"join_rule": "restricted"}}]},
         {"power_level_content_override": {"ban": "50"}},  # v10+: integers only, refused before any write
         {"power_level_content_override": {"users": {"@b:hs": True}}},
+        {"initial_state": [{"type": "m.room.power_levels", "content": {"ban": "50"}}]},
     ):
         with pytest.raises(rooms.BadEvent):
             rooms.plan_room(bad, "@a:hs", "!r:hs", "hs")
+    with pytest.raises(rooms.Forbidden):  # checked as any sent event is: not served here
+        third_party = {"type": "m.room.third_party_invite", "state_key": "t", "content": {}}
+        rooms.plan_room({"initial_state": [third_party]}, "@a:hs", "!r:hs", "hs")
 
 
 def test_transaction_event_ids_are_stable_and_scoped() -> None:

@@ -218,23 +218,11 @@ def check(event: NewEvent, view: RoomView) -> None:
         raise Forbidden(BLOCKED_ROOM)
     if not view.exists:
         raise NotFound(f"no room {event.room_id}")
-    size = (
-        len(pydantic_core.to_json(event.content))
-        + _PDU_OVERHEAD
-        + sum(len(text.encode()) for text in (event.room_id, event.sender, event.type, event.state_key or ""))
-    )
-    if size > MAX_EVENT_BYTES:
-        raise TooLarge(f"the event would be about {size} bytes, over the limit of {MAX_EVENT_BYTES}")
+    well_formed(event)
     power = view.power
     if event.type != MEMBER_EVENT:
-        if event.type == CREATE_EVENT:  # only createRoom writes it, first (rule 1: no prev_events)
-            raise Forbidden("m.room.create is a room's first event, written by createRoom only")
-        if event.type == THIRD_PARTY_INVITE_EVENT:  # its own rule (the invite level), for a feature not here
-            raise Forbidden("third-party invites are not served here")
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
-        if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
-            raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
         _allowed(power.may_send(event.sender, event.type, event.state_key is not None))
         if (
             event.state_key is not None
@@ -243,22 +231,9 @@ def check(event: NewEvent, view: RoomView) -> None:
         ):
             raise Forbidden("a state key that is a user id must be the sender's own")
         if event.type == POWER_LEVELS_EVENT:
-            if event.state_key != "":
-                raise BadEvent("m.room.power_levels takes the empty state key")
-            if (problem := content_problem(event.content)) is not None:
-                raise BadEvent(problem)
             _allowed(power.may_change_to(event.sender, event.content))
         return
-    membership = event.membership
-    if membership not in MEMBERSHIPS or event.state_key is None:
-        raise BadEvent("a member event needs a state_key (the user) and content.membership")
-    target = event.state_key
-    try:
-        identifiers.check_user_id(target)
-    except ValueError as e:
-        raise BadEvent(f"a member event's state_key is a user id: {e}") from None
-    if "third_party_invite" in event.content:  # the rules would need a signed token from an identity server
-        raise Forbidden("third-party invites are not served here")
+    membership, target = event.membership, event.state_key or ""  # well_formed: a user id
     if membership == "join":
         if target != event.sender:
             raise Forbidden("only the user themself can join")
@@ -294,6 +269,40 @@ def check(event: NewEvent, view: RoomView) -> None:
             _allowed(power.may_act_on("kick", event.sender, target))
         else:
             raise Forbidden(f"{target} is not in {event.room_id}")
+
+
+def well_formed(event: NewEvent) -> None:
+    """Raise TooLarge/Forbidden/BadEvent for what no room state can allow: an event over the size
+    limit, a create event after the first, a third-party invite (not served here), a join rule
+    not served, power levels that are not integers or under another key, a member event without
+    a membership or a user id as its state key. createRoom's events pass here too (`plan_room`)."""
+    size = (
+        len(pydantic_core.to_json(event.content))
+        + _PDU_OVERHEAD
+        + sum(len(text.encode()) for text in (event.room_id, event.sender, event.type, event.state_key or ""))
+    )
+    if size > MAX_EVENT_BYTES:
+        raise TooLarge(f"the event would be about {size} bytes, over the limit of {MAX_EVENT_BYTES}")
+    if event.type == CREATE_EVENT:  # only createRoom writes it, first (rule 1: no prev_events)
+        raise Forbidden("m.room.create is a room's first event, written by createRoom only")
+    if event.type == THIRD_PARTY_INVITE_EVENT or (
+        event.type == MEMBER_EVENT and "third_party_invite" in event.content
+    ):
+        raise Forbidden("third-party invites are not served here")  # they need an identity server's token
+    if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
+        raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+    if event.type == POWER_LEVELS_EVENT:
+        if event.state_key != "":
+            raise BadEvent("m.room.power_levels takes the empty state key")
+        if (problem := content_problem(event.content)) is not None:
+            raise BadEvent(problem)
+    if event.type == MEMBER_EVENT:
+        if event.membership not in MEMBERSHIPS or event.state_key is None:
+            raise BadEvent("a member event needs a state_key (the user) and content.membership")
+        try:
+            identifiers.check_user_id(event.state_key)
+        except ValueError as e:
+            raise BadEvent(f"a member event's state_key is a user id: {e}") from None
 
 
 def _one_of(value: Any, allowed: Iterable[str]) -> bool:
@@ -450,13 +459,12 @@ def plan_room(
             if not isinstance(value, str):
                 raise BadEvent(f"{key} must be a string")
             events.append(state(kind, {field_name: value}))
-    for event in events:
-        if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
-            raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
     is_direct = body.get("is_direct") is True
     for user in dict.fromkeys(u for u in invites if u != creator):  # the creator is joined already
         invite: dict[str, Any] = {"membership": "invite"}
         if is_direct:
             invite["is_direct"] = True
         events.append(state(MEMBER_EVENT, invite, user))
+    for event in events[1:]:  # what no room state allows (initial_state holds anything a client sent)
+        well_formed(event)
     return RoomPlan(room_id, events, alias)
