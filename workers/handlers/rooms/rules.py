@@ -273,7 +273,8 @@ def check(event: NewEvent, view: RoomView) -> None:
 
 def well_formed(event: NewEvent) -> None:
     """Raise TooLarge/Forbidden/BadEvent for what no room state can allow: an event over the size
-    limit, a create event after the first, a third-party invite (not served here), a join rule
+    limit, content that is not canonical JSON (floats, integers out of range), a create event after
+    the first, a third-party invite (not served here), a join rule
     not served, power levels that are not integers or under another key, a member event without
     a membership or a user id as its state key. createRoom's events pass here too (`plan_room`)."""
     size = (
@@ -283,6 +284,8 @@ def well_formed(event: NewEvent) -> None:
     )
     if size > MAX_EVENT_BYTES:
         raise TooLarge(f"the event would be about {size} bytes, over the limit of {MAX_EVENT_BYTES}")
+    if (problem := _not_canonical(event.content)) is not None:
+        raise BadEvent(f"{problem}: rooms 10 and 11 take canonical JSON only")
     if event.type == CREATE_EVENT:  # only createRoom writes it, first (rule 1: no prev_events)
         raise Forbidden("m.room.create is a room's first event, written by createRoom only")
     if event.type == THIRD_PARTY_INVITE_EVENT or (
@@ -303,6 +306,24 @@ def well_formed(event: NewEvent) -> None:
             identifiers.check_user_id(event.state_key)
         except ValueError as e:
             raise BadEvent(f"a member event's state_key is a user id: {e}") from None
+
+
+#: Canonical JSON's integers (room versions 6 and later): those an IEEE double holds exactly.
+_CANONICAL_INT = 2**53 - 1
+
+
+def _not_canonical(value: Any) -> str | None:
+    """What in an event's content canonical JSON cannot hold (a float, an integer beyond ±(2**53 - 1)),
+    or None. The spec has the client API answer such an event 400 M_BAD_JSON, as Synapse does."""
+    if isinstance(value, dict):
+        return next((p for v in value.values() if (p := _not_canonical(v)) is not None), None)
+    if isinstance(value, list):
+        return next((p for v in value if (p := _not_canonical(v)) is not None), None)
+    if isinstance(value, float):
+        return f"a number with a fraction or an exponent ({value!r})"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _CANONICAL_INT:
+        return f"an integer out of range ({value})"
+    return None
 
 
 def _one_of(value: Any, allowed: Iterable[str]) -> bool:

@@ -145,3 +145,25 @@ def test_a_room_has_one_create_event_power_levels_one_key_and_events_a_size_limi
         rooms.check(NewEvent("$m", "!r", "m.room.message", "@a:x", {"body": "x" * (fits + 1_500)}), owner)
     with pytest.raises(rooms.TooLarge):  # counted in UTF-8 bytes, not characters
         rooms.check(NewEvent("$m", "!r", "m.room.message", "@a:x", {"body": "é" * (fits // 2 + 800)}), owner)
+
+
+@pytest.mark.parametrize(
+    ("content", "valid"),
+    [
+        ({"body": "x", "n": 2**53 - 1, "m": -(2**53 - 1), "ok": True, "list": [1, "a", None]}, True),
+        ({"body": "x", "n": 1.5}, False),
+        ({"body": "x", "n": 1.0}, False),  # 1.0 is a float, whatever it equals
+        ({"nested": [{"n": 2**53}]}, False),
+        ({"nested": {"n": -(2**53)}}, False),
+    ],
+)  # fmt: skip
+def test_event_content_is_canonical_json(content: dict[str, object], valid: bool) -> None:
+    """Rooms 6 and later: no floats, integers within ±(2**53 - 1); the client API answers anything
+    else 400 M_BAD_JSON (the spec's room version 6, "Canonical JSON")."""
+    event = NewEvent("$m", "!r", "m.room.message", "@a:x", content)
+    view = rooms.RoomView(True, "public", "join", None)
+    if valid:
+        rooms.check(event, view)
+    else:
+        with pytest.raises(rooms.BadEvent):
+            rooms.check(event, view)
