@@ -1,11 +1,15 @@
-"""workers.redaction_rules: the spec's redaction algorithm for each family of room versions."""
+"""workers.redaction_rules: the spec's redaction algorithm for each family of room versions, and for
+the versions this server makes, the same content as Synapse's own pruning."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from typing import Any
 
 import pytest
 
+from workers.harness.bench.peer.synapse_build import build_synapse
 from workers.redaction_rules import prune_content, prune_event, rules_for
 
 #: One event of every type the algorithm treats specially, with keys kept by some version only.
@@ -105,3 +109,44 @@ def test_pruning_leaves_the_original_alone() -> None:
     assert content == MEMBER
     kept = prune_content("m.room.create", CREATE, rules_for("11"))
     assert kept == CREATE and kept is not CREATE
+
+
+#: Prunes each case's content with Synapse's own `prune_event`, in Synapse's virtualenv (stdin: the
+#: room version and the cases; stdout: the pruned contents).
+_SYNAPSE_PRUNE = """
+import json, sys
+from synapse.api.room_versions import KNOWN_ROOM_VERSIONS
+from synapse.events import make_event_from_dict
+from synapse.events.utils import prune_event
+version, cases = json.load(sys.stdin)
+plain = lambda o: dict(o) if hasattr(o, "keys") else list(o)
+fields = {"room_id": "!r:hs", "sender": "@a:hs", "state_key": "", "prev_events": [], "auth_events": [],
+          "depth": 1, "origin_server_ts": 1, "hashes": {"sha256": "A" * 43}, "signatures": {}}
+room = KNOWN_ROOM_VERSIONS[version]
+pruned = [prune_event(make_event_from_dict({**fields, **case}, room)) for case in cases]
+json.dump([e.get_dict()["content"] for e in pruned], sys.stdout, default=plain)
+"""
+
+
+@pytest.mark.parametrize("version", ["10", "11"])
+def test_pruning_matches_synapse(version: str) -> None:
+    """Every event type the algorithm treats specially (and two it does not), each with keys some
+    version keeps and one none does, pruned here and by Synapse 1.163.2's own code: the same content
+    (what a redacted event reads as, and what the rules then judge)."""
+    synapse = build_synapse(say=lambda line: None)
+    contents = (MEMBER, CREATE, JOIN_RULES, POWER, ALIASES, VISIBILITY, REDACTION, MESSAGE)
+    kinds = ("m.room.member", "m.room.create", "m.room.join_rules", "m.room.power_levels", "m.room.aliases",
+             "m.room.history_visibility", "m.room.redaction", "m.room.message", "m.room.topic")  # fmt: skip
+    cases = [
+        {"type": kind, "content": {**content, "none_keeps": 1}} for kind in kinds for content in contents
+    ]
+    answer = subprocess.run(
+        [str(synapse.python), "-c", _SYNAPSE_PRUNE], input=json.dumps([version, cases]),
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    theirs = json.loads(answer.stdout)
+    ours = [prune_content(case["type"], case["content"], rules_for(version)) for case in cases]
+    assert len(theirs) == len(cases) == 72
+    assert [(c["type"], o) for c, o in zip(cases, ours, strict=True)] == [
+        (c["type"], t) for c, t in zip(cases, theirs, strict=True)
+    ]
