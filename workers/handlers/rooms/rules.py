@@ -274,9 +274,9 @@ def check(event: NewEvent, view: RoomView) -> None:
 def well_formed(event: NewEvent) -> None:
     """Raise TooLarge/Forbidden/BadEvent for what no room state can allow: an event over the size
     limit, content that is not canonical JSON (floats, integers out of range), a create event after
-    the first, a third-party invite (not served here), a join rule
-    not served, power levels that are not integers or under another key, a member event without
-    a membership or a user id as its state key. createRoom's events pass here too (`plan_room`)."""
+    the first, a third-party invite (not served here), a join rule not served, power levels that are
+    not integers or under another key, a member event without a membership or a user id as its
+    state key. createRoom's events pass here too, before any of the room is written (`plan_room`)."""
     size = (
         len(pydantic_core.to_json(event.content))
         + _PDU_OVERHEAD
@@ -440,8 +440,6 @@ def plan_room(
         },
         **_object(body, "power_level_content_override"),
     }  # fmt: skip
-    if (problem := content_problem(power)) is not None:  # refused before any of the room is written
-        raise BadEvent(f"power_level_content_override: {problem}")
     alias = None
     alias_name = body.get("room_alias_name")
     if alias_name is not None:
