@@ -12,8 +12,10 @@ Pure and apart from the worker's own rules (`workers.handlers.rooms.rules` is ne
 that shares the code it judges cannot disagree with it.
 
 What the spec leaves to a single server, judged here as this server intends (docs/api.md):
-* the rules on event graphs (prev_events, auth_events, signatures, third-party invites, restricted
-  joins, `m.federate`) do not apply: one server, one linear order per room;
+* the rules on event graphs (prev_events, auth_events, third-party invites, restricted joins,
+  `m.federate`) do not apply: one server, one linear order per room;
+* signatures: the one server signs its users' events and nothing else, so an event is signed by its
+  sender's server only (rule 4.2 then refuses an authorising user of any other server);
 * a redaction (rule-wise an ordinary event) of another sender's event needs the `redact` level,
   as the client-server spec says a server checks before it applies one ("C-S redact");
   a redaction applies to later checks: the state event it redacts counts as its pruned content
@@ -29,6 +31,8 @@ from typing import Any
 CREATE, MEMBER, POWER, JOIN_RULES, REDACTION = (
     "m.room.create", "m.room.member", "m.room.power_levels", "m.room.join_rules", "m.room.redaction",
 )  # fmt: skip
+#: A member event's authorising user (restricted joins), whose server must sign the event.
+AUTHORISER = "join_authorised_via_users_server"
 KNOWN_VERSIONS = frozenset({"1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11"})
 #: The versions judged here; a room of another version is reported, not judged.
 JUDGED_VERSIONS = frozenset({"10", "11"})
@@ -81,7 +85,7 @@ def prune(version: str, kind: str, content: Mapping[str, Any]) -> dict[str, Any]
     """The content the redaction algorithm of room `version` keeps (v10, v11)."""
     keep: tuple[str, ...] = ()
     if kind == MEMBER:
-        keep = ("membership",) if version != "11" else ("membership", "join_authorised_via_users_server")
+        keep = ("membership", AUTHORISER)
     elif kind == CREATE:
         if version == "11":
             return dict(content)
@@ -234,6 +238,10 @@ class RoomReplay:
         target, membership = event.state_key, event.content.get("membership")
         if target is None or not isinstance(membership, str):
             raise Rejected("4.1", "no state_key or no content.membership")
+        if AUTHORISER in event.content:
+            authoriser = event.content[AUTHORISER]
+            if not isinstance(authoriser, str) or _domain(authoriser) != _domain(event.sender):
+                raise Rejected("4.2", f"not signed by the server of {AUTHORISER} {authoriser!r}")
         sender, sender_membership = event.sender, self.membership(event.sender)
         target_membership = self.membership(target)
         join_rule = (self._content(JOIN_RULES) or {}).get("join_rule", "invite")

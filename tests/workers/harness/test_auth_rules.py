@@ -100,6 +100,17 @@ def test_joins_and_knocks_against_the_join_rule() -> None:
     assert h.rules_broken() == [(uninvited, "4.3.4"), (knock, "4.7.1"), (for_other, "4.3.2")]
 
 
+def test_an_authorising_user_of_another_server() -> None:
+    """Rule 4.2: the authorising user's server must have signed the event, and here only the
+    sender's server signs."""
+    h = History(join_rule="public")
+    foreign = h.add(
+        BOB, "m.room.member", {"membership": "join", "join_authorised_via_users_server": "@s:x"}, BOB
+    )
+    h.add(CAROL, "m.room.member", {"membership": "join", "join_authorised_via_users_server": ALICE}, CAROL)
+    assert h.rules_broken() == [(foreign, "4.2")]
+
+
 def test_a_ban_racing_a_join() -> None:
     h = History(join_rule="public")
     h.member(ALICE, BOB, "ban")

@@ -10,6 +10,8 @@ from typing import Any
 from workers.harness.auth_replay import run_synapse_judge
 from workers.harness.bench.peer.synapse_build import build_synapse
 
+AUTHORISER = "join_authorised_via_users_server"
+
 
 def _event(
     n: int, kind: str, sender: str, content: dict[str, Any], state_key: str | None = ""
@@ -35,9 +37,12 @@ async def test_synapse_refuses_what_its_rules_refuse_and_judges_in_stored_order(
         _event(11, "m.room.member", "@a:hs", {"membership": "invite"}, "@m:hs"),
         # refused: content Synapse's code cannot read (a third-party invite without its signed token)
         _event(12, "m.room.member", "@a:hs", {"membership": "invite", "third_party_invite": {}}, "@n:hs"),
+        # refused: an authorising user of a server that did not sign the join (this server's may be named)
+        _event(13, "m.room.member", "@j:hs", {"membership": "join", AUTHORISER: "@s:x"}, "@j:hs"),
+        _event(14, "m.room.member", "@k:hs", {"membership": "join", AUTHORISER: "@a:hs"}, "@k:hs"),
     ]
     verdict = await run_synapse_judge(python, [{"room_id": "!r:hs", "events": events}])
-    assert (verdict.events, verdict.rooms) == (12, 1)
+    assert (verdict.events, verdict.rooms) == (14, 1)
     refused = [(r["event_id"], r["type"]) for r in verdict.refused]
     assert refused == [("$5", "m.room.message"), ("$7", "m.room.power_levels"), ("$9", "m.room.member"),
-                       ("$12", "m.room.member")], str(verdict)  # fmt: skip
+                       ("$12", "m.room.member"), ("$13", "m.room.member")], str(verdict)  # fmt: skip

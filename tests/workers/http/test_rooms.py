@@ -243,6 +243,38 @@ async def test_a_second_create_event_and_an_event_over_the_size_limit_are_refuse
     assert state[("m.room.create", "")]["content"]["room_version"] == "10"
 
 
+async def test_a_join_naming_an_authoriser_of_another_server_is_refused(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """A member event naming another server's user in `join_authorised_via_users_server` would need
+    that server's signature (rule 4.2 of rooms 8 and later): 403, and the user stays out; a user of
+    this server may be named (this server signs the event)."""
+    worker = await make_worker("p1", ["p1"])
+    alice, bob = client_for(http, [worker], ["p1"]), client_for(http, [worker], ["p1"])
+    await alice.register("alice")
+    await bob.register("bob")
+    room = await alice.create_room("public")
+    join = {"membership": "join", "join_authorised_via_users_server": "@admin:elsewhere.example"}
+    with pytest.raises(RequestRefused) as foreign:
+        await bob.set_state(room, "m.room.member", "@bob:localhost", join)
+    assert (foreign.value.status, foreign.value.errcode) == (403, "M_FORBIDDEN"), foreign.value.body
+    with pytest.raises(RequestRefused) as malformed:
+        await bob.set_state(
+            room, "m.room.member", "@bob:localhost", {**join, "join_authorised_via_users_server": 7}
+        )
+    assert (malformed.value.status, malformed.value.errcode) == (400, "M_BAD_JSON"), malformed.value.body
+    members = {e["state_key"] for e in await alice.room_state(room) if e["type"] == "m.room.member"}
+    assert members == {"@alice:localhost"}
+    await bob.set_state(
+        room,
+        "m.room.member",
+        "@bob:localhost",
+        {**join, "join_authorised_via_users_server": "@alice:localhost"},
+    )
+    state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
+    assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "join"
+
+
 async def test_one_event_and_profiles_answer_only_what_the_requester_may_see(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:

@@ -276,7 +276,8 @@ def well_formed(event: NewEvent) -> None:
     limit, content that is not canonical JSON (floats, integers out of range), a create event after
     the first, a third-party invite (not served here), a join rule not served, power levels that are
     not integers or under another key, a member event without a membership or a user id as its
-    state key. createRoom's events pass here too, before any of the room is written (`plan_room`)."""
+    state key, or naming an authorising user of another server. createRoom's events pass here too,
+    before any of the room is written (`plan_room`)."""
     size = (
         len(pydantic_core.to_json(event.content))
         + _PDU_OVERHEAD
@@ -306,6 +307,25 @@ def well_formed(event: NewEvent) -> None:
             identifiers.check_user_id(event.state_key)
         except ValueError as e:
             raise BadEvent(f"a member event's state_key is a user id: {e}") from None
+        if AUTHORISING_USER in event.content:
+            _authoriser_signs(event)
+
+
+#: A member event's content key naming the user whose server vouched for a restricted join.
+AUTHORISING_USER = "join_authorised_via_users_server"
+
+
+def _authoriser_signs(event: NewEvent) -> None:
+    """Rule 4.2 of rooms 8 and later: an event naming an authorising user must be signed by that
+    user's server. This server signs its users' events and no other server signs them, so the user
+    must be one of the sender's server (Synapse refuses the same join, 403)."""
+    authoriser = event.content[AUTHORISING_USER]
+    try:
+        identifiers.check_user_id(authoriser if isinstance(authoriser, str) else "")
+    except ValueError:
+        raise BadEvent(f"{AUTHORISING_USER} is a user id") from None
+    if authoriser.partition(":")[2] != event.sender.partition(":")[2]:
+        raise Forbidden(f"{AUTHORISING_USER} names a user of another server, which did not sign the event")
 
 
 #: Canonical JSON's integers (room versions 6 and later): those an IEEE double holds exactly.

@@ -42,6 +42,16 @@ def _member(user: str, membership: str, sender: str | None = None) -> NewEvent:
         (_member("b", "invite", sender="@a:x"), rooms.RoomView(True, "invite", "join", None), rooms.BadEvent),
         (NewEvent("$e", "!r", "m.room.member", "@a:x", {"membership": "invite", "third_party_invite": {}},
                   "@b:x"), rooms.RoomView(True, "invite", "join", None), rooms.Forbidden),
+        # Rule 4.2: an authorising user's server signs the event; here only the sender's server signs.
+        (NewEvent("$e", "!r", "m.room.member", "@b:x",
+                  {"membership": "join", "join_authorised_via_users_server": "@s:y"}, "@b:x"),
+         rooms.RoomView(True, "public", None, None), rooms.Forbidden),
+        (NewEvent("$e", "!r", "m.room.member", "@a:x",
+                  {"membership": "invite", "join_authorised_via_users_server": ["@s:x"]}, "@b:x"),
+         rooms.RoomView(True, "invite", "join", None), rooms.BadEvent),
+        (NewEvent("$e", "!r", "m.room.member", "@b:x",
+                  {"membership": "join", "join_authorised_via_users_server": "@s:x"}, "@b:x"),
+         rooms.RoomView(True, "public", None, None), None),
         # An unban takes the ban and the kick level (@b: ban 50 reached, kick 60 not).
         (_member("@c:x", "leave", sender="@b:x"), rooms.RoomView(True, "public", "join", "ban", _MOD),
          rooms.Forbidden),
