@@ -14,6 +14,7 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
+from workers.handlers.rooms import room_plan
 from workers.handlers.rooms import rules as rooms
 from workers.handlers.rooms.versions import REDACTION_EVENT, render
 from workers.handlers.rooms.writes import RoomWrites
@@ -94,7 +95,7 @@ class RoomRoutes:
         who = await requester(self._pool, request)
         body = await json_body(request)
         room_id = self.writes.new_room_id()
-        plan = rooms.plan_room(
+        plan = room_plan.plan_room(
             body, who.user_id, room_id, self.writes.server_name, self._default_room_version
         )
         if plan.alias is not None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workers import identifiers
+from workers.handlers.rooms import room_plan
 from workers.handlers.rooms import rules as rooms
 from workers.handlers.rooms.versions import RoomVersion
 from workers.handlers.sync.filter import DEFAULT_TIMELINE_LIMIT, EventFilter, SyncFilter
 from workers.handlers.sync.room_sections import RoomSections, place_room
+from workers.harness.auth_rules import StoredEvent, replay
 from workers.model import MEMBER_EVENT, Event
 
 ME = "@me:hs"
@@ -105,7 +111,7 @@ def test_filters_parse_what_the_cluster_applies_and_refuse_wrong_types() -> None
 
 
 def test_a_room_plan_follows_the_spec_order_and_presets() -> None:
-    plan = rooms.plan_room(
+    plan = room_plan.plan_room(
         {"preset": "trusted_private_chat", "name": "n", "topic": "t", "invite": ["@b:hs"],
          "room_alias_name": "x",
          "initial_state": [{"type": "m.room.guest_access", "content": {"guest_access": "forbidden"}}]},
@@ -133,10 +139,82 @@ def test_a_room_plan_follows_the_spec_order_and_presets() -> None:
         {"initial_state": [{"type": "m.room.power_levels", "content": {"ban": "50"}}]},
     ):
         with pytest.raises(rooms.BadEvent):
-            rooms.plan_room(bad, "@a:hs", "!r:hs", "hs")
+            room_plan.plan_room(bad, "@a:hs", "!r:hs", "hs")
     with pytest.raises(rooms.Forbidden):  # checked as any sent event is: not served here
         third_party = {"type": "m.room.third_party_invite", "state_key": "t", "content": {}}
-        rooms.plan_room({"initial_state": [third_party]}, "@a:hs", "!r:hs", "hs")
+        room_plan.plan_room({"initial_state": [third_party]}, "@a:hs", "!r:hs", "hs")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"power_level_content_override": {"state_default": 101}},  # the join rules need more than 100
+        {"power_level_content_override": {"users": {"@b:hs": 100}}},  # the creator left at 0
+        {"power_level_content_override": {"invite": 101}, "invite": ["@b:hs"]},
+        {"power_level_content_override": {"events": {"m.room.name": 101}}, "name": "n"},
+        {"initial_state": [{"type": "m.room.power_levels", "content": {"users": {"@a:hs": 10}}}]},
+        {"initial_state": [{"type": "m.room.topic", "state_key": "@b:hs", "content": {}}]},
+    ],
+)
+def test_a_plan_whose_events_the_rules_refuse_is_refused(body: dict[str, Any]) -> None:
+    """Each planned event is checked against the state the ones before it leave (as Synapse
+    authorizes createRoom's events): an override that takes the creator's power away is a 403
+    before anything is written, not a room whose stored events the rules refuse."""
+    with pytest.raises(rooms.Forbidden):
+        room_plan.plan_room(body, "@a:hs", "!r:hs", "hs")
+
+
+def test_initial_state_power_levels_stand_in_for_the_generated_ones() -> None:
+    """As in Synapse: the room's first power levels event is initial_state's, which no earlier one
+    limits (a level above the creator's own is allowed there, and binds the events after it)."""
+    levels = {"users": {"@a:hs": 100}, "events": {"m.room.tombstone": 150}, "state_default": 50}
+    plan = room_plan.plan_room(
+        {"initial_state": [{"type": "m.room.power_levels", "content": levels}]}, "@a:hs", "!r:hs", "hs"
+    )
+    assert [e.content for e in plan.events if e.type == "m.room.power_levels"] == [levels]
+
+
+LEVELS = st.sampled_from([0, 50, 100, 101])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    override=st.dictionaries(
+        st.sampled_from(["state_default", "invite", "users_default", "events_default", "ban"]), LEVELS
+    ),
+    creator_level=st.none() | LEVELS,
+    events=st.dictionaries(st.sampled_from(["m.room.name", "m.room.join_rules", "m.room.topic"]), LEVELS),
+    invite=st.lists(st.sampled_from(["@a:hs", "@b:hs", "@c:hs"]), max_size=2),
+    preset=st.sampled_from(["private_chat", "trusted_private_chat", "public_chat"]),
+)
+def test_every_plan_it_makes_is_one_the_spec_rules_allow(
+    override: dict[str, int],
+    creator_level: int | None,
+    events: dict[str, int],
+    invite: list[str],
+    preset: str,
+) -> None:
+    """The independent judge (`workers.harness.auth_rules`) replays every plan made: a createRoom
+    either is refused or writes only events the rules allow."""
+    levels: dict[str, Any] = dict(override)
+    if creator_level is not None:
+        levels["users"] = {"@a:hs": creator_level}
+    if events:
+        levels["events"] = events
+    body = {
+        "preset": preset,
+        "invite": invite,
+        "name": "n",
+        "topic": "t",
+        "power_level_content_override": levels,
+    }
+    try:
+        plan = room_plan.plan_room(body, "@a:hs", "!r:hs", "hs")
+    except rooms.Forbidden:
+        return
+    stored = [StoredEvent(n, e.event_id, e.room_id, e.type, e.sender, e.content, e.state_key)
+              for n, e in enumerate(plan.events, 1)]  # fmt: skip
+    assert not replay(stored).violations, [str(v) for v in replay(stored).violations]
 
 
 def test_transaction_event_ids_are_stable_and_scoped() -> None:
@@ -168,7 +246,7 @@ def test_identifiers_accept_the_spec_grammar_and_nothing_replication_would_refus
 
 
 def test_a_creator_in_its_own_invite_list_stays_joined() -> None:
-    plan = rooms.plan_room({"invite": ["@a:hs", "@b:hs", "@b:hs"]}, "@a:hs", "!r:hs", "hs")
+    plan = room_plan.plan_room({"invite": ["@a:hs", "@b:hs", "@b:hs"]}, "@a:hs", "!r:hs", "hs")
     members = [(e.state_key, e.content["membership"]) for e in plan.events if e.type == MEMBER_EVENT]
     assert members == [("@a:hs", "join"), ("@b:hs", "invite")]
 

@@ -275,6 +275,25 @@ async def test_a_join_naming_an_authoriser_of_another_server_is_refused(
     assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "join"
 
 
+async def test_a_create_room_whose_events_the_rules_refuse_writes_nothing(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """A power levels override that leaves the creator below what createRoom's later events need
+    is a 403 (as Synapse answers), and no room is written; the creator's rooms stay as they were."""
+    worker = await make_worker("p1", ["p1"])
+    alice = client_for(http, [worker], ["p1"])
+    await alice.register("alice")
+    with pytest.raises(RequestRefused) as refused:
+        await alice.create_room("public", power_level_content_override={"state_default": 101})
+    assert (refused.value.status, refused.value.errcode) == (403, "M_FORBIDDEN"), refused.value.body
+    joined = await alice._call("GET", f"{alice.urls['p1']}/_matrix/client/v3/joined_rooms")
+    assert joined == {"joined_rooms": []}
+    room = await alice.create_room("public", power_level_content_override={"state_default": 100})
+    assert (await alice._call("GET", f"{alice.urls['p1']}/_matrix/client/v3/joined_rooms")) == {
+        "joined_rooms": [room]
+    }
+
+
 async def test_one_event_and_profiles_answer_only_what_the_requester_may_see(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:

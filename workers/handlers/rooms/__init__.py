@@ -5,8 +5,8 @@
 * `forwarded.py`: room writes as they travel between workers (`Written`, `RemoteInvite`)
 * `admission.py`: the per-room admission: each write checked against the state the writes it depends
   on left
-* `rules.py`: who may send what into a room (`check`), the cached views the rules read, createRoom's
-  plan
+* `rules.py`: who may send what into a room (`check`), the cached views the rules read
+* `room_plan.py`: createRoom's plan: the room's first events, each checked against those before it
 * `power_levels.py`: the spec's power levels: who may send, invite, kick, ban and change what
 * `history_visibility.py`: who may see which event of a room (read by /sync and /messages too)
 * `versions.py`: room versions and the event format each one renders

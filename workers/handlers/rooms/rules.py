@@ -26,11 +26,9 @@ import pydantic_core
 from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers.caches.lru import EventLike, LruCache
-from workers.handlers.rooms import history_visibility
 from workers.handlers.rooms.power_levels import PowerLevels, content_problem
 from workers.model import (
     CREATE_EVENT,
-    DEFAULT_ROOM_VERSION,
     MEMBER_EVENT,
     MEMBERSHIPS,
     REDACTION_EVENT,
@@ -293,7 +291,7 @@ def well_formed(event: NewEvent) -> None:
         event.type == MEMBER_EVENT and "third_party_invite" in event.content
     ):
         raise Forbidden("third-party invites are not served here")  # they need an identity server's token
-    if event.type == JOIN_RULES_EVENT and not _one_of(event.content.get("join_rule"), JOIN_RULES):
+    if event.type == JOIN_RULES_EVENT and not one_of(event.content.get("join_rule"), JOIN_RULES):
         raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
     if event.type == POWER_LEVELS_EVENT:
         if event.state_key != "":
@@ -346,7 +344,7 @@ def _not_canonical(value: Any) -> str | None:
     return None
 
 
-def _one_of(value: Any, allowed: Iterable[str]) -> bool:
+def one_of(value: Any, allowed: Iterable[str]) -> bool:
     """`value in allowed` for a client's value, which may be any JSON (a list is unhashable)."""
     return isinstance(value, str) and value in allowed
 
@@ -373,14 +371,6 @@ def txn_event_id(room_id: str, sender: str, device_id: str | None, txn_id: str) 
     return "$" + hashlib.blake2b(key, digest_size=16, person=b"fanout-txn").hexdigest()
 
 
-#: createRoom presets: (join rule, guest access).
-PRESETS = {
-    "private_chat": ("invite", "can_join"),
-    "trusted_private_chat": ("invite", "can_join"),
-    "public_chat": ("public", "forbidden"),
-}
-
-
 class UnsupportedRoomVersion(BadEvent):
     """createRoom asked for a room version this server does not speak (400 M_UNSUPPORTED_ROOM_VERSION)."""
 
@@ -388,122 +378,3 @@ class UnsupportedRoomVersion(BadEvent):
 class IncompatibleRoomVersion(BadEvent):
     """A remote server invited a user to a room of a version this server does not speak
     (400 M_INCOMPATIBLE_ROOM_VERSION, as federation's invite answers)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RoomPlan:
-    """What createRoom will write: the room's first events, in order, and the alias to claim."""
-
-    room_id: str
-    events: list[NewEvent]
-    alias: str | None
-
-
-def _object(body: dict[str, Any], key: str) -> dict[str, Any]:
-    value = body.get(key, {})
-    if not isinstance(value, dict):
-        raise BadEvent(f"{key} must be an object")
-    return value
-
-
-def plan_room(
-    body: dict[str, Any],
-    creator: str,
-    room_id: str,
-    server_name: str,
-    default_version: str = DEFAULT_ROOM_VERSION,
-) -> RoomPlan:
-    """The events of a createRoom request body (the spec's order: create, the creator's join, power
-    levels, alias, preset, initial_state, name, topic, invites). Raises BadEvent."""
-    visibility = body.get("visibility", "private")
-    if visibility not in ("public", "private"):
-        raise BadEvent("visibility must be public or private")
-    preset = body.get("preset", "public_chat" if visibility == "public" else "private_chat")
-    if not _one_of(preset, PRESETS):
-        raise BadEvent(f"preset must be one of {sorted(PRESETS)}")
-    version = body.get("room_version", default_version)
-    if version not in SUPPORTED_ROOM_VERSIONS:
-        raise UnsupportedRoomVersion(
-            f"room version {version!r} is not one of {list(SUPPORTED_ROOM_VERSIONS)}"
-        )
-    invites = body.get("invite", [])
-    if not isinstance(invites, list) or not all(isinstance(u, str) for u in invites):
-        raise BadEvent("invite must be a list of user ids")
-    for user in invites:
-        try:
-            identifiers.check_user_id(user)
-        except ValueError as e:
-            raise BadEvent(str(e)) from None
-    initial = body.get("initial_state", [])
-    if not isinstance(initial, list) or not all(
-        isinstance(e, dict)
-        and isinstance(e.get("type"), str)
-        and isinstance(e.get("state_key", ""), str)
-        and isinstance(e.get("content"), dict)
-        for e in initial
-    ):
-        raise BadEvent("initial_state must be a list of {type, state_key, content}")
-    create_content = {**_object(body, "creation_content"), "room_version": version}
-    if version != "11":
-        create_content["creator"] = creator
-    join_rule, guest_access = PRESETS[preset]
-    users = {creator: 100}
-    if preset == "trusted_private_chat":
-        users |= {user: 100 for user in invites if user != creator}
-    power = {
-        "users": users, "users_default": 0, "events_default": 0, "state_default": 50,
-        "ban": 50, "kick": 50, "redact": 50, "invite": 0, "notifications": {"room": 50},
-        "events": {
-            "m.room.name": 50, "m.room.power_levels": 100, "m.room.history_visibility": 100,
-            "m.room.canonical_alias": 50, "m.room.avatar": 50, "m.room.tombstone": 100,
-            "m.room.server_acl": 100, "m.room.encryption": 100,
-        },
-        **_object(body, "power_level_content_override"),
-    }  # fmt: skip
-    alias = None
-    alias_name = body.get("room_alias_name")
-    if alias_name is not None:
-        if not isinstance(alias_name, str):
-            raise BadEvent("room_alias_name must be a string")
-        try:
-            alias = identifiers.check_alias(f"#{alias_name}:{server_name}")
-        except ValueError as e:
-            raise BadEvent(str(e)) from None
-
-    def state(kind: str, content: dict[str, Any], key: str = "", sender: str = creator) -> NewEvent:
-        return NewEvent(new_event_id(), room_id, kind, sender, content, key)
-
-    events = [
-        state(CREATE_EVENT, create_content),
-        state(MEMBER_EVENT, {"membership": "join"}, creator),
-        state(POWER_LEVELS_EVENT, power),
-    ]
-    if alias is not None:
-        events.append(state("m.room.canonical_alias", {"alias": alias}))
-    overridden = {(e["type"], e.get("state_key", "")) for e in initial}
-    for kind, content in (
-        (JOIN_RULES_EVENT, {"join_rule": join_rule}),
-        ("m.room.history_visibility", {"history_visibility": history_visibility.DEFAULT}),  # every preset
-        ("m.room.guest_access", {"guest_access": guest_access}),
-    ):
-        if (kind, "") not in overridden:
-            events.append(state(kind, content))
-    for item in initial:
-        if item["type"] in (CREATE_EVENT, MEMBER_EVENT):
-            raise BadEvent(f"initial_state may not hold {item['type']}")
-        events.append(state(item["type"], item["content"], item.get("state_key", "")))
-    for key, kind, field_name in (("name", "m.room.name", "name"), ("topic", "m.room.topic", "topic")):
-        value = body.get(key)
-        if value is not None:
-            if not isinstance(value, str):
-                raise BadEvent(f"{key} must be a string")
-            events.append(state(kind, {field_name: value}))
-    is_direct = body.get("is_direct") is True
-    for user in dict.fromkeys(u for u in invites if u != creator):  # the creator is joined already
-        invite: dict[str, Any] = {"membership": "invite"}
-        if is_direct:
-            invite["is_direct"] = True
-        events.append(state(MEMBER_EVENT, invite, user))
-    for event in events[1:]:  # what no room state allows (initial_state holds anything a client sent)
-        well_formed(event)
-    return RoomPlan(room_id, events, alias)

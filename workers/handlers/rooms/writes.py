@@ -141,7 +141,7 @@ class RoomWrites:
         )  # fmt: skip
 
     async def create(self, events: list[NewEvent]) -> Written:
-        """Persist a new room's first events (`rooms.plan_room`) on its owner; the last one's place."""
+        """Persist a new room's first events (`room_plan.plan_room`) on its owner; the last one's place."""
         room_id = events[0].room_id
         body = {"events": [event_to_json(e) for e in events]}
         return await self._routed(
