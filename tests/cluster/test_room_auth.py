@@ -17,8 +17,7 @@ import aiohttp
 import asyncpg
 
 from tests.cluster.conftest import MakeCluster
-from workers.harness.auth_replay import judge_with_synapse, replay_database
-from workers.harness.bench.peer.synapse_build import build_synapse
+from workers.harness.auth_replay import judge_with_built_synapse, replay_database
 from workers.harness.cluster_client import ClusterClient, RequestRefused
 from workers.routing import writer_for_room
 
@@ -36,8 +35,7 @@ async def _outcome(call: Awaitable[Any]) -> str:
 
 async def _judged_by_synapse(database_url: str, rooms: list[str], why: object) -> None:
     """Synapse's `event_auth` refuses none of the rooms' stored events (it judges them all)."""
-    synapse = await asyncio.to_thread(build_synapse, say=lambda line: None)
-    verdict = await judge_with_synapse(database_url, synapse.python, rooms)
+    verdict = await judge_with_built_synapse(database_url, rooms)
     assert verdict.rooms == len(rooms) and not verdict.refused, (why, str(verdict))
 
 

@@ -28,6 +28,7 @@ from tests.conftest import RedisTarget, Servers, on_redis_cluster
 from tests.workers.conftest import MakeWorker, make_worker
 from workers.embedded.redis_cluster import RedisClusterServers
 from workers.harness import chaos
+from workers.harness.auth_replay import judge_with_built_synapse
 from workers.harness.cluster import LocalCluster, WorkerSpec
 from workers.harness.faultproxy import FaultProxy, target_of, through
 from workers.harness.load_check import LoadReport
@@ -77,7 +78,8 @@ async def under_load(
     fault_after: float = 1 / 3,
 ) -> LoadReport:
     """Run the load, apply `fault` once a third of it is done (`fault_after`: that share of the
-    actions sent as events), wait for `ready`; check, record.
+    actions sent as events), wait for `ready`; check (every room's stored events by both judges of
+    the auth rules too), record.
     `planned` (an operator's change, not a fault) or `balanced` (a persister's crash, which a load
     balancer's health checks take out): the clients use the sync workers only, as behind a load
     balancer (`balancer`, name -> URL, which the fault may change as a load balancer's health
@@ -103,6 +105,8 @@ async def under_load(
         await ready()
         recovery = time.monotonic() - ended
         report = await load
+    # The second judge of every room the load wrote (the spec's rules judged them in `verify_load`).
+    report.problems += (await judge_with_built_synapse(database_url)).problems()
     chaos.record(
         scenario, report.events_sent, report.events_checked, report.problems, recovery,
         report.internal_errors, report.longest_write_ms, report.failed,

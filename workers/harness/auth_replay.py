@@ -18,6 +18,8 @@ from typing import Any
 import asyncpg
 
 from workers.harness.auth_rules import ReplayResult, StoredEvent, replay
+from workers.harness.bench.peer.synapse_build import build_synapse
+from workers.harness.upgrade_build import Say
 from workers.storage import Conn, connect
 
 _EVENTS = (
@@ -25,6 +27,10 @@ _EVENTS = (
     " WHERE stream_ordering > 0{rooms} ORDER BY room_id, stream_ordering"
 )
 _JUDGE = Path(__file__).with_name("synapse_auth_judge.py")
+
+
+def _quiet(line: str) -> None:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,11 @@ class SynapseVerdict:
         head = f"Synapse's event_auth: {self.events:,} stored events of {self.rooms} rooms"
         refusals = [f"  {r['event_id']} ({r['type']}, {r['room_id']}): {r['reason']}" for r in self.refused]
         return "\n".join([f"{head}, {len(self.refused)} refused", *refusals[:20]])
+
+    def problems(self) -> list[str]:
+        """One line per refusal, for a load's list of problems."""
+        return [f"refused by Synapse's event_auth: {r['event_id']} ({r['type']}, {r['room_id']}):"
+                f" {r['reason']}" for r in self.refused]  # fmt: skip
 
 
 async def _records(conn: Conn, room_ids: Collection[str] | None) -> list[asyncpg.Record]:
@@ -89,6 +100,15 @@ async def judge_with_synapse(
     async with connect(database_url) as conn:
         rooms = _rooms_for_synapse(await _records(conn, room_ids))
     return await run_synapse_judge(synapse_python, rooms)
+
+
+async def judge_with_built_synapse(
+    database_url: str, room_ids: Collection[str] | None = None, say: Say = _quiet
+) -> SynapseVerdict:
+    """`judge_with_synapse` in Synapse's virtualenv, built first if it is not (about a minute, with
+    progress to `say`); BuildError if it cannot be built."""
+    synapse = await asyncio.to_thread(build_synapse, say=say)
+    return await judge_with_synapse(database_url, synapse.python, room_ids)
 
 
 async def run_synapse_judge(synapse_python: Path, rooms: list[dict[str, Any]]) -> SynapseVerdict:

@@ -28,9 +28,8 @@ from typing import Any
 import aiohttp
 
 from workers.embedded.services import given_or_embedded
-from workers.harness.auth_replay import judge_with_synapse
+from workers.harness.auth_replay import judge_with_built_synapse
 from workers.harness.bench._common import positive_int
-from workers.harness.bench.peer.synapse_build import build_synapse
 from workers.harness.bench.profile import recorder, sampled_dir
 from workers.harness.cluster import LocalCluster
 from workers.harness.load_check import LoadReport, keep_for_diagnosis
@@ -170,13 +169,11 @@ async def _judged_by_synapse(database_url: str, report: LoadReport) -> dict[str,
     peer's code), in Synapse's virtualenv (built the first time, about a minute); its refusals and
     a failed build are the run's problems."""
     try:
-        synapse = await asyncio.to_thread(build_synapse, say=say)
-        verdict = await judge_with_synapse(database_url, synapse.python)
+        verdict = await judge_with_built_synapse(database_url, say=say)
     except (BuildError, RuntimeError) as e:
         report.problems.append(f"Synapse's auth judge could not run: {e} (--no-synapse-judge leaves it out)")
         return None
-    report.problems += [f"refused by Synapse's event_auth: {r['event_id']} ({r['type']}, {r['room_id']}):"
-                        f" {r['reason']}" for r in verdict.refused]  # fmt: skip
+    report.problems += verdict.problems()
     return {"events": verdict.events, "rooms": verdict.rooms, "refused": len(verdict.refused)}
 
 
