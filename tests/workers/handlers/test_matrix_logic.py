@@ -140,6 +140,10 @@ def test_a_room_plan_follows_the_spec_order_and_presets() -> None:
     ):
         with pytest.raises(rooms.BadEvent):
             room_plan.plan_room(bad, "@a:hs", "!r:hs", "hs")
+    with pytest.raises(rooms.BadEvent):  # the create event's content is the client's: canonical JSON too
+        room_plan.plan_room({"creation_content": {"m.federate": True, "ratio": 0.5}}, "@a:hs", "!r:hs", "hs")
+    with pytest.raises(rooms.TooLarge):
+        room_plan.plan_room({"creation_content": {"note": "x" * 70_000}}, "@a:hs", "!r:hs", "hs")
     with pytest.raises(rooms.Forbidden):  # checked as any sent event is: not served here
         third_party = {"type": "m.room.third_party_invite", "state_key": "t", "content": {}}
         room_plan.plan_room({"initial_state": [third_party]}, "@a:hs", "!r:hs", "hs")

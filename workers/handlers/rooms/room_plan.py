@@ -21,6 +21,7 @@ from workers.handlers.rooms.rules import (
     RoomView,
     UnsupportedRoomVersion,
     check,
+    fits,
     new_event_id,
     one_of,
     well_formed,
@@ -158,6 +159,7 @@ def _check_in_order(events: list[NewEvent], creator: str) -> None:
     the state the planned events before it leave. Synapse authorizes createRoom's events so and
     refuses the room; a power levels override or an `initial_state` can take from the creator the
     power the later events need (a state level over 100, the creator left out of `users`)."""
+    fits(events[0])  # creation_content is the client's too
     well_formed(events[1])
     power, join_rule = PowerLevels.from_state(None, creator), "invite"
     for event in events[2:]:

@@ -269,13 +269,9 @@ def check(event: NewEvent, view: RoomView) -> None:
             raise Forbidden(f"{target} is not in {event.room_id}")
 
 
-def well_formed(event: NewEvent) -> None:
-    """Raise TooLarge/Forbidden/BadEvent for what no room state can allow: an event over the size
-    limit, content that is not canonical JSON (floats, integers out of range), a create event after
-    the first, a third-party invite (not served here), a join rule not served, power levels that are
-    not integers or under another key, a member event without a membership or a user id as its
-    state key, or naming an authorising user of another server. createRoom's events pass here too,
-    before any of the room is written (`plan_room`)."""
+def fits(event: NewEvent) -> None:
+    """Raise TooLarge/BadEvent unless `event` is within the spec's size limit and its content is
+    canonical JSON: what every event needs, a room's create event too (`well_formed` starts here)."""
     size = (
         len(pydantic_core.to_json(event.content))
         + _PDU_OVERHEAD
@@ -285,6 +281,16 @@ def well_formed(event: NewEvent) -> None:
         raise TooLarge(f"the event would be about {size} bytes, over the limit of {MAX_EVENT_BYTES}")
     if (problem := _not_canonical(event.content)) is not None:
         raise BadEvent(f"{problem}: rooms 10 and 11 take canonical JSON only")
+
+
+def well_formed(event: NewEvent) -> None:
+    """Raise TooLarge/Forbidden/BadEvent for what no room state can allow: an event over the size
+    limit, content that is not canonical JSON (floats, integers out of range), a create event after
+    the first, a third-party invite (not served here), a join rule not served, power levels that are
+    not integers or under another key, a member event without a membership or a user id as its
+    state key, or naming an authorising user of another server. createRoom's events pass here too,
+    before any of the room is written (`plan_room`)."""
+    fits(event)
     if event.type == CREATE_EVENT:  # only createRoom writes it, first (rule 1: no prev_events)
         raise Forbidden("m.room.create is a room's first event, written by createRoom only")
     if event.type == THIRD_PARTY_INVITE_EVENT or (
