@@ -294,6 +294,26 @@ async def test_a_create_room_whose_events_the_rules_refuse_writes_nothing(
     }
 
 
+async def test_backfill_takes_what_the_member_may_send_and_canonical_json_only(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """Imported history is held to what the member may send now (a member below the room's
+    events level imports nothing: 403) and to what every event is (canonical JSON: 400)."""
+    worker = await make_worker("p1", ["p1"])
+    alice, bob = client_for(http, [worker], ["p1"]), client_for(http, [worker], ["p1"])
+    await alice.register("alice")
+    await bob.register("bob")
+    room = await alice.create_room("public", power_level_content_override={"events_default": 10})
+    await bob.membership(room, "join")
+    with pytest.raises(RequestRefused) as muted:
+        await bob.backfill(room, [{"type": "m.room.message", "content": {"body": "old"}}])
+    assert (muted.value.status, muted.value.errcode) == (403, "M_FORBIDDEN"), muted.value.body
+    with pytest.raises(RequestRefused) as floats:
+        await alice.backfill(room, [{"type": "m.room.message", "content": {"n": 0.5}}])
+    assert (floats.value.status, floats.value.errcode) == (400, "M_BAD_JSON"), floats.value.body
+    assert len(await alice.backfill(room, [{"type": "m.room.message", "content": {"body": "old"}}])) == 1
+
+
 async def test_one_event_and_profiles_answer_only_what_the_requester_may_see(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:

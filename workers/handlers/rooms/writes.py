@@ -415,7 +415,11 @@ class RoomWrites:
                 kind = identifiers.check_event_type(str(item.get("type", "")))
             except ValueError as e:
                 raise rooms.BadEvent(str(e)) from None
-            events.append(NewEvent(rooms.new_event_id(), room_id, kind, sender, item.get("content", {})))
+            event = NewEvent(rooms.new_event_id(), room_id, kind, sender, item.get("content", {}))
+            rooms.fits(event)  # as any event; and only what the sender may send now
+            if (refusal := view.power.may_send(sender, kind, False)) is not None:
+                raise rooms.Forbidden(refusal)
+            events.append(event)
         persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
         return [e.stream_ordering for e in persisted]
 
