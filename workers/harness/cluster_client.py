@@ -185,8 +185,8 @@ class ClusterClient:
     async def membership(
         self, room_id: str, membership: str, target: str | None = None, via: str | None = None
     ) -> dict[str, Any]:
-        """join/leave/knock (yourself) or invite/leave (kick)/ban another user, through the spec's
-        endpoints."""
+        """join/leave/knock (yourself) or invite/leave (kick)/ban/unban another user, through the
+        spec's endpoints."""
         base = f"{self._url(via)}{CLIENT}/rooms/{_q(room_id)}"
         other = target is not None and self.user(target) != self.user_id
         if membership == "join" and not other:
@@ -197,7 +197,7 @@ class ClusterClient:
             result = await self._call("POST", f"{base}/leave", {})
         else:
             assert target is not None, f"{membership} needs a target"
-            op = {"invite": "invite", "leave": "kick", "ban": "ban"}[membership]
+            op = {"invite": "invite", "leave": "kick", "ban": "ban", "unban": "unban"}[membership]
             result = await self._call("POST", f"{base}/{op}", {"user_id": self.user(target)})
         return result
 

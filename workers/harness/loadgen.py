@@ -352,7 +352,7 @@ class LoadDriver:
             if who == "me":
                 await client.membership(room, what)
             else:
-                await owner.membership(room, "leave" if what in ("kick", "unban") else what, target=user)
+                await owner.membership(room, "leave" if what == "kick" else what, target=user)
             self._set(user, room, "leave" if what in ("kick", "unban") else what)
             self.report.events_sent += 1
             self.report.membership_changes += 1

@@ -25,10 +25,18 @@ from dataclasses import dataclass
 Move = tuple[str, str]
 
 #: The membership each change leaves the target in.
-RESULT = {"join": "join", "leave": "leave", "invite": "invite", "kick": "leave", "ban": "ban"}
+RESULT = {
+    "join": "join",
+    "leave": "leave",
+    "invite": "invite",
+    "kick": "leave",
+    "ban": "ban",
+    "unban": "leave",
+}
 #: The changes `prepare` may use to reach a race's starting membership.
 PREPARE_MOVES: tuple[Move, ...] = (
     ("me", "join"), ("me", "leave"), ("owner", "invite"), ("owner", "kick"), ("owner", "ban"),
+    ("owner", "unban"),
 )  # fmt: skip
 
 
@@ -57,8 +65,8 @@ PAIRS: tuple[RacePair, ...] = (
 
 def allowed(membership: str | None, move: Move) -> bool:
     """Whether the Matrix rules let `move` happen to a target whose membership is `membership`,
-    in a public room whose owner has power 100 and the target 0 (the owner may kick only a
-    member, an invitee, a knocker or, as an unban, a banned user)."""
+    in a public room whose owner has power 100 and the target 0, through the client API (the owner
+    may kick only a member, an invitee or a knocker, and unban only a banned user)."""
     who, what = move
     if who == "me":
         if what == "join":
@@ -67,7 +75,9 @@ def allowed(membership: str | None, move: Move) -> bool:
     if what == "invite":
         return membership not in ("join", "ban")
     if what == "kick":
-        return membership in ("join", "invite", "knock", "ban")
+        return membership in ("join", "invite", "knock")
+    if what == "unban":
+        return membership == "ban"
     return what == "ban"
 
 

@@ -16,8 +16,9 @@ Routes (JSON bodies and answers; errors are `{"errcode", "error"}`):
 * `PUT  /typing/{room_id}/{user_id}`        body `{"typing": bool, "timeout": ms}` -> `{}`
 * `PUT  /presence/{user_id}`                body `{"presence": str, "status_msg": str|null}` -> `{}`
 * `GET  /presence/{user_id}`                -> the m.presence event's `content`
-* `POST /rooms/{room_id}/send`               body `{"event": {...}, "txn": bool}` -> `{"event_id",
-  "stream_ordering", "instance_name"}` (the room's rules checked here, on its persister)
+* `POST /rooms/{room_id}/send`               body `{"event": {...}, "txn": bool, "target_was"?: [str]}`
+  -> `{"event_id", "stream_ordering", "instance_name"}` (the room's rules checked here, on its
+  persister; `target_was`: the memberships a kick or an unban acts on, checked with them)
 * `POST /rooms/{room_id}/create`             body `{"events": [...]}` -> the same, of the last event
 * `POST /rooms/{room_id}/backfill`           body `{"sender", "events": [{type, content}, ...]}` ->
   `{"stream_orderings": [...]}`
@@ -152,7 +153,9 @@ class InternalApi:
             body = await _json_object(request)
             event = event_from_json(body.get("event"))
             _same_room(request, event.room_id)
-            written = await writes.send_here(event, txn=body.get("txn") is True)
+            expected = body.get("target_was")
+            target_was = frozenset(expected) if isinstance(expected, list) else None
+            written = await writes.send_here(event, txn=body.get("txn") is True, target_was=target_was)
             return web.json_response(written.to_json())
 
         async def create(request: web.Request) -> web.Response:

@@ -28,6 +28,8 @@ from workers.model import DEFAULT_ROOM_VERSION, MEMBER_EVENT, MEMBERSHIPS, NewEv
 from workers.storage import directory, forgotten_rooms
 from workers.storage import events as store
 
+#: What `/kick` and `/unban` act on: a member, an invitee or a knocker; a banned user.
+PRESENT, BANNED = frozenset({"join", "invite", "knock"}), frozenset({"ban"})
 CLIENT = "/_matrix/client/v3"
 ROOM = CLIENT + "/rooms/{room_id}"
 
@@ -61,9 +63,9 @@ class RoomRoutes:
             web.post(f"{CLIENT}/knock/{{room}}", self.knock),
             web.post(f"{ROOM}/forget", self.forget),
             web.post(f"{ROOM}/invite", self.member_op("invite")),
-            web.post(f"{ROOM}/kick", self.member_op("leave")),
+            web.post(f"{ROOM}/kick", self.member_op("leave", PRESENT)),
             web.post(f"{ROOM}/ban", self.member_op("ban")),
-            web.post(f"{ROOM}/unban", self.member_op("leave")),
+            web.post(f"{ROOM}/unban", self.member_op("leave", BANNED)),
             web.put(f"{ROOM}/send/{{event_type}}/{{txn_id}}", self.send),
             web.put(f"{ROOM}/redact/{{event_id}}/{{txn_id}}", self.redact),
             web.put(f"{ROOM}/state/{{event_type}}", self.put_state),
@@ -112,13 +114,20 @@ class RoomRoutes:
         return web.json_response({"room_id": room_id})
 
     async def _membership(
-        self, room_id: str, sender: str, target: str, membership: str, body: dict[str, Any]
+        self,
+        room_id: str,
+        sender: str,
+        target: str,
+        membership: str,
+        body: dict[str, Any],
+        target_was: frozenset[str] | None = None,
     ) -> None:
         content: dict[str, Any] = {"membership": membership}
         reason = body.get("reason")
         if isinstance(reason, str):
             content["reason"] = reason
-        await self.writes.send(NewEvent(rooms.new_event_id(), room_id, MEMBER_EVENT, sender, content, target))
+        event = NewEvent(rooms.new_event_id(), room_id, MEMBER_EVENT, sender, content, target)
+        await self.writes.send(event, target_was=target_was)
 
     async def join(self, request: web.Request) -> web.Response:
         return await self._self_membership(request, "join")
@@ -160,7 +169,11 @@ class RoomRoutes:
             raise ApiError(400, "M_UNKNOWN", f"{who.user_id} is in {room_id} ({refused}): leave it first")
         return web.json_response({})
 
-    def member_op(self, membership: str) -> Any:
+    def member_op(self, membership: str, target_was: frozenset[str] | None = None) -> Any:
+        """`/invite`, `/kick`, `/ban`, `/unban`: `membership` of the body's `user_id`; a kick and an
+        unban act only on a target in `target_was`, as the room's writer sees it (403 otherwise, as
+        Synapse answers: a kick of a banned user is not an unban)."""
+
         async def handler(request: web.Request) -> web.Response:
             who = await requester(self._pool, request)
             room_id = self._room_id(request)
@@ -169,17 +182,10 @@ class RoomRoutes:
             if not isinstance(target, str):
                 raise ApiError(400, "M_MISSING_PARAM", "user_id is required")
             checked(identifiers.check_user_id, target)
-            if request.path.endswith("/unban"):
-                await self._check_banned(room_id, target)
-            await self._membership(room_id, who.user_id, target, membership, body)
+            await self._membership(room_id, who.user_id, target, membership, body, target_was)
             return web.json_response({})
 
         return handler
-
-    async def _check_banned(self, room_id: str, target: str) -> None:
-        async with self._pool.acquire() as conn:
-            if await rooms.load_membership(conn, room_id, target) != "ban":
-                raise ApiError(403, "M_FORBIDDEN", f"{target} is not banned from {room_id}")
 
     async def send(self, request: web.Request) -> web.Response:
         who = await requester(self._pool, request)

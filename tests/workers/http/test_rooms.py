@@ -314,6 +314,38 @@ async def test_backfill_takes_what_the_member_may_send_and_canonical_json_only(
     assert len(await alice.backfill(room, [{"type": "m.room.message", "content": {"body": "old"}}])) == 1
 
 
+async def test_a_kick_never_lifts_a_ban_and_an_unban_never_kicks(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """`/kick` acts on a member, an invitee or a knocker and `/unban` on a banned user, as the room's
+    writer sees the target when the change is checked (403 otherwise, as Synapse answers). The
+    rules alone would take a kick of a banned user as an unban: a kick that lands just after a ban
+    would lift it."""
+    workers = [await make_worker(n, WRITERS) for n in ("p1", "p2", "r1")]
+    alice, bob = client_for(http, workers, WRITERS), client_for(http, workers, WRITERS)
+    await alice.register("alice")
+    await bob.register("bob")
+    room = await alice.create_room("public")
+    await bob.membership(room, "join")
+    with pytest.raises(RequestRefused) as not_banned:
+        await alice.membership(room, "unban", target="bob", via="r1")
+    assert (not_banned.value.status, not_banned.value.errcode) == (403, "M_FORBIDDEN"), not_banned.value.body
+    await alice.membership(room, "ban", target="bob")
+    with pytest.raises(RequestRefused) as banned:
+        await alice.membership(room, "leave", target="bob", via="r1")  # /kick
+    assert (banned.value.status, banned.value.errcode) == (403, "M_FORBIDDEN"), banned.value.body
+
+    async def bob_is() -> str:
+        state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
+        return str(state[("m.room.member", "@bob:localhost")]["content"]["membership"])
+
+    assert await bob_is() == "ban"
+    await alice.membership(room, "unban", target="bob", via="r1")
+    assert await bob_is() == "leave"
+    with pytest.raises(RequestRefused):  # nobody to kick: bob left
+        await alice.membership(room, "leave", target="bob")
+
+
 async def test_one_event_and_profiles_answer_only_what_the_requester_may_see(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:

@@ -130,12 +130,19 @@ class RoomWrites:
             if writer_for_room(room_id, self.writers) == target:
                 return room_id
 
-    async def send(self, event: NewEvent, *, txn: bool = False) -> Written:
-        """Check and persist `event` on its room's owner. Raises RoomRuleError subclasses,
-        PersisterError, OwnerUnavailable or ForwardRefused."""
-        body = {"event": event_to_json(event), "txn": txn}
+    async def send(
+        self, event: NewEvent, *, txn: bool = False, target_was: frozenset[str] | None = None
+    ) -> Written:
+        """Check and persist `event` on its room's owner. `target_was`: a member event acts on a
+        target in one of these memberships, checked in the room's order with the rules (`/kick`
+        acts on a member, an invitee or a knocker, `/unban` on a banned user: a kick that lands
+        after a ban would otherwise lift it). Raises RoomRuleError subclasses, PersisterError,
+        OwnerUnavailable or ForwardRefused."""
+        body: dict[str, Any] = {"event": event_to_json(event), "txn": txn}
+        if target_was is not None:
+            body["target_was"] = sorted(target_was)
         return await self._routed(
-            event.room_id, lambda: self.send_here(event, txn=txn),
+            event.room_id, lambda: self.send_here(event, txn=txn, target_was=target_was),
             lambda owner: self._forward_written(owner, "room_send", event.room_id, "send", body, retry=True),
             retry=True,
         )  # fmt: skip
@@ -266,7 +273,9 @@ class RoomWrites:
             raise OwnerUnavailable(self.name, "this worker does not write events")
         return persister
 
-    async def send_here(self, event: NewEvent, *, txn: bool = False) -> Written:
+    async def send_here(
+        self, event: NewEvent, *, txn: bool = False, target_was: frozenset[str] | None = None
+    ) -> Written:
         """Check `event` against the room's rules and persist it (on the room's owner)."""
         pending = self._in_flight.get(event.event_id)
         if pending is not None:
@@ -274,7 +283,7 @@ class RoomWrites:
         future: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
         self._in_flight[event.event_id] = future
         try:
-            written = await self._check_and_persist(event, txn)
+            written = await self._check_and_persist(event, txn, target_was)
         except BaseException as e:
             if not future.done():
                 future.set_exception(e)
@@ -289,24 +298,33 @@ class RoomWrites:
         if self.leases is not None:
             await self.leases.hold(room_id)
 
-    async def _check_and_persist(self, event: NewEvent, txn: bool) -> Written:
+    async def _check_and_persist(
+        self, event: NewEvent, txn: bool, target_was: frozenset[str] | None
+    ) -> Written:
         with self.gate.write(event.room_id):
             ticket = await self.admission.enter(event.room_id, claim_of(event))
             try:
-                written = await self._check_and_persist_admitted(event, txn, ticket)
+                written = await self._check_and_persist_admitted(event, txn, ticket, target_was)
             finally:
                 ticket.release()  # unless the persist future holds it (`Ticket.release_after`)
         if self.end is not None and event.type == MEMBER_EVENT and event.membership in ("leave", "ban"):
             await self.end.after_leave(event.room_id)  # never raises: the leave is done
         return written
 
-    async def _check_and_persist_admitted(self, event: NewEvent, txn: bool, ticket: Ticket) -> Written:
+    async def _check_and_persist_admitted(
+        self, event: NewEvent, txn: bool, ticket: Ticket, target_was: frozenset[str] | None
+    ) -> Written:
         persister = self._persister_here()
         await self._hold(event.room_id)
         target = event.state_key if event.type == MEMBER_EVENT else None
         view = await self._views.view(event.room_id, event.sender, target)
         try:
             rooms.check(event, view)
+            if target_was is not None and view.target_membership not in target_was:
+                raise rooms.Forbidden(
+                    f"{event.state_key} is not {' or '.join(sorted(target_was))} in {event.room_id}"
+                    f" (membership {view.target_membership})"
+                )
             if event.type == REDACTION_EVENT:
                 await self._check_redaction(event, view)
         except RoomRuleError:
