@@ -101,11 +101,13 @@ async def test_redacted_events_are_pruned_on_every_read_path_of_a_reader_and_aft
     await r1.stop()
     await make_worker("r1", WRITERS)  # the same port: alice's URL for r1 still holds
     _check(await _read_everywhere(alice, "r1", room, since, redacted), redacted, version)
-    # A redaction naming another room's event removes nothing.
+    # A redaction naming another room's event is refused (400, as Synapse answers) and removes nothing.
     other = await alice.create_room(via="r1", room_version=version)
     kept = await alice.send(other, "m.room.message", {"body": "stays"}, via="r1")
     url = f"{alice.urls['p1']}{C}/rooms/{room}/redact/{kept['event_id']}/cross"
-    await alice._call("PUT", url, {"reason": "wrong room"})
+    with pytest.raises(RequestRefused) as cross:
+        await alice._call("PUT", url, {"reason": "wrong room"})
+    assert cross.value.status == 400, cross.value.body
     event = await alice._call("GET", f"{alice.urls['p1']}{C}/rooms/{other}/event/{kept['event_id']}")
     assert event["content"] == {"body": "stays"} and "redacted_because" not in event["unsigned"]
 
@@ -127,3 +129,24 @@ async def test_a_redacted_power_levels_event_governs_by_what_its_pruning_leaves(
     assert refused.value.status == 403
     await alice.redact(room, raised["event_id"])
     await bob.membership(room, "invite", "@carol:localhost")  # invite is back at its default, 0
+
+
+async def test_a_rooms_create_event_and_server_acls_are_never_redacted(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """Redacting the create event would prune the room's version from it (rooms 10), and Synapse
+    refuses it, as it refuses redacting server ACLs: 403 for the room's creator too."""
+    worker = await make_worker("p1", WRITERS)
+    alice = client_for(http, [worker], WRITERS)
+    await alice.register("alice")
+    room = await alice.create_room("public", room_version="10")
+    acl = await alice.set_state(room, "m.room.server_acl", "", {"allow": ["*"], "deny": ["evil.example"]})
+    state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
+    for target in (state[("m.room.create", "")]["event_id"], acl["event_id"]):
+        url = f"{alice.urls['p1']}{C}/rooms/{room}/redact/{target}/t-{target[1:9]}"
+        with pytest.raises(RequestRefused) as refused:
+            await alice._call("PUT", url, {})
+        assert (refused.value.status, refused.value.errcode) == (403, "M_FORBIDDEN"), refused.value.body
+    state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
+    assert state[("m.room.create", "")]["content"]["room_version"] == "10"
+    assert state[("m.room.server_acl", "")]["content"]["deny"] == ["evil.example"]

@@ -336,13 +336,17 @@ class RoomWrites:
 
     async def _check_redaction(self, event: NewEvent, view: rooms.RoomView) -> None:
         """A redaction names an event id in `content.redacts`; another sender's event (or one not
-        in this room) takes the room's `redact` level."""
+        stored) takes the room's `redact` level. As in Synapse, an event of another room is 400, and
+        the room's create event (its version and creator) and server ACLs are never redacted (403)."""
         redacts = event.content.get("redacts")
         if not isinstance(redacts, str):
             raise rooms.BadEvent("a redaction names the event it redacts in content.redacts")
         target = await self._stored(redacts)
-        target_sender = target.sender if target is not None and target.room_id == event.room_id else None
-        refusal = view.power.may_redact(event.sender, target_sender)
+        if target is not None and target.room_id != event.room_id:
+            raise rooms.BadEvent(f"{redacts} is an event of another room")
+        if target is not None and target.type in UNREDACTABLE:
+            raise rooms.Forbidden(f"redacting {target.type} is not permitted")
+        refusal = view.power.may_redact(event.sender, None if target is None else target.sender)
         if refusal is not None:
             raise rooms.Forbidden(refusal)
 
@@ -440,6 +444,10 @@ class RoomWrites:
             events.append(event)
         persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
         return [e.stream_ordering for e in persisted]
+
+
+#: Event types a redaction may not name (Synapse refuses them too).
+UNREDACTABLE = frozenset({CREATE_EVENT, "m.room.server_acl"})
 
 
 def claim_of(event: NewEvent) -> Claim:
