@@ -3,7 +3,8 @@
 Each scenario runs real worker processes (in-process workers where the fault is a hook: dropped
 publishes) behind fault proxies (`workers.harness.faultproxy`) where it needs one, drives the load
 generator, applies the fault while the load runs, and ends with the history check (each event of
-a reader's rooms exactly once, in order per room, tokens never backwards) and the time until every
+a reader's rooms exactly once, in order per room, tokens never backwards), both judges of the
+rooms' stored events (the spec's auth rules and Synapse's `event_auth`) and the time until every
 worker was ready again. CI runs them small; `make chaos` runs them with larger loads and longer
 outages (`FANOUT_CHAOS_SCALE`) and prints the table (`workers.harness.chaos`).
 """
