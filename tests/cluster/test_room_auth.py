@@ -183,7 +183,9 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
                 me.membership(room, rng.choice(["join", "leave"]), via=via()),
                 actor().membership(room, "invite", ids[target], via=via()),
                 actor().membership(room, rng.choice(["leave", "ban"]), ids[target], via=via()),
-                actor().membership(room, "leave", ids[target], via=via()),  # a kick or an unban
+                actor().membership(
+                    room, rng.choice(["leave", "unban"]), ids[target], via=via()
+                ),  # kick, unban
                 me.send(room, "m.room.message", {"body": "racing"}, via=via()),
                 me.send(room, "m.room.message", {"body": "racing"}, via=via()),
             ]

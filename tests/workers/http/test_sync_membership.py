@@ -173,7 +173,7 @@ async def _move(owner: ClusterClient, me: ClusterClient, room: str, who: str, wh
     elif who == "me":
         await me.membership(room, what)
     else:
-        await owner.membership(room, {"kick": "leave", "unban": "leave"}.get(what, what), target=user)
+        await owner.membership(room, {"kick": "leave"}.get(what, what), target=user)
 
 
 @dataclass
