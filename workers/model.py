@@ -22,6 +22,8 @@ IMPLICIT_ROOM_VERSION = "1"
 SUPPORTED_ROOM_VERSIONS = ("10", "11")
 DEFAULT_ROOM_VERSION = "10"
 MEMBERSHIPS = frozenset({"join", "leave", "invite", "ban", "knock"})
+#: The memberships of a user who is in a room or asked to be: what a leave, kick or purge acts on.
+PRESENT = frozenset({"join", "invite", "knock"})
 # Rows of the caches stream whose keys are room ids, each followed by the members whose membership
 # moved in it ([!room, @member, ..., !room2, ...]; the sigil tells them apart): one row covers
 # every cache that depends on those rooms' current state and on those members' room lists.

@@ -154,7 +154,11 @@ class InternalApi:
             event = event_from_json(body.get("event"))
             _same_room(request, event.room_id)
             expected = body.get("target_was")
-            target_was = frozenset(expected) if isinstance(expected, list) else None
+            if expected is not None and not (
+                isinstance(expected, list) and all(isinstance(m, str) for m in expected)
+            ):
+                raise ValueError("target_was must be a list of memberships")
+            target_was = None if expected is None else frozenset(expected)
             written = await writes.send_here(event, txn=body.get("txn") is True, target_was=target_was)
             return web.json_response(written.to_json())
 

@@ -24,12 +24,12 @@ from workers.http.auth import requester
 from workers.http.bodies import event_id_response, json_body
 from workers.http.errors import ApiError, checked, unavailable
 from workers.http.read_forwarding import ReadRouting
-from workers.model import DEFAULT_ROOM_VERSION, MEMBER_EVENT, MEMBERSHIPS, NewEvent
+from workers.model import DEFAULT_ROOM_VERSION, MEMBER_EVENT, MEMBERSHIPS, PRESENT, NewEvent
 from workers.storage import directory, forgotten_rooms
 from workers.storage import events as store
 
-#: What `/kick` and `/unban` act on: a member, an invitee or a knocker; a banned user.
-PRESENT, BANNED = frozenset({"join", "invite", "knock"}), frozenset({"ban"})
+#: What `/unban` acts on (`/kick` acts on `PRESENT`: a member, an invitee or a knocker).
+BANNED = frozenset({"ban"})
 CLIENT = "/_matrix/client/v3"
 ROOM = CLIENT + "/rooms/{room_id}"
 

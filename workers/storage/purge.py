@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from workers.model import PRESENT
 from workers.storage import Conn
 
 #: Memberships that keep a user in a room (what the purge ends with a leave).
-PRESENT = ("join", "invite", "knock")
 BLOCKED_ROOM = "This room has been blocked on this server"
 
 

@@ -31,6 +31,7 @@ from workers.model import (
     CREATE_EVENT,
     MEMBER_EVENT,
     MEMBERSHIPS,
+    PRESENT,
     REDACTION_EVENT,
     SUPPORTED_ROOM_VERSIONS,
     Event,
@@ -249,7 +250,7 @@ def check(event: NewEvent, view: RoomView) -> None:
         if view.sender_membership in ("ban", "invite", "join"):
             raise Forbidden(f"{event.sender} cannot knock (membership {view.sender_membership})")
     elif membership == "leave" and target == event.sender:
-        if view.sender_membership not in ("join", "invite", "knock"):
+        if view.sender_membership not in PRESENT:
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
     else:  # invite, kick (leave of another), ban, unban (leave of a banned user)
         if view.sender_membership != "join":
@@ -263,7 +264,7 @@ def check(event: NewEvent, view: RoomView) -> None:
         elif view.target_membership == "ban":  # unban: the ban and the kick level, as the spec says
             _allowed(power.may_act_on("ban", event.sender, target))
             _allowed(power.may_act_on("kick", event.sender, target))
-        elif view.target_membership in ("join", "invite", "knock"):
+        elif view.target_membership in PRESENT:
             _allowed(power.may_act_on("kick", event.sender, target))
         else:
             raise Forbidden(f"{target} is not in {event.room_id}")
