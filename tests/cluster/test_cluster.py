@@ -64,15 +64,19 @@ async def test_persister_killed_mid_load_and_restarted(make_cluster: MakeCluster
         await cluster.start(["persister1"])
         report = await load
         # The load may have run out while persister1 was down (refused sends fail fast): write to
-        # its rooms now, so the check below always has rows from after the restart.
+        # its rooms now, so the check below always has rows from after the restart. The load's
+        # rooms have random ids and all hash to persister2 in about 1 run of 128; a room made on
+        # persister1 is its own.
         owned = [
             (client, room)
             for client in driver.clients
             for room in sorted(driver.joined[str(client.user_id)])
             if writer_for_room(room, cluster.event_writers) == "persister1"
         ]
-        assert owned
-        for client, room in owned[:5]:
+        owner = driver.clients[0]
+        fresh = await owner.create_room("public", via="persister1")
+        assert writer_for_room(fresh, cluster.event_writers) == "persister1"
+        for client, room in [*owned[:4], (owner, fresh)]:
             await client.send(room, "m.room.message", {"after": "restart"})
     assert report.problems == []
     async with connect(database_url) as conn:
