@@ -275,6 +275,37 @@ async def test_a_join_naming_an_authoriser_of_another_server_is_refused(
     assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "join"
 
 
+async def test_content_the_server_reads_is_refused_out_of_form(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """A server ACL that denies this server, malformed mentions, a retention policy that is not
+    integers: 400 as Synapse's validator answers, at createRoom too, and nothing is stored."""
+    worker = await make_worker("p1", ["p1"])
+    alice = client_for(http, [worker], ["p1"])
+    await alice.register("alice")
+    room = await alice.create_room("public")
+    refused = [
+        alice.set_state(room, "m.room.server_acl", "", {"allow": ["*"], "deny": ["localhost"]}),
+        alice.set_state(room, "m.room.server_acl", "", {"allow": ["elsewhere.example"]}),
+        alice.send(room, "m.room.message", {"body": "hi", "m.mentions": {"user_ids": "@bob:localhost"}}),
+        alice.set_state(room, "m.room.retention", "", {"max_lifetime": "1d"}),
+        alice.create_room(
+            "public",
+            initial_state=[{"type": "m.room.server_acl", "state_key": "", "content": {"deny": ["*"]}}],
+        ),
+    ]
+    for request in refused:
+        with pytest.raises(RequestRefused) as bad:
+            await request
+        assert (bad.value.status, bad.value.errcode) == (400, "M_BAD_JSON"), bad.value.body
+    before = await alice.room_state(room)
+    assert not any(e["type"] in ("m.room.server_acl", "m.room.retention") for e in before)
+    await alice.set_state(room, "m.room.server_acl", "", {"allow": ["*"], "deny": ["evil.example"]})
+    await alice.send(room, "m.room.message", {"body": "hi", "m.mentions": {"user_ids": ["@alice:localhost"]}})
+    state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
+    assert state[("m.room.server_acl", "")]["content"]["deny"] == ["evil.example"]
+
+
 async def test_a_create_room_whose_events_the_rules_refuse_writes_nothing(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:

@@ -7,6 +7,8 @@
   on left
 * `rules.py`: who may send what into a room (`check`), the cached views the rules read
 * `room_plan.py`: createRoom's plan: the room's first events, each checked against those before it
+* `known_content.py`: the form of the content types the server reads (server ACLs, mentions,
+  retention), refused at the client API when wrong
 * `power_levels.py`: the spec's power levels: who may send, invite, kick, ban and change what
 * `history_visibility.py`: who may see which event of a room (read by /sync and /messages too)
 * `versions.py`: room versions and the event format each one renders

@@ -26,6 +26,7 @@ import pydantic_core
 from workers import identifiers
 from workers.errors import RoomRuleError
 from workers.handlers.caches.lru import EventLike, LruCache
+from workers.handlers.rooms import known_content
 from workers.handlers.rooms.power_levels import PowerLevels, content_problem
 from workers.model import (
     CREATE_EVENT,
@@ -289,9 +290,14 @@ def well_formed(event: NewEvent) -> None:
     limit, content that is not canonical JSON (floats, integers out of range), a create event after
     the first, a third-party invite (not served here), a join rule not served, power levels that are
     not integers or under another key, a member event without a membership or a user id as its
-    state key, or naming an authorising user of another server. createRoom's events pass here too,
-    before any of the room is written (`plan_room`)."""
+    state key, or naming an authorising user of another server, or content of a type the server
+    reads that is not of its form (`known_content`: a server ACL denying this server, mentions).
+    createRoom's events pass here too, before any of the room is written (`plan_room`)."""
     fits(event)
+    if (
+        problem := known_content.problem(event.type, event.content, event.state_key, event.sender)
+    ) is not None:
+        raise BadEvent(problem)
     if event.type == CREATE_EVENT:  # only createRoom writes it, first (rule 1: no prev_events)
         raise Forbidden("m.room.create is a room's first event, written by createRoom only")
     if event.type == THIRD_PARTY_INVITE_EVENT or (
