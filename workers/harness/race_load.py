@@ -137,10 +137,11 @@ class MembershipRacer:
         # Judged from the membership stored before the race, not the one the load meant to set
         # up: after a fault the load's idea of it may be wrong (a change committed, answered 5xx).
         start = before[-1][2] if before else "leave"
+        start_by = _move(start, before[-1][3], user, owner_id)[0] if before else None
         outcome = RaceOutcome(
             pair.name, room, user, start,
             tuple((m, *stored.get(m, ("", None))) for m in accepted), tuple(refused),
-            tuple(m for m in refused if m in stored),
+            tuple(m for m in refused if m in stored), start_by,
         )  # fmt: skip
         self.outcomes.append(outcome)
         return written + len(accepted), outcome.final()

@@ -492,6 +492,20 @@ async def membership(conn: Conn, user_id: str, room_id: str) -> str | None:
     return value
 
 
+async def current_state_event(conn: Conn, room_id: str, event_type: str, state_key: str) -> Event | None:
+    """The event at (type, state_key) in the room's current state, as clients get it, or None."""
+    records = await conn.fetch(
+        _with_redactions(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE event_id = (SELECT event_id FROM current_state_events"
+            " WHERE room_id = $1 AND type = $2 AND state_key = $3)"
+        ),
+        room_id,
+        event_type,
+        state_key,
+    )
+    return _read_event(records[0]) if records else None
+
+
 async def current_state(conn: Conn, room_id: str) -> dict[tuple[str, str], str]:
     """(type, state_key) -> event_id of the room's current state."""
     records = await conn.fetch(

@@ -50,6 +50,23 @@ def test_an_acknowledged_change_missing_from_the_events_table_is_caught() -> Non
     assert any("answered 200 but is not stored" in p for p in problems), problems
 
 
+def test_a_repeat_of_the_same_actors_membership_is_answered_without_an_event() -> None:
+    """The owner's invite of a user the owner invited is a repeat (Synapse answers it with the
+    stored invite): accepted and not stored passes, when the start was the owner's invite; the
+    target's own join repeated after it was stored passes too; another actor's is still caught."""
+    repeat = RaceOutcome("join-vs-invite", "!r", "@bob", "invite", ((INVITE, "", None), (JOIN, "$j", 11)),
+                         (), start_by="owner")  # fmt: skip
+    assert check_race(repeat) == [] and repeat.final() == "join"
+    by_target = RaceOutcome(
+        "join-vs-invite", "!r", "@bob", "invite", ((INVITE, "", None),), (), start_by="me"
+    )
+    assert any("answered 200 but is not stored" in p for p in check_race(by_target))
+    after_join = RaceOutcome("kick-vs-join", "!r", "@bob", "invite", ((JOIN, "$j", 10), (JOIN, "", None)), ())
+    assert check_race(after_join) == []
+    unban = RaceOutcome("x", "!r", "@bob", "leave", ((("owner", "unban"), "", None),), (), start_by="owner")
+    assert any("answered 200 but is not stored" in p for p in check_race(unban))
+
+
 def test_a_refusal_of_a_change_allowed_wherever_it_was_checked_is_caught() -> None:
     """A kick and a join from invite are allowed in either order: neither may be refused."""
     problems = check_race(_race("kick-vs-join", "invite", [(("owner", "kick"), 10)], (JOIN,)))

@@ -275,6 +275,40 @@ async def test_a_join_naming_an_authoriser_of_another_server_is_refused(
     assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "join"
 
 
+async def test_a_repeated_membership_is_answered_with_the_stored_event(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """As Synapse answers: a membership request that repeats the target's member event (the same
+    sender, membership and content) is 200 and stores nothing, two racing through two workers
+    included; a kick repeats too, an unban of a user no longer banned is 403."""
+    workers = [await make_worker(n, WRITERS) for n in WRITERS]
+    alice, bob = client_for(http, workers, WRITERS), client_for(http, workers, WRITERS)
+    await alice.register("alice")
+    await bob.register("bob")
+    room = await alice.create_room("public")
+    bob_id = str(bob.user_id)
+    await asyncio.gather(*(bob.membership(room, "join", via=w) for w in WRITERS))
+    await bob.membership(room, "join")
+    for _ in range(2):
+        await bob.membership(room, "leave")
+    for op in ("invite", "invite", "leave", "leave", "ban", "ban"):
+        await alice.membership(room, op, target=bob_id)
+    await alice.set_state(room, "m.room.member", bob_id, {"membership": "ban", "reason": "spam"})
+    await alice.membership(room, "unban", target=bob_id)
+    with pytest.raises(RequestRefused) as again:
+        await alice.membership(room, "unban", target=bob_id)
+    assert again.value.status == 403, again.value.body
+    history = await alice.messages(room, dir="b", limit=100)
+    bobs = [
+        e for e in reversed(history["chunk"]) if e["type"] == "m.room.member" and e["state_key"] == bob_id
+    ]
+    assert [(e["sender"], e["content"]["membership"]) for e in bobs] == [
+        (bob_id, "join"), (bob_id, "leave"),
+        (str(alice.user_id), "invite"), (str(alice.user_id), "leave"),
+        (str(alice.user_id), "ban"), (str(alice.user_id), "ban"), (str(alice.user_id), "leave"),
+    ]  # fmt: skip
+
+
 async def test_content_the_server_reads_is_refused_out_of_form(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
@@ -373,6 +407,10 @@ async def test_a_kick_never_lifts_a_ban_and_an_unban_never_kicks(
     assert await bob_is() == "ban"
     await alice.membership(room, "unban", target="bob", via="r1")
     assert await bob_is() == "leave"
+    await alice.membership(room, "leave", target="bob")  # the unban's event again: a repeat (as Synapse)
+    assert await bob_is() == "leave"
+    await bob.membership(room, "join")
+    await bob.membership(room, "leave")
     with pytest.raises(RequestRefused):  # nobody to kick: bob left
         await alice.membership(room, "leave", target="bob")
 

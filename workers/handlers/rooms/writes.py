@@ -319,12 +319,17 @@ class RoomWrites:
         target = event.state_key if event.type == MEMBER_EVENT else None
         view = await self._views.view(event.room_id, event.sender, target)
         try:
+            # As Synapse orders them: an unban's target is checked before a repeat is recognised,
+            # a kick's after (a retried kick is answered with the first).
+            off_target = _off_target(event, target_was, view)
+            if off_target is not None and "ban" in (target_was or ()):
+                raise off_target
+            repeat = await self._repeated(event, view)
+            if repeat is not None:
+                return Written.of(repeat)
+            if off_target is not None:
+                raise off_target
             rooms.check(event, view)
-            if target_was is not None and view.target_membership not in target_was:
-                raise rooms.Forbidden(
-                    f"{event.state_key} is not {' or '.join(sorted(target_was))} in {event.room_id}"
-                    f" (membership {view.target_membership})"
-                )
             if event.type == REDACTION_EVENT:
                 await self._check_redaction(event, view)
         except RoomRuleError:
@@ -333,6 +338,22 @@ class RoomWrites:
                 return Written.of(stored)
             raise
         return Written.of(await _persisted(ticket, persister.persist(event, may_exist=txn)))
+
+    async def _repeated(self, event: NewEvent, view: rooms.RoomView) -> Event | None:
+        """The target's current member event when `event` repeats it (same sender, membership and
+        content), else None; read only when the memberships match. Synapse answers such a request
+        with the stored event and writes nothing, before the rules: a client's retried /join,
+        /leave, /invite, /kick or /ban is one event. Run inside the target's admission claim, so
+        two racing repeats see each other's event."""
+        if event.type != MEMBER_EVENT or event.state_key is None:
+            return None
+        if view.target_membership != event.membership:
+            return None
+        async with self._pool.acquire() as conn:
+            current = await store.current_state_event(conn, event.room_id, MEMBER_EVENT, event.state_key)
+        if current is None or current.sender != event.sender or current.content != event.content:
+            return None
+        return current
 
     async def _check_redaction(self, event: NewEvent, view: rooms.RoomView) -> None:
         """A redaction names an event id in `content.redacts`; another sender's event (or one not
@@ -469,3 +490,16 @@ async def _persisted(ticket: Ticket, future: asyncio.Future[T]) -> T:
     is never checked against state that event may still change."""
     ticket.release_after(future)
     return await asyncio.shield(future)
+
+
+def _off_target(
+    event: NewEvent, target_was: frozenset[str] | None, view: rooms.RoomView
+) -> rooms.Forbidden | None:
+    """The refusal of a /kick of a user not in the room or an /unban of one not banned (403, as
+    Synapse answers), or None when the target is as the request expects."""
+    if target_was is None or view.target_membership in target_was:
+        return None
+    return rooms.Forbidden(
+        f"{event.state_key} is not {' or '.join(sorted(target_was))} in {event.room_id}"
+        f" (membership {view.target_membership})"
+    )
