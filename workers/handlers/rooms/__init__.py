@@ -9,6 +9,8 @@
 * `room_plan.py`: createRoom's plan: the room's first events, each checked against those before it
 * `known_content.py`: the form of the content types the server reads (server ACLs, mentions,
   retention), refused at the client API when wrong
+* `relations.py`: what a client may relate (`m.relates_to`): the parent in the room, a reaction
+  not repeated (race-free through the admission), a thread not started from a related event
 * `power_levels.py`: the spec's power levels: who may send, invite, kick, ban and change what
 * `history_visibility.py`: who may see which event of a room (read by /sync and /messages too)
 * `versions.py`: room versions and the event format each one renders

@@ -37,6 +37,7 @@ from workers.handlers.notify.visibility import wait_visible
 from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.placement.room_leases import RoomLeases
 from workers.handlers.placement.routed import OwnerWaits, routed
+from workers.handlers.rooms import relations
 from workers.handlers.rooms import rules as rooms
 from workers.handlers.rooms.admission import RULES, Claim, RoomAdmission, Ticket, member
 from workers.handlers.rooms.deletions import RoomDeletions
@@ -330,6 +331,9 @@ class RoomWrites:
             if off_target is not None:
                 raise off_target
             rooms.check(event, view)
+            if relations.RELATES_TO in event.content:
+                async with self._pool.acquire() as conn:
+                    await relations.check(conn, event)
             if event.type == REDACTION_EVENT:
                 await self._check_redaction(event, view)
         except RoomRuleError:
@@ -475,13 +479,16 @@ def claim_of(event: NewEvent) -> Claim:
     """What `event`'s check reads of its room's state (the rules, the sender's membership, and a
     member event's target's) and what the event may change (`workers.handlers.rooms.admission`):
     a member event its target's membership; power levels, join rules, a create and a redaction
-    (which may prune one of those) the room's rules; anything else nothing the rules read."""
+    (which may prune one of those) the room's rules; an annotation its own (sender, parent, key),
+    so an equal one is checked after it is stored (`relations`); anything else nothing the rules
+    read."""
     sender = member(event.sender)
     if event.type == MEMBER_EVENT and event.state_key is not None:
         return Claim(frozenset({RULES, sender}), frozenset({member(event.state_key)}))
     if event.type == REDACTION_EVENT or (event.state_key is not None and event.type in rooms.RULE_EVENTS):
         return Claim(frozenset({sender}), frozenset({RULES}))
-    return Claim(frozenset({RULES, sender}))
+    annotation = relations.annotation_part(event)
+    return Claim(frozenset({RULES, sender}), frozenset() if annotation is None else frozenset({annotation}))
 
 
 async def _persisted(ticket: Ticket, future: asyncio.Future[T]) -> T:
