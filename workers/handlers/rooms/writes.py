@@ -37,7 +37,7 @@ from workers.handlers.notify.visibility import wait_visible
 from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.placement.room_leases import RoomLeases
 from workers.handlers.placement.routed import OwnerWaits, routed
-from workers.handlers.rooms import relations
+from workers.handlers.rooms import canonical_alias, relations
 from workers.handlers.rooms import rules as rooms
 from workers.handlers.rooms.admission import RULES, Claim, RoomAdmission, Ticket, member
 from workers.handlers.rooms.deletions import RoomDeletions
@@ -47,6 +47,7 @@ from workers.handlers.rooms.purge import PurgeOptions, PurgeResult, RoomEnd, Roo
 from workers.handlers.rooms.versions import REDACTION_EVENT
 from workers.model import CREATE_EVENT, MEMBER_EVENT, SUPPORTED_ROOM_VERSIONS, Event, NewEvent
 from workers.routing import RoomPlacement, writer_for_room
+from workers.storage import Conn
 from workers.storage import events as store
 from workers.storage import rooms as room_store
 from workers.storage.purge import BLOCKED_ROOM
@@ -334,6 +335,10 @@ class RoomWrites:
             if relations.RELATES_TO in event.content:
                 async with self._pool.acquire() as conn:
                     await relations.check(conn, event)
+            if canonical_alias.is_canonical_alias(event):
+                async with self._pool.acquire() as conn:
+                    now = await store.current_state_event(conn, event.room_id, event.type, "")
+                    await canonical_alias.check(conn, event, None if now is None else now.content)
             if event.type == REDACTION_EVENT:
                 await self._check_redaction(event, view)
         except RoomRuleError:
@@ -398,6 +403,9 @@ class RoomWrites:
             if stored is not None:  # a retried request that was done the first time
                 return Written.of(stored)
             raise rooms.Forbidden(f"{room_id} exists")
+        if any(canonical_alias.is_canonical_alias(e) for e in events):
+            async with self._pool.acquire() as conn:
+                await _check_planned_aliases(conn, events)
         persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
         return Written.of(persisted[-1])
 
@@ -489,6 +497,16 @@ def claim_of(event: NewEvent) -> Claim:
         return Claim(frozenset({sender}), frozenset({RULES}))
     annotation = relations.annotation_part(event)
     return Claim(frozenset({RULES, sender}), frozenset() if annotation is None else frozenset({annotation}))
+
+
+async def _check_planned_aliases(conn: Conn, events: list[NewEvent]) -> None:
+    """createRoom's canonical alias events (`initial_state`'s, the one `room_alias_name` makes),
+    each against the one before it in the plan."""
+    current: dict[str, Any] | None = None
+    for event in events:
+        if canonical_alias.is_canonical_alias(event):
+            await canonical_alias.check(conn, event, current)
+            current = event.content
 
 
 async def _persisted(ticket: Ticket, future: asyncio.Future[T]) -> T:
