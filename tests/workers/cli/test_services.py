@@ -4,12 +4,16 @@ start reuses the cluster (what the first wrote is there) and PostgreSQL is durab
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 FANOUT = str(Path(sys.executable).parent / "fanout")
 
@@ -37,8 +41,18 @@ def _url(lines: list[str]) -> str:
     return next(line.split(": ", 1)[1].strip() for line in lines if line.startswith("postgres:"))
 
 
-async def test_a_kept_data_directory_is_reused_and_durable(tmp_path: Path) -> None:
-    first, lines = _up("--data-dir", str(tmp_path / "data"), "--only", "postgres", "--migrate")
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A directory outside pytest's own: as root, postgres runs as `nobody`, and a pytest session
+    that starts meanwhile takes the traversal right from `/tmp/pytest-of-root` again (0700),
+    which stopped initdb halfway in a run beside another session."""
+    path = Path(tempfile.mkdtemp(prefix="fanout-services-"))
+    yield path / "data"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_a_kept_data_directory_is_reused_and_durable(data_dir: Path) -> None:
+    first, lines = _up("--data-dir", str(data_dir), "--only", "postgres", "--migrate")
     try:
         assert not any(line.startswith("redis:") for line in lines)
         assert any("PostgreSQL durable" in line for line in lines)
@@ -47,7 +61,7 @@ async def test_a_kept_data_directory_is_reused_and_durable(tmp_path: Path) -> No
         await conn.close()
     finally:
         _stop(first)
-    second, lines = _up("--data-dir", str(tmp_path / "data"), "--only", "postgres", "--migrate")
+    second, lines = _up("--data-dir", str(data_dir), "--only", "postgres", "--migrate")
     try:
         conn = await asyncpg.connect(_url(lines))
         assert await conn.fetchval("SELECT value FROM kept") == "first run"
