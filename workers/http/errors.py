@@ -32,9 +32,7 @@ from workers.handlers.placement.forwarding import (
 )
 from workers.handlers.placement.leases import NotOwner
 from workers.handlers.rooms import rules as rooms
-from workers.handlers.rooms.canonical_alias import BadAlias
 from workers.handlers.rooms.persist import PersisterOverloaded
-from workers.handlers.rooms.relations import DuplicateAnnotation
 
 log = logging.getLogger(__name__)
 _outages = RateLimitedLog(log)
@@ -108,12 +106,8 @@ def api_error_for(error: Exception) -> ApiError | None:
         return ApiError(400, "M_UNSUPPORTED_ROOM_VERSION", str(error))
     if isinstance(error, rooms.IncompatibleRoomVersion):
         return ApiError(400, "M_INCOMPATIBLE_ROOM_VERSION", str(error))
-    if isinstance(error, BadAlias):
-        return ApiError(400, "M_BAD_ALIAS", str(error))
-    if isinstance(error, DuplicateAnnotation):
-        return ApiError(400, "M_DUPLICATE_ANNOTATION", str(error))
     if isinstance(error, rooms.BadEvent):
-        return ApiError(400, "M_BAD_JSON", str(error))
+        return ApiError(400, error.errcode, str(error))
     if isinstance(error, rooms.TooLarge):
         return ApiError(413, "M_TOO_LARGE", str(error))
     if isinstance(error, rooms.NotFound):

@@ -223,9 +223,10 @@ async def test_power_levels_decide_who_may_kick_ban_and_change_state(
 async def test_a_second_create_event_and_an_event_over_the_size_limit_are_refused(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
-    """Events the spec's rules refuse whatever the sender's power: a second m.room.create (403, as
-    Synapse answers), and an event over 65,536 bytes in the federation format though its body is
-    within the request limit (413 M_TOO_LARGE); the room goes on as it was."""
+    """Events the spec's rules refuse whatever the sender's power: a second m.room.create (400
+    M_INVALID_PARAM, as Synapse answers: "Cannot resend m.room.create event"), and an event over
+    65,536 bytes in the federation format though its body is within the request limit (413
+    M_TOO_LARGE); the room goes on as it was."""
     worker = await make_worker("p1", ["p1"])
     alice = client_for(http, [worker], ["p1"])
     await alice.register("alice")
@@ -234,7 +235,7 @@ async def test_a_second_create_event_and_an_event_over_the_size_limit_are_refuse
         await alice.set_state(
             room, "m.room.create", "", {"creator": "@alice:localhost", "room_version": "11"}
         )
-    assert (create.value.status, create.value.errcode) == (403, "M_FORBIDDEN"), create.value.body
+    assert (create.value.status, create.value.errcode) == (400, "M_INVALID_PARAM"), create.value.body
     with pytest.raises(RequestRefused) as large:
         await alice.send(room, "m.room.message", {"body": "x" * 65_000})
     assert (large.value.status, large.value.errcode) == (413, "M_TOO_LARGE"), large.value.body

@@ -27,6 +27,8 @@ CANONICAL_ALIAS_EVENT = "m.room.canonical_alias"
 class BadAlias(BadEvent):
     """An alias that is not one, or that the directory does not map to the room (400 M_BAD_ALIAS)."""
 
+    errcode = "M_BAD_ALIAS"
+
 
 def is_canonical_alias(event: NewEvent) -> bool:
     return event.type == CANONICAL_ALIAS_EVENT and event.state_key == ""

@@ -33,6 +33,8 @@ MAX_KEY_LENGTH = 500
 class DuplicateAnnotation(BadEvent):
     """The sender already annotated the event with this key (400 M_DUPLICATE_ANNOTATION)."""
 
+    errcode = "M_DUPLICATE_ANNOTATION"
+
 
 @dataclass(frozen=True, slots=True)
 class Relation:

@@ -61,7 +61,15 @@ class NotFound(RoomRuleError):
 
 
 class BadEvent(RoomRuleError):
-    """The event is malformed (HTTP 400)."""
+    """The event is malformed (HTTP 400 with `errcode`)."""
+
+    errcode = "M_BAD_JSON"
+
+
+class InvalidParam(BadEvent):
+    """The request asks for an event the client API never writes (400 M_INVALID_PARAM)."""
+
+    errcode = "M_INVALID_PARAM"
 
 
 class TooLarge(RoomRuleError):
@@ -224,6 +232,8 @@ def check(event: NewEvent, view: RoomView) -> None:
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
         _allowed(power.may_send(event.sender, event.type, event.state_key is not None))
+        if event.type == CALL_INVITE_EVENT and view.join_rule == "public":
+            raise Forbidden("call invites are not allowed in public rooms")  # anyone could ring everyone
         if (
             event.state_key is not None
             and event.state_key.startswith("@")
@@ -299,7 +309,7 @@ def well_formed(event: NewEvent) -> None:
     ) is not None:
         raise BadEvent(problem)
     if event.type == CREATE_EVENT:  # only createRoom writes it, first (rule 1: no prev_events)
-        raise Forbidden("m.room.create is a room's first event, written by createRoom only")
+        raise InvalidParam("m.room.create is a room's first event, written by createRoom only")
     if event.type == THIRD_PARTY_INVITE_EVENT or (
         event.type == MEMBER_EVENT and "third_party_invite" in event.content
     ):
@@ -321,6 +331,9 @@ def well_formed(event: NewEvent) -> None:
         if AUTHORISING_USER in event.content:
             _authoriser_signs(event)
 
+
+#: A VoIP call's invite: Synapse refuses it in a public room (403), and so does this server.
+CALL_INVITE_EVENT = "m.call.invite"
 
 #: A member event's content key naming the user whose server vouched for a restricted join.
 AUTHORISING_USER = "join_authorised_via_users_server"

@@ -140,7 +140,7 @@ def test_a_room_has_one_create_event_power_levels_one_key_and_events_a_size_limi
     owner = rooms.RoomView(
         True, "public", "join", None, PowerLevels.from_state({"users": {"@a:x": 100}}, None)
     )
-    with pytest.raises(rooms.Forbidden):
+    with pytest.raises(rooms.InvalidParam):
         rooms.check(NewEvent("$c", "!r", "m.room.create", "@a:x", {"room_version": "11"}, ""), owner)
     with pytest.raises(rooms.BadEvent):
         rooms.check(NewEvent("$p", "!r", "m.room.power_levels", "@a:x", {"ban": 50}, "other"), owner)
@@ -177,3 +177,17 @@ def test_event_content_is_canonical_json(content: dict[str, object], valid: bool
     else:
         with pytest.raises(rooms.BadEvent):
             rooms.check(event, view)
+
+
+def test_a_call_invite_is_refused_in_a_public_room_only() -> None:
+    """As Synapse answers (403): in a public room anyone could ring every member."""
+    call = NewEvent("$v", "!r", "m.call.invite", "@a:x", {"call_id": "c", "version": 1, "lifetime": 60000})
+    for join_rule, refused in (("public", True), ("invite", False), ("knock", False)):
+        view = rooms.RoomView(
+            True, join_rule, "join", None, PowerLevels.from_state({"users": {"@a:x": 100}}, None)
+        )
+        if refused:
+            with pytest.raises(rooms.Forbidden):
+                rooms.check(call, view)
+        else:
+            rooms.check(call, view)
