@@ -142,9 +142,9 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
     invite, leave, kick, ban, unban), a power-level change by the owner or by a member below every
     level it may add or remove (carol, at 40, may send power levels: the default 50s it adds or drops
     as keys are changes the rules judge), a join-rule change, a redaction of an earlier rule change,
-    a join naming an authorising user (of this server or of another, which never signed it) and
-    messages; every answer is 200 or a 403. Then every room's stored events are replayed
-    through both judges."""
+    a join naming an authorising user (of this server or of another, which never signed it: the
+    API drops the key, as Synapse does) and messages; every answer is 200 or a 403. Then every
+    room's stored events are replayed through both judges."""
     seed = int(os.environ.get("FANOUT_AUTH_SEED", random.randrange(1 << 32)))
     rng = random.Random(seed)
     cluster = await make_cluster(persisters=2, sync_workers=2, background_workers=0)
@@ -209,7 +209,7 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
                 moves.append(set_rule(actor(), room, "m.room.join_rules", {"join_rule": rule}, via()))
             if (
                 rng.random() < 0.3
-            ):  # a join naming an authorising user: ours may be named, another server's not
+            ):  # a join naming an authorising user: stored without it, whoever it names
                 authoriser = rng.choice([ids["alice"], "@admin:elsewhere.example"])
                 content = {"membership": "join", "join_authorised_via_users_server": authoriser}
                 moves.append(me.set_state(room, "m.room.member", ids[target], content, via=via()))

@@ -227,6 +227,10 @@ class RoomRoutes:
         membership = content.get("membership")
         if event_type == MEMBER_EVENT and not (isinstance(membership, str) and membership in MEMBERSHIPS):
             raise ApiError(400, "M_BAD_JSON", "content.membership must be join, leave, invite, ban or knock")
+        if event_type == MEMBER_EVENT:
+            # Only the authorising server adds it, and signs the event; a client copying it from an
+            # earlier member event (a display name change) gets it dropped, as Synapse drops it.
+            content.pop(rooms.AUTHORISING_USER, None)
         event = NewEvent(rooms.new_event_id(), room_id, event_type, who.user_id, content, state_key)
         written = await self.writes.send(event)
         return event_id_response(written.event_id)

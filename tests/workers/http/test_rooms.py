@@ -244,36 +244,31 @@ async def test_a_second_create_event_and_an_event_over_the_size_limit_are_refuse
     assert state[("m.room.create", "")]["content"]["room_version"] == "10"
 
 
-async def test_a_join_naming_an_authoriser_of_another_server_is_refused(
+async def test_a_member_event_from_a_client_never_names_an_authoriser(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
-    """A member event naming another server's user in `join_authorised_via_users_server` would need
-    that server's signature (rule 4.2 of rooms 8 and later): 403, and the user stays out; a user of
-    this server may be named (this server signs the event)."""
+    """`join_authorised_via_users_server` is added by the authorising server, which signs the event
+    (rule 4.2 of rooms 8 and later): from a client it is dropped, whoever it names, as Synapse
+    drops it (a client copies it from an earlier member event to change a display name), and the
+    join is stored without it. A display name over 256 characters is 400, as in Synapse."""
     worker = await make_worker("p1", ["p1"])
     alice, bob = client_for(http, [worker], ["p1"]), client_for(http, [worker], ["p1"])
     await alice.register("alice")
     await bob.register("bob")
     room = await alice.create_room("public")
-    join = {"membership": "join", "join_authorised_via_users_server": "@admin:elsewhere.example"}
-    with pytest.raises(RequestRefused) as foreign:
-        await bob.set_state(room, "m.room.member", "@bob:localhost", join)
-    assert (foreign.value.status, foreign.value.errcode) == (403, "M_FORBIDDEN"), foreign.value.body
-    with pytest.raises(RequestRefused) as malformed:
+    for named in ("@admin:elsewhere.example", 7, "@alice:localhost"):
+        content = {"membership": "join", "displayname": "Bob", "join_authorised_via_users_server": named}
+        await bob.set_state(room, "m.room.member", "@bob:localhost", content)
+        state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
+        assert state[("m.room.member", "@bob:localhost")]["content"] == {
+            "membership": "join",
+            "displayname": "Bob",
+        }
+    with pytest.raises(RequestRefused) as long_name:
         await bob.set_state(
-            room, "m.room.member", "@bob:localhost", {**join, "join_authorised_via_users_server": 7}
+            room, "m.room.member", "@bob:localhost", {"membership": "join", "displayname": "b" * 257}
         )
-    assert (malformed.value.status, malformed.value.errcode) == (400, "M_BAD_JSON"), malformed.value.body
-    members = {e["state_key"] for e in await alice.room_state(room) if e["type"] == "m.room.member"}
-    assert members == {"@alice:localhost"}
-    await bob.set_state(
-        room,
-        "m.room.member",
-        "@bob:localhost",
-        {**join, "join_authorised_via_users_server": "@alice:localhost"},
-    )
-    state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
-    assert state[("m.room.member", "@bob:localhost")]["content"]["membership"] == "join"
+    assert (long_name.value.status, long_name.value.errcode) == (400, "M_BAD_JSON"), long_name.value.body
 
 
 async def test_a_repeated_membership_is_answered_with_the_stored_event(

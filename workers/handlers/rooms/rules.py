@@ -328,12 +328,19 @@ def well_formed(event: NewEvent) -> None:
             identifiers.check_user_id(event.state_key)
         except ValueError as e:
             raise BadEvent(f"a member event's state_key is a user id: {e}") from None
-        if AUTHORISING_USER in event.content:
+        if AUTHORISING_USER in event.content:  # never from a client: the API drops it
             _authoriser_signs(event)
+        for key, limit in PROFILE_LIMITS.items():
+            value = event.content.get(key)
+            if isinstance(value, str) and len(value) > limit:
+                raise BadEvent(f"a member event's {key} is at most {limit} characters")
 
 
 #: A VoIP call's invite: Synapse refuses it in a public room (403), and so does this server.
 CALL_INVITE_EVENT = "m.call.invite"
+
+#: The longest display name and avatar URL a member event takes (characters), as in Synapse.
+PROFILE_LIMITS = {"displayname": 256, "avatar_url": 1000}
 
 #: A member event's content key naming the user whose server vouched for a restricted join.
 AUTHORISING_USER = "join_authorised_via_users_server"
