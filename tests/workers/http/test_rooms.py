@@ -244,6 +244,39 @@ async def test_a_second_create_event_and_an_event_over_the_size_limit_are_refuse
     assert state[("m.room.create", "")]["content"]["room_version"] == "10"
 
 
+async def test_a_forwarded_send_with_a_malformed_expectation_is_400_and_stores_nothing(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """The owner's side of a forwarded /kick or /unban: `target_was` that is not a list of
+    memberships is 400 M_INVALID_PARAM (one line, no traceback), and nothing is written."""
+    worker = await make_worker("p1", ["p1"])
+    alice, bob = client_for(http, [worker], ["p1"]), client_for(http, [worker], ["p1"])
+    await alice.register("alice")
+    await bob.register("bob")
+    room = await alice.create_room("public")
+    await bob.membership(room, "join")
+    kick = {
+        "event_id": "$forwarded-kick", "room_id": room, "type": "m.room.member", "sender": "@alice:localhost",
+        "content": {"membership": "leave"}, "state_key": "@bob:localhost",
+    }  # fmt: skip
+    url = f"http://127.0.0.1:{worker.http_port}/_fanout/internal/rooms/{room}/send"
+    headers = {"Authorization": "Bearer test-worker-secret-0123456789"}
+    for target_was in ("join", [1], {"join": True}):
+        body = {"event": kick, "txn": False, "target_was": target_was}
+        async with http.post(url, json=body, headers=headers) as resp:
+            assert resp.status == 400, await resp.text()
+            assert (await resp.json())["errcode"] == "M_INVALID_PARAM"
+
+    async def bob_is() -> str:
+        state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
+        return str(state[("m.room.member", "@bob:localhost")]["content"]["membership"])
+
+    assert await bob_is() == "join"
+    async with http.post(url, json={"event": kick, "target_was": ["join"]}, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()  # the same body, well formed: the kick is done
+    assert await bob_is() == "leave"
+
+
 async def test_a_member_event_from_a_client_never_names_an_authoriser(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
