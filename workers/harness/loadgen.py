@@ -477,11 +477,12 @@ SLOW_READER_PAUSE_S = 0.5
 UNKNOWN = "?"
 #: The load's actions that write into a room (timed for `LoadReport.longest_write_ms`).
 ROOM_WRITES = frozenset({"message", "redact", "churn", "race", "state", "join", "leave"})
-#: Churn's moves from each membership: (who acts, what), "me" being the churning user.
+#: Churn's moves from each membership: (who acts, what), "me" being the churning user. No re-invite:
+#: the owner's invite repeated is answered with the first and stores nothing (as in Synapse).
 CHURN_MOVES: dict[str | None, list[tuple[str, str]]] = {
     None: [("owner", "invite"), ("me", "join"), ("me", "knock")],
     "leave": [("owner", "invite"), ("me", "join"), ("me", "knock"), ("owner", "ban")],
-    "invite": [("me", "join"), ("me", "join"), ("me", "leave"), ("owner", "kick"), ("owner", "invite")],
+    "invite": [("me", "join"), ("me", "join"), ("me", "leave"), ("owner", "kick")],
     "knock": [("owner", "invite"), ("owner", "invite"), ("owner", "kick"), ("me", "leave")],
     "join": [("me", "leave"), ("owner", "kick"), ("owner", "ban")],
     "ban": [("owner", "unban")],
