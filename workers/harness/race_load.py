@@ -144,7 +144,7 @@ class MembershipRacer:
             tuple(m for m in refused if m in stored), start_by,
         )  # fmt: skip
         self.outcomes.append(outcome)
-        return written + len(accepted), outcome.final()
+        return written + len(outcome.stored_order()), outcome.final()  # a repeat stored nothing
 
     def check(self) -> list[str]:
         """Every race whose stored result the rules do not allow."""
