@@ -332,15 +332,7 @@ class RoomWrites:
             if off_target is not None:
                 raise off_target
             rooms.check(event, view)
-            if relations.RELATES_TO in event.content:
-                async with self._pool.acquire() as conn:
-                    await relations.check(conn, event)
-            if canonical_alias.is_canonical_alias(event):
-                async with self._pool.acquire() as conn:
-                    now = await store.current_state_event(conn, event.room_id, event.type, "")
-                    await canonical_alias.check(conn, event, None if now is None else now.content)
-            if event.type == REDACTION_EVENT:
-                await self._check_redaction(event, view)
+            await self._check_against_stored(event, view)
         except RoomRuleError:
             stored = await self._stored(event.event_id)
             if stored is not None:  # a repeat of a write the rules allowed then
@@ -363,6 +355,20 @@ class RoomWrites:
         if current is None or current.sender != event.sender or current.content != event.content:
             return None
         return current
+
+    async def _check_against_stored(self, event: NewEvent, view: rooms.RoomView) -> None:
+        """After the rules, the checks that read stored events (none for a plain message): a
+        redaction's target, a relation's parent and earlier annotations, the aliases a canonical
+        alias event adds to the room's current one."""
+        if event.type == REDACTION_EVENT:
+            await self._check_redaction(event, view)
+        if relations.RELATES_TO in event.content:
+            async with self._pool.acquire() as conn:
+                await relations.check(conn, event)
+        if canonical_alias.is_canonical_alias(event):
+            async with self._pool.acquire() as conn:
+                now = await store.current_state_event(conn, event.room_id, event.type, "")
+                await canonical_alias.check(conn, event, None if now is None else now.content)
 
     async def _check_redaction(self, event: NewEvent, view: rooms.RoomView) -> None:
         """A redaction names an event id in `content.redacts`; another sender's event (or one not
