@@ -105,3 +105,14 @@ async def test_a_relation_stays_in_its_room_and_a_thread_starts_from_a_plain_eve
         "m.room.message",
         {"body": "edit", "m.relates_to": {"rel_type": "m.replace", "event_id": message}},
     )
+
+
+async def test_a_new_rooms_events_relate_to_nothing_unknown(
+    make_worker: MakeWorker, http: aiohttp.ClientSession
+) -> None:
+    """createRoom's `initial_state` is held to the same: a relation to another room's event is 400
+    and no room is made."""
+    alice, _, message = await _setup(make_worker, http)
+    topic = {"type": "m.room.topic", "state_key": "", "content": {"topic": "t", "m.relates_to": {
+        "rel_type": "m.reference", "event_id": message}}}  # fmt: skip
+    assert await _refused(alice.create_room("public", initial_state=[topic])) == (400, "M_BAD_JSON")

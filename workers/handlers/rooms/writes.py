@@ -409,9 +409,9 @@ class RoomWrites:
             if stored is not None:  # a retried request that was done the first time
                 return Written.of(stored)
             raise rooms.Forbidden(f"{room_id} exists")
-        if any(canonical_alias.is_canonical_alias(e) for e in events):
+        if any(canonical_alias.is_canonical_alias(e) or relations.RELATES_TO in e.content for e in events):
             async with self._pool.acquire() as conn:
-                await _check_planned_aliases(conn, events)
+                await _check_planned_against_stored(conn, events)
         persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
         return Written.of(persisted[-1])
 
@@ -505,11 +505,12 @@ def claim_of(event: NewEvent) -> Claim:
     return Claim(frozenset({RULES, sender}), frozenset() if annotation is None else frozenset({annotation}))
 
 
-async def _check_planned_aliases(conn: Conn, events: list[NewEvent]) -> None:
-    """createRoom's canonical alias events (`initial_state`'s, the one `room_alias_name` makes),
-    each against the one before it in the plan."""
+async def _check_planned_against_stored(conn: Conn, events: list[NewEvent]) -> None:
+    """`RoomWrites._check_against_stored` for createRoom's events: a relation's parent (never one
+    of the new room's), each canonical alias event against the one before it in the plan."""
     current: dict[str, Any] | None = None
     for event in events:
+        await relations.check(conn, event)
         if canonical_alias.is_canonical_alias(event):
             await canonical_alias.check(conn, event, current)
             current = event.content
