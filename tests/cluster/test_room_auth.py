@@ -207,9 +207,7 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
             if rng.random() < 0.3:
                 rule = rng.choice(["public", "invite"])
                 moves.append(set_rule(actor(), room, "m.room.join_rules", {"join_rule": rule}, via()))
-            if (
-                rng.random() < 0.3
-            ):  # a join naming an authorising user: stored without it, whoever it names
+            if rng.random() < 0.3:  # a join naming an authorising user: stored without it, whoever it names
                 authoriser = rng.choice([ids["alice"], "@admin:elsewhere.example"])
                 content = {"membership": "join", "join_authorised_via_users_server": authoriser}
                 moves.append(me.set_state(room, "m.room.member", ids[target], content, via=via()))
