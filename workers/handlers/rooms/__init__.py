@@ -9,6 +9,8 @@
 * `room_plan.py`: createRoom's plan: the room's first events, each checked against those before it
 * `known_content.py`: the form of the content types the server reads (server ACLs, mentions,
   retention), refused at the client API when wrong
+* `stored_checks.py`: the checks of a write that read stored events (a repeated membership, a
+  redaction's target, a relation's parent, a canonical alias's aliases), beside the rules
 * `relations.py`: what a client may relate (`m.relates_to`): the parent in the room, a reaction
   not repeated (race-free through the admission), a thread not started from a related event
 * `canonical_alias.py`: the aliases a room lists lead to it (no room takes another's address)

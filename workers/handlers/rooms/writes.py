@@ -37,7 +37,7 @@ from workers.handlers.notify.visibility import wait_visible
 from workers.handlers.placement.forwarding import Forwarder, OwnerUnavailable
 from workers.handlers.placement.room_leases import RoomLeases
 from workers.handlers.placement.routed import OwnerWaits, routed
-from workers.handlers.rooms import canonical_alias, relations
+from workers.handlers.rooms import relations, stored_checks
 from workers.handlers.rooms import rules as rooms
 from workers.handlers.rooms.admission import RULES, Claim, RoomAdmission, Ticket, member
 from workers.handlers.rooms.deletions import RoomDeletions
@@ -45,10 +45,8 @@ from workers.handlers.rooms.forwarded import RemoteInvite, Written, event_to_jso
 from workers.handlers.rooms.persist import EventPersister
 from workers.handlers.rooms.purge import PurgeOptions, PurgeResult, RoomEnd, RoomGate
 from workers.handlers.rooms.versions import REDACTION_EVENT
-from workers.model import CREATE_EVENT, MEMBER_EVENT, SUPPORTED_ROOM_VERSIONS, Event, NewEvent
+from workers.model import CREATE_EVENT, MEMBER_EVENT, SUPPORTED_ROOM_VERSIONS, NewEvent
 from workers.routing import RoomPlacement, writer_for_room
-from workers.storage import Conn
-from workers.storage import events as store
 from workers.storage import rooms as room_store
 from workers.storage.purge import BLOCKED_ROOM
 
@@ -85,6 +83,7 @@ class RoomWrites:
         self.name = instance_name
         self.writers = list(event_writers)
         self._pool = pool
+        self._checks = stored_checks.StoredChecks(pool)
         self._persister = persister
         self._backfill = backfill
         self._views = room_views
@@ -323,72 +322,22 @@ class RoomWrites:
         try:
             # As Synapse orders them: an unban's target is checked before a repeat is recognised,
             # a kick's after (a retried kick is answered with the first).
-            off_target = _off_target(event, target_was, view)
+            off_target = stored_checks.off_target(event, target_was, view)
             if off_target is not None and "ban" in (target_was or ()):
                 raise off_target
-            repeat = await self._repeated(event, view)
+            repeat = await self._checks.repeated(event, view)
             if repeat is not None:
                 return Written.of(repeat)
             if off_target is not None:
                 raise off_target
             rooms.check(event, view)
-            await self._check_against_stored(event, view)
+            await self._checks.after_rules(event, view)
         except RoomRuleError:
-            stored = await self._stored(event.event_id)
+            stored = await self._checks.stored(event.event_id)
             if stored is not None:  # a repeat of a write the rules allowed then
                 return Written.of(stored)
             raise
         return Written.of(await _persisted(ticket, persister.persist(event, may_exist=txn)))
-
-    async def _repeated(self, event: NewEvent, view: rooms.RoomView) -> Event | None:
-        """The target's current member event when `event` repeats it (same sender, membership and
-        content), else None; read only when the memberships match. Synapse answers such a request
-        with the stored event and writes nothing, before the rules: a client's retried /join,
-        /leave, /invite, /kick or /ban is one event. Run inside the target's admission claim, so
-        two racing repeats see each other's event."""
-        if event.type != MEMBER_EVENT or event.state_key is None:
-            return None
-        if view.target_membership != event.membership:
-            return None
-        async with self._pool.acquire() as conn:
-            current = await store.current_state_event(conn, event.room_id, MEMBER_EVENT, event.state_key)
-        if current is None or current.sender != event.sender or current.content != event.content:
-            return None
-        return current
-
-    async def _check_against_stored(self, event: NewEvent, view: rooms.RoomView) -> None:
-        """After the rules, the checks that read stored events (none for a plain message): a
-        redaction's target, a relation's parent and earlier annotations, the aliases a canonical
-        alias event adds to the room's current one."""
-        if event.type == REDACTION_EVENT:
-            await self._check_redaction(event, view)
-        if relations.RELATES_TO in event.content:
-            async with self._pool.acquire() as conn:
-                await relations.check(conn, event)
-        if canonical_alias.is_canonical_alias(event):
-            async with self._pool.acquire() as conn:
-                now = await store.current_state_event(conn, event.room_id, event.type, "")
-                await canonical_alias.check(conn, event, None if now is None else now.content)
-
-    async def _check_redaction(self, event: NewEvent, view: rooms.RoomView) -> None:
-        """A redaction names an event id in `content.redacts`; another sender's event (or one not
-        stored) takes the room's `redact` level. As in Synapse, an event of another room is 400, and
-        the room's create event (its version and creator) and server ACLs are never redacted (403)."""
-        redacts = event.content.get("redacts")
-        if not isinstance(redacts, str):
-            raise rooms.BadEvent("a redaction names the event it redacts in content.redacts")
-        target = await self._stored(redacts)
-        if target is not None and target.room_id != event.room_id:
-            raise rooms.BadEvent(f"{redacts} is an event of another room")
-        if target is not None and target.type in UNREDACTABLE:
-            raise rooms.Forbidden(f"redacting {target.type} is not permitted")
-        refusal = view.power.may_redact(event.sender, None if target is None else target.sender)
-        if refusal is not None:
-            raise rooms.Forbidden(refusal)
-
-    async def _stored(self, event_id: str) -> Event | None:
-        async with self._pool.acquire() as conn:
-            return (await store.events_by_ids(conn, [event_id])).get(event_id)
 
     async def create_here(self, events: list[NewEvent]) -> Written:
         with self.gate.write(events[0].room_id):
@@ -405,13 +354,11 @@ class RoomWrites:
             raise rooms.BadEvent("a new room starts with m.room.create, all events in the room")
         await self._hold(room_id)
         if (await self._views.rooms.get(room_id)).exists:
-            stored = await self._stored(events[-1].event_id)
+            stored = await self._checks.stored(events[-1].event_id)
             if stored is not None:  # a retried request that was done the first time
                 return Written.of(stored)
             raise rooms.Forbidden(f"{room_id} exists")
-        if any(canonical_alias.is_canonical_alias(e) or relations.RELATES_TO in e.content for e in events):
-            async with self._pool.acquire() as conn:
-                await _check_planned_against_stored(conn, events)
+        await self._checks.planned(events)
         persisted = await _persisted(ticket, asyncio.ensure_future(persister.persist_many(events)))
         return Written.of(persisted[-1])
 
@@ -440,7 +387,7 @@ class RoomWrites:
             raise rooms.Forbidden(BLOCKED_ROOM)
         if room.exists and room.remote_version is None:
             raise rooms.Forbidden(f"{invite.room_id} lives on this server")
-        stored = await self._stored(event.event_id)
+        stored = await self._checks.stored(event.event_id)
         if stored is not None:  # a retried invite
             return Written.of(stored)
         async with self._pool.acquire() as conn, conn.transaction():
@@ -485,10 +432,6 @@ class RoomWrites:
         return [e.stream_ordering for e in persisted]
 
 
-#: Event types a redaction may not name (Synapse refuses them too).
-UNREDACTABLE = frozenset({CREATE_EVENT, "m.room.server_acl"})
-
-
 def claim_of(event: NewEvent) -> Claim:
     """What `event`'s check reads of its room's state (the rules, the sender's membership, and a
     member event's target's) and what the event may change (`workers.handlers.rooms.admission`):
@@ -505,33 +448,9 @@ def claim_of(event: NewEvent) -> Claim:
     return Claim(frozenset({RULES, sender}), frozenset() if annotation is None else frozenset({annotation}))
 
 
-async def _check_planned_against_stored(conn: Conn, events: list[NewEvent]) -> None:
-    """`RoomWrites._check_against_stored` for createRoom's events: a relation's parent (never one
-    of the new room's), each canonical alias event against the one before it in the plan."""
-    current: dict[str, Any] | None = None
-    for event in events:
-        await relations.check(conn, event)
-        if canonical_alias.is_canonical_alias(event):
-            await canonical_alias.check(conn, event, current)
-            current = event.content
-
-
 async def _persisted(ticket: Ticket, future: asyncio.Future[T]) -> T:
     """`future`'s result, the room held by `ticket` until it is done: a request cancelled while
     its event is queued leaves the room held until the batch committed or failed, so the next event
     is never checked against state that event may still change."""
     ticket.release_after(future)
     return await asyncio.shield(future)
-
-
-def _off_target(
-    event: NewEvent, target_was: frozenset[str] | None, view: rooms.RoomView
-) -> rooms.Forbidden | None:
-    """The refusal of a /kick of a user not in the room or an /unban of one not banned (403, as
-    Synapse answers), or None when the target is as the request expects."""
-    if target_was is None or view.target_membership in target_was:
-        return None
-    return rooms.Forbidden(
-        f"{event.state_key} is not {' or '.join(sorted(target_was))} in {event.room_id}"
-        f" (membership {view.target_membership})"
-    )
