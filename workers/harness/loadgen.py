@@ -222,8 +222,11 @@ class LoadDriver:
                     return
                 if kind == "join" and others:
                     room = self.rng.choice(others)
+                    was = self.membership.get((user, room))
                     await client.membership(room, "join")
                     self._set(user, room, "join")
+                    if was == UNKNOWN:  # after a fault it may have been stored: a repeat stores nothing
+                        return
                 elif kind == "leave" and len(mine) > 1 and not owner:
                     room = self.rng.choice(mine)
                     await client.membership(room, "leave")
