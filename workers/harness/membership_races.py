@@ -161,6 +161,13 @@ def check_race(outcome: RaceOutcome) -> list[str]:
     return problems
 
 
+def foreign(stored: Sequence[Move], accepted: Sequence[Move], refused: Sequence[Move]) -> bool:
+    """Whether the changes stored since the race's start hold one neither side sent (or one twice):
+    a request a client gave up on in a fault (its timeout passed while a worker still held it)
+    that landed during the race. Such a race cannot be judged: it is left out, as after a fault."""
+    return len(set(stored)) < len(stored) or bool(set(stored) - set(accepted) - set(refused))
+
+
 def check_races(outcomes: Iterable[RaceOutcome]) -> list[str]:
     return [p for outcome in outcomes for p in check_race(outcome)]
 

@@ -23,6 +23,7 @@ from workers.harness.membership_races import (
     RaceOutcome,
     RaceTally,
     check_races,
+    foreign,
     prepare,
 )
 
@@ -126,14 +127,19 @@ class MembershipRacer:
                 return written, None
             else:
                 raise answer
-        self.tally.count(accepted, refused)
         try:
             rows = await self._member_events(room, user, before[-1][0] if before else None)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            self.tally.count(accepted, refused)
             return written + len(accepted), None
         # The membership API answers no event id: each stored change is told apart by its
         # membership and sender, which differ between the two sides of every pair.
-        stored = {_move(m, sender, user, owner_id): (e, o) for o, e, m, sender in rows}
+        moves = [_move(m, sender, user, owner_id) for _, _, m, sender in rows]
+        if foreign(moves, accepted, refused):
+            self.tally.unknown += 1
+            return written + len(rows), None
+        self.tally.count(accepted, refused)
+        stored = {move: (e, o) for move, (o, e, _, _) in zip(moves, rows, strict=True)}
         # Judged from the membership stored before the race, not the one the load meant to set
         # up: after a fault the load's idea of it may be wrong (a change committed, answered 5xx).
         start = before[-1][2] if before else "leave"

@@ -12,6 +12,7 @@ from workers.harness.membership_races import (
     RaceOutcome,
     allowed,
     check_race,
+    foreign,
     prepare,
 )
 
@@ -90,3 +91,13 @@ def test_a_refused_change_that_was_stored_is_caught() -> None:
     problems = check_race(RaceOutcome(race.pair, race.room_id, race.target, race.start, race.accepted,
                                       race.refused, (JOIN,)))  # fmt: skip
     assert any("the target's join answered 403 but is stored" in p for p in problems), problems
+
+
+def test_a_change_neither_side_sent_leaves_the_race_unjudged() -> None:
+    """A kick a client gave up on during a fault, landing during the race, would make the race's
+    leave look refused from join: such a race is left out; the race's own changes are not foreign."""
+    leave = ("me", "leave")
+    assert foreign([("owner", "kick")], [], [leave, INVITE])
+    assert foreign([leave, leave], [leave], [])
+    assert not foreign([leave, INVITE], [leave, INVITE], [])
+    assert not foreign([INVITE], [], [INVITE])  # refused but stored: judged (and caught) as before
