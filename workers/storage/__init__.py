@@ -27,6 +27,8 @@ Its modules:
 * `receipts.py`: SQL of the receipts stream: per (room, receipt type, user, thread) the latest event
   read
 * `registration_tokens.py`: Registration tokens: who may register when `registration: token`
+* `relations.py`: Events by the event they relate to (`m.relates_to.event_id`), through migration
+  0019's index
 * `room_deletions.py`: The `room_deletions` table: the Delete Room API's version 2 tasks and their
   status
 * `rooms.py`: The `rooms` table (each room's version, and whether it lives on another server) and

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from workers.model import Event
-from workers.storage import events as store
+from workers.storage import relations as store
 from workers.storage.migrate import apply_migrations
 
 ROOM = "!r:hs"

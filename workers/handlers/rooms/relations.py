@@ -22,6 +22,7 @@ from workers.handlers.rooms.rules import BadEvent
 from workers.model import NewEvent
 from workers.storage import Conn
 from workers.storage import events as store
+from workers.storage import relations as relation_store
 
 RELATES_TO = "m.relates_to"
 ANNOTATION = "m.annotation"
@@ -66,12 +67,12 @@ async def check(conn: Conn, event: NewEvent) -> None:
         return
     check_form(relation)
     parent = (await store.events_by_ids(conn, [relation.parent_id])).get(relation.parent_id)
-    if parent is None and not await store.is_relation_target(conn, relation.parent_id):
+    if parent is None and not await relation_store.is_relation_target(conn, relation.parent_id):
         raise BadEvent(f"{relation.parent_id} is not an event this server has: nothing to relate to")
     if parent is not None and parent.room_id != event.room_id:
         raise BadEvent(f"{relation.parent_id} is an event of another room: a relation stays in its room")
     if relation.rel_type == ANNOTATION and relation.key is not None:
-        if await store.has_annotated(
+        if await relation_store.has_annotated(
             conn, event.room_id, relation.parent_id, event.sender, event.type, relation.key
         ):
             raise DuplicateAnnotation(f"{event.sender} already annotated {relation.parent_id} with this key")
