@@ -40,8 +40,10 @@ def start_worker(config: dict[str, Any], path: Path, timeout_s: float = 60.0) ->
 
 async def until_blocked_on_lock(conn: asyncpg.Connection[Any]) -> None:
     """Return once a backend of `conn`'s database waits for a lock another one holds (a worker's
-    write held up by a lock the test took); AssertionError, naming what runs, after 10 s."""
-    for _ in range(200):
+    write held up by a lock the test took); AssertionError, naming what runs, after 30 s (a fresh
+    clone's run beside another test once took over 10 s to get its write there)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         if await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
             " AND datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
