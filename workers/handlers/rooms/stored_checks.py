@@ -20,12 +20,13 @@ import asyncpg
 
 from workers.handlers.rooms import canonical_alias, relations
 from workers.handlers.rooms import rules as rooms
+from workers.handlers.rooms.known_content import SERVER_ACL_EVENT
 from workers.handlers.rooms.versions import REDACTION_EVENT
 from workers.model import CREATE_EVENT, MEMBER_EVENT, Event, NewEvent
 from workers.storage import events as store
 
 #: Event types a redaction may not name (Synapse refuses them too).
-UNREDACTABLE = frozenset({CREATE_EVENT, "m.room.server_acl"})
+UNREDACTABLE = frozenset({CREATE_EVENT, SERVER_ACL_EVENT})
 
 
 class StoredChecks:
