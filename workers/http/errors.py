@@ -113,7 +113,7 @@ def api_error_for(error: Exception) -> ApiError | None:
     if isinstance(error, rooms.NotFound):
         return ApiError(404, "M_NOT_FOUND", str(error))
     if isinstance(error, rooms.Forbidden):
-        return ApiError(403, "M_FORBIDDEN", str(error))
+        return ApiError(403, error.errcode, str(error))
     if isinstance(error, NotOwner):
         return ApiError(409, NOT_OWNER_ERRCODE, str(error), holder=error.holder)
     if isinstance(error, PersisterOverloaded):

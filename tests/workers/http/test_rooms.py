@@ -412,7 +412,8 @@ async def test_a_kick_never_lifts_a_ban_and_an_unban_never_kicks(
     make_worker: MakeWorker, http: aiohttp.ClientSession
 ) -> None:
     """`/kick` acts on a member, an invitee or a knocker and `/unban` on a banned user, as the room's
-    writer sees the target when the change is checked (403 otherwise, as Synapse answers). The
+    writer sees the target when the change is checked (403 otherwise, M_BAD_STATE where Synapse
+    answers it: an unban of a user who is not banned, a banned user kicked, invited or joining). The
     rules alone would take a kick of a banned user as an unban: a kick that lands just after a ban
     would lift it."""
     workers = [await make_worker(n, WRITERS) for n in ("p1", "p2", "r1")]
@@ -423,11 +424,15 @@ async def test_a_kick_never_lifts_a_ban_and_an_unban_never_kicks(
     await bob.membership(room, "join")
     with pytest.raises(RequestRefused) as not_banned:
         await alice.membership(room, "unban", target="bob", via="r1")
-    assert (not_banned.value.status, not_banned.value.errcode) == (403, "M_FORBIDDEN"), not_banned.value.body
+    assert (not_banned.value.status, not_banned.value.errcode) == (403, "M_BAD_STATE"), not_banned.value.body
     await alice.membership(room, "ban", target="bob")
     with pytest.raises(RequestRefused) as banned:
         await alice.membership(room, "leave", target="bob", via="r1")  # /kick
-    assert (banned.value.status, banned.value.errcode) == (403, "M_FORBIDDEN"), banned.value.body
+    assert (banned.value.status, banned.value.errcode) == (403, "M_BAD_STATE"), banned.value.body
+    for op, who in (("invite", alice), ("join", bob)):  # a banned user invited or joining
+        with pytest.raises(RequestRefused) as refused:
+            await who.membership(room, op, target="bob" if who is alice else None, via="r1")
+        assert (refused.value.status, refused.value.errcode) == (403, "M_BAD_STATE"), refused.value.body
 
     async def bob_is() -> str:
         state = {(e["type"], e["state_key"]): e for e in await alice.room_state(room)}
@@ -440,8 +445,9 @@ async def test_a_kick_never_lifts_a_ban_and_an_unban_never_kicks(
     assert await bob_is() == "leave"
     await bob.membership(room, "join")
     await bob.membership(room, "leave")
-    with pytest.raises(RequestRefused):  # nobody to kick: bob left
+    with pytest.raises(RequestRefused) as gone:  # nobody to kick: bob left
         await alice.membership(room, "leave", target="bob")
+    assert (gone.value.status, gone.value.errcode) == (403, "M_FORBIDDEN"), gone.value.body
 
 
 async def test_one_event_and_profiles_answer_only_what_the_requester_may_see(

@@ -53,7 +53,17 @@ JOIN_RULES = frozenset({"public", "invite", "knock"})
 
 
 class Forbidden(RoomRuleError):
-    """The sender may not do this (HTTP 403)."""
+    """The sender may not do this (HTTP 403 with `errcode`)."""
+
+    errcode = "M_FORBIDDEN"
+
+
+class BadState(Forbidden):
+    """A membership change the target's current membership rules out whoever asks, before any power
+    level is weighed: a banned user joined, knocking, invited or kicked, an unban of a user who is
+    not banned. 403 M_BAD_STATE, as Synapse's membership handler answers them."""
+
+    errcode = "M_BAD_STATE"
 
 
 class NotFound(RoomRuleError):
@@ -250,7 +260,7 @@ def check(event: NewEvent, view: RoomView) -> None:
         if view.remote_version is not None and view.remote_version not in SUPPORTED_ROOM_VERSIONS:
             raise UnsupportedRoomVersion(f"{event.room_id} is of room version {view.remote_version}")
         if view.sender_membership == "ban":
-            raise Forbidden(f"{event.sender} is banned from {event.room_id}")
+            raise BadState(f"{event.sender} is banned from {event.room_id}")
         if view.join_rule != "public" and view.sender_membership not in ("invite", "join"):
             raise Forbidden(f"{event.room_id} is invite-only")
     elif membership == "knock":
@@ -258,17 +268,21 @@ def check(event: NewEvent, view: RoomView) -> None:
             raise Forbidden("only the user themself can knock")
         if view.join_rule != "knock":
             raise Forbidden(f"{event.room_id} does not take knocks")
-        if view.sender_membership in ("ban", "invite", "join"):
+        if view.sender_membership == "ban":
+            raise BadState(f"{event.sender} is banned from {event.room_id}")
+        if view.sender_membership in ("invite", "join"):
             raise Forbidden(f"{event.sender} cannot knock (membership {view.sender_membership})")
     elif membership == "leave" and target == event.sender:
         if view.sender_membership not in PRESENT:
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
     else:  # invite, kick (leave of another), ban, unban (leave of a banned user)
+        if membership == "invite" and view.target_membership == "ban":
+            raise BadState(f"{target} is banned from {event.room_id}")
         if view.sender_membership != "join":
             raise Forbidden(f"{event.sender} is not in {event.room_id}")
         if membership == "invite":
-            if view.target_membership in ("join", "ban"):
-                raise Forbidden(f"{target} cannot be invited (membership {view.target_membership})")
+            if view.target_membership == "join":
+                raise Forbidden(f"{target} cannot be invited (membership join)")
             _allowed(power.may_act_on("invite", event.sender, target))
         elif membership == "ban":
             _allowed(power.may_act_on("ban", event.sender, target))

@@ -105,10 +105,13 @@ def off_target(
     event: NewEvent, target_was: frozenset[str] | None, view: rooms.RoomView
 ) -> rooms.Forbidden | None:
     """The refusal of a /kick of a user not in the room or an /unban of one not banned (403, as
-    Synapse answers), or None when the target is as the request expects."""
+    Synapse answers: M_BAD_STATE for an unban of a user with a membership and a kick of a banned
+    one, M_FORBIDDEN for the rest), or None when the target is as the request expects."""
     if target_was is None or view.target_membership in target_was:
         return None
-    return rooms.Forbidden(
+    unban = "ban" in target_was
+    bad_state = view.target_membership is not None and (unban or view.target_membership == "ban")
+    return (rooms.BadState if bad_state else rooms.Forbidden)(
         f"{event.state_key} is not {' or '.join(sorted(target_was))} in {event.room_id}"
         f" (membership {view.target_membership})"
     )

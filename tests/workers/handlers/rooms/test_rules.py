@@ -66,6 +66,30 @@ def test_room_rules(event: NewEvent, view: rooms.RoomView, error: type[Exception
             rooms.check(event, view)
 
 
+@pytest.mark.parametrize(
+    ("event", "view", "errcode"),
+    [
+        # A banned user joining, knocking or invited: M_BAD_STATE whoever asks (as Synapse's
+        # membership handler answers, before any power level is weighed).
+        (_member("@b:x", "join"), rooms.RoomView(True, "public", "ban", "ban"), "M_BAD_STATE"),
+        (_member("@b:x", "knock"), rooms.RoomView(True, "knock", "ban", "ban"), "M_BAD_STATE"),
+        (_member("@b:x", "invite", sender="@a:x"), rooms.RoomView(True, "invite", "join", "ban"),
+         "M_BAD_STATE"),
+        (_member("@b:x", "invite", sender="@c:x"), rooms.RoomView(True, "invite", None, "ban"),
+         "M_BAD_STATE"),
+        # The rest stays the spec's M_FORBIDDEN.
+        (_member("@b:x", "invite", sender="@a:x"), rooms.RoomView(True, "invite", "join", "join"),
+         "M_FORBIDDEN"),
+        (_member("@b:x", "knock"), rooms.RoomView(True, "knock", "join", "join"), "M_FORBIDDEN"),
+        (_member("@b:x", "join"), rooms.RoomView(True, "invite", None, None), "M_FORBIDDEN"),
+    ],
+)  # fmt: skip
+def test_refusals_carry_synapses_errcode(event: NewEvent, view: rooms.RoomView, errcode: str) -> None:
+    with pytest.raises(rooms.Forbidden) as refused:
+        rooms.check(event, view)
+    assert refused.value.errcode == errcode
+
+
 def test_power_levels_defaults_and_tolerance() -> None:
     none_yet = PowerLevels.from_state(None, "@creator")
     assert none_yet.user("@creator") == 100 and none_yet.user("@x") == 0
