@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from workers.handlers.rooms.canonical_alias import added_aliases
-from workers.handlers.rooms.rules import BadEvent
+from workers.handlers.rooms.rules import InvalidParam
 
 
 @pytest.mark.parametrize(
@@ -31,5 +31,5 @@ def test_the_aliases_an_event_adds(
 
 @pytest.mark.parametrize("content", [{"alias": 7}, {"alt_aliases": "#a:hs"}, {"alt_aliases": ["#a:hs", 7]}])
 def test_values_of_the_wrong_type_are_refused(content: dict[str, Any]) -> None:
-    with pytest.raises(BadEvent):
+    with pytest.raises(InvalidParam):  # 400 M_INVALID_PARAM, as Synapse answers
         added_aliases(content, None)
