@@ -93,6 +93,63 @@ async def test_a_join_racing_a_reinvite_leaves_the_user_joined(
     assert await _judged(database_url, rooms, "join racing a re-invite") > 40 * 5
 
 
+async def test_a_restricted_join_racing_its_authorisers_leave_or_demotion(
+    make_cluster: MakeCluster, database_url: str
+) -> None:
+    """A member of a space joins a room the space's members may join (join rule `restricted`),
+    vouched for by the room's one admin, while the admin leaves the room or drops below the invite
+    level, through two workers at once, in many rooms. Either order may be stored, but a join
+    stored after its authoriser left or lost the invite level is one the rules refuse: the writer
+    must check the join against the state its previous event left, the authoriser's membership
+    included, and refuse it (403) when the authoriser is gone."""
+    cluster = await make_cluster(persisters=2, sync_workers=2, background_workers=0)
+    async with aiohttp.ClientSession() as session:
+        alice, bob = ClusterClient(session, cluster.urls), ClusterClient(session, cluster.urls)
+        await alice.register("alice", via="sync1")
+        await bob.register("bob", via="sync2")
+        alice_id = str(alice.user_id)
+        space = await alice.create_room("public", via="sync1")
+        await bob.membership(space, "join", via="sync2")
+        allow = [{"type": "m.room_membership", "room_id": space}]
+        rules = {
+            "type": "m.room.join_rules",
+            "state_key": "",
+            "content": {"join_rule": "restricted", "allow": allow},
+        }
+        levels = {"users": {alice_id: 100}, "invite": 50}
+        rooms = list(
+            await asyncio.gather(
+                *(alice.create_room("invite", via=WORKERS[i % 4], initial_state=[rules],
+                                    power_level_content_override=levels) for i in range(40))
+            )
+        )  # fmt: skip
+        demoted = {**levels, "users": {alice_id: 10}}
+
+        rng = random.Random(40)
+
+        async def step_aside(i: int, room: str) -> Any:
+            await asyncio.sleep(rng.uniform(0, 0.15))  # the join reads before it sends: both orders
+            via = writer_for_room(room, cluster.event_writers) if i % 2 else "sync1"
+            if i % 4 < 2:
+                return await alice.membership(room, "leave", via=via)
+            return await alice.set_state(room, "m.room.power_levels", "", demoted, via=via)
+
+        pairs = await asyncio.gather(
+            *(
+                asyncio.gather(
+                    _outcome(bob.membership(room, "join", via="sync2" if i % 2 else WORKERS[i % 2])),
+                    _outcome(step_aside(i, room)),
+                )
+                for i, room in enumerate(rooms)
+            )
+        )
+    assert all(aside == "ok" for _, aside in pairs), pairs  # valid in either order
+    joins = Counter(join for join, _ in pairs)
+    assert set(joins) <= {"ok", "403 M_FORBIDDEN", "400 M_UNABLE_TO_GRANT_JOIN"}, joins
+    assert joins["ok"] > 0, joins
+    await _judged(database_url, [space, *rooms], ("restricted join racing its authoriser", joins))
+
+
 async def test_a_kick_racing_a_ban_never_lifts_it(make_cluster: MakeCluster, database_url: str) -> None:
     """A moderator kicks a member while the owner bans them, through two workers at once, in many
     rooms. Both orders are valid for the rules (a kick of a banned user is an unban to them), but a

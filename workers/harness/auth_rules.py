@@ -12,8 +12,8 @@ Pure and apart from the worker's own rules (`workers.handlers.rooms.rules` is ne
 that shares the code it judges cannot disagree with it.
 
 What the spec leaves to a single server, judged here as this server intends (docs/api.md):
-* the rules on event graphs (prev_events, auth_events, third-party invites, restricted joins,
-  `m.federate`) do not apply: one server, one linear order per room;
+* the rules on event graphs (prev_events, auth_events, third-party invites, `m.federate`) do not
+  apply: one server, one linear order per room;
 * signatures: the one server signs its users' events and nothing else, so an event is signed by its
   sender's server only (rule 4.2 then refuses an authorising user of any other server);
 * a redaction (rule-wise an ordinary event) of another sender's event needs the `redact` level,
@@ -255,6 +255,17 @@ class RoomReplay:
             if join_rule in ("invite", "knock"):
                 if sender_membership not in ("invite", "join"):
                     raise Rejected("4.3.4", f"join rule {join_rule} and the sender is {sender_membership}")
+                return
+            if join_rule in ("restricted", "knock_restricted"):
+                if sender_membership in ("invite", "join"):
+                    return
+                authoriser = event.content.get(AUTHORISER)
+                if not isinstance(authoriser, str) or self.membership(authoriser) != "join":
+                    raise Rejected(
+                        "4.3.5.2", f"join rule {join_rule}: {AUTHORISER} {authoriser!r} is not joined"
+                    )
+                if self.level_of(authoriser) < self._top("invite"):
+                    raise Rejected("4.3.5.2", f"join rule {join_rule}: {authoriser} may not invite")
                 return
             if join_rule == "public":
                 return

@@ -14,7 +14,7 @@ import asyncpg
 from aiohttp import web
 
 from workers import identifiers
-from workers.handlers.rooms import room_plan
+from workers.handlers.rooms import restricted, room_plan
 from workers.handlers.rooms import rules as rooms
 from workers.handlers.rooms.versions import REDACTION_EVENT, render
 from workers.handlers.rooms.writes import RoomWrites
@@ -126,8 +126,18 @@ class RoomRoutes:
         reason = body.get("reason")
         if isinstance(reason, str):
             content["reason"] = reason
+        if membership == "join" and sender == target:
+            await self._vouched(room_id, sender, content)
         event = NewEvent(rooms.new_event_id(), room_id, MEMBER_EVENT, sender, content, target)
         await self.writes.send(event, target_was=target_was)
+
+    async def _vouched(self, room_id: str, user_id: str, content: dict[str, Any]) -> None:
+        """Name the member who vouches for `user_id`'s join when the room is restricted and the
+        user is neither invited nor joined (`workers.handlers.rooms.restricted`)."""
+        async with self._pool.acquire() as conn:
+            authoriser = await restricted.authoriser(conn, room_id, user_id, self.writes.server_name)
+        if authoriser is not None:
+            content[rooms.AUTHORISING_USER] = authoriser
 
     async def join(self, request: web.Request) -> web.Response:
         return await self._self_membership(request, "join")
@@ -231,6 +241,8 @@ class RoomRoutes:
             # Only the authorising server adds it, and signs the event; a client copying it from an
             # earlier member event (a display name change) gets it dropped, as Synapse drops it.
             content.pop(rooms.AUTHORISING_USER, None)
+            if membership == "join" and state_key == who.user_id:
+                await self._vouched(room_id, who.user_id, content)
         event = NewEvent(rooms.new_event_id(), room_id, event_type, who.user_id, content, state_key)
         written = await self.writes.send(event)
         return event_id_response(written.event_id)

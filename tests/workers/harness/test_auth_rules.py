@@ -111,6 +111,21 @@ def test_an_authorising_user_of_another_server() -> None:
     assert h.rules_broken() == [(foreign, "4.2")]
 
 
+@pytest.mark.parametrize("join_rule", ["restricted", "knock_restricted"])
+def test_a_restricted_join_needs_a_joined_authoriser_who_may_invite(join_rule: str) -> None:
+    """Rule 4.3.5: an invited (or joined) user joins as in an invite room; anyone else only when
+    `join_authorised_via_users_server` names a joined member at the invite level."""
+    h = History(join_rule=join_rule, levels={**PL, "invite": 50})
+    by = {"membership": "join", "join_authorised_via_users_server": ALICE}
+    h.add(BOB, "m.room.member", by, BOB)
+    bare = h.member(CAROL, CAROL, "join")
+    not_joined = h.add(CAROL, "m.room.member", {**by, "join_authorised_via_users_server": "@dave:hs"}, CAROL)
+    below_invite = h.add(CAROL, "m.room.member", {**by, "join_authorised_via_users_server": BOB}, CAROL)
+    h.member(ALICE, CAROL, "invite")
+    h.member(CAROL, CAROL, "join")
+    assert h.rules_broken() == [(bare, "4.3.5.2"), (not_joined, "4.3.5.2"), (below_invite, "4.3.5.2")]
+
+
 def test_a_ban_racing_a_join() -> None:
     h = History(join_rule="public")
     h.member(ALICE, BOB, "ban")

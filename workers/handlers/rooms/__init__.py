@@ -14,6 +14,8 @@
 * `relations.py`: what a client may relate (`m.relates_to`): the parent in the room, a reaction
   not repeated (race-free through the admission), a thread not started from a related event
 * `canonical_alias.py`: the aliases a room lists lead to it (no room takes another's address)
+* `restricted.py`: restricted joins: the allowed rooms' membership checked and the member who
+  vouches for the join named, at the client API
 * `power_levels.py`: the spec's power levels: who may send, invite, kick, ban and change what
 * `history_visibility.py`: who may see which event of a room (read by /sync and /messages too)
 * `versions.py`: room versions and the event format each one renders

@@ -49,7 +49,11 @@ POWER_LEVELS_EVENT = "m.room.power_levels"
 THIRD_PARTY_INVITE_EVENT = "m.room.third_party_invite"
 #: The state events the rules read of a room (besides memberships).
 RULE_EVENTS = frozenset({CREATE_EVENT, JOIN_RULES_EVENT, POWER_LEVELS_EVENT})
-JOIN_RULES = frozenset({"public", "invite", "knock"})
+JOIN_RULES = frozenset({"public", "invite", "knock", "restricted", "knock_restricted"})
+#: Join rules under which a user who is neither invited nor joined joins only on an authorising
+#: member's word (`AUTHORISING_USER`), which this server gives when the user is in a room the join
+#: rule's `allow` names (`workers.handlers.rooms.restricted`).
+RESTRICTED = frozenset({"restricted", "knock_restricted"})
 
 
 class Forbidden(RoomRuleError):
@@ -119,6 +123,8 @@ class RoomView:
     power: PowerLevels = field(default_factory=PowerLevels)
     remote_version: str | None = None
     blocked: bool = False
+    #: The membership of the user a join names as its authoriser (`AUTHORISING_USER`), if any.
+    authoriser_membership: str | None = None
 
 
 async def load_room(conn: Conn, room_id: str) -> RoomRules:
@@ -180,7 +186,9 @@ class RoomViews:
             "room_memberships", max_entries, self._membership
         )
 
-    async def view(self, room_id: str, sender: str, target: str | None) -> RoomView:
+    async def view(
+        self, room_id: str, sender: str, target: str | None, authoriser: str | None = None
+    ) -> RoomView:
         room = await self.rooms.get(room_id)
         return RoomView(
             room.exists,
@@ -190,6 +198,7 @@ class RoomViews:
             room.power,
             room.remote_version,
             room.blocked,
+            None if authoriser is None else await self.memberships.get((room_id, authoriser)),
         )
 
     def forget_room(self, room_id: str) -> None:
@@ -261,12 +270,14 @@ def check(event: NewEvent, view: RoomView) -> None:
             raise UnsupportedRoomVersion(f"{event.room_id} is of room version {view.remote_version}")
         if view.sender_membership == "ban":
             raise BadState(f"{event.sender} is banned from {event.room_id}")
-        if view.join_rule != "public" and view.sender_membership not in ("invite", "join"):
+        if view.join_rule in RESTRICTED and view.sender_membership not in ("invite", "join"):
+            _authorised(event, view)
+        elif view.join_rule != "public" and view.sender_membership not in ("invite", "join"):
             raise Forbidden(f"{event.room_id} is invite-only")
     elif membership == "knock":
         if target != event.sender:
             raise Forbidden("only the user themself can knock")
-        if view.join_rule != "knock":
+        if view.join_rule not in ("knock", "knock_restricted"):
             raise Forbidden(f"{event.room_id} does not take knocks")
         if view.sender_membership == "ban":
             raise BadState(f"{event.sender} is banned from {event.room_id}")
@@ -293,6 +304,24 @@ def check(event: NewEvent, view: RoomView) -> None:
             _allowed(power.may_act_on("kick", event.sender, target))
         else:
             raise Forbidden(f"{target} is not in {event.room_id}")
+
+
+def authoriser_of(event: NewEvent) -> str | None:
+    """The user a member event names as its authorising user (a string: `well_formed` refuses
+    anything else), or None."""
+    authoriser = event.content.get(AUTHORISING_USER) if event.type == MEMBER_EVENT else None
+    return authoriser if isinstance(authoriser, str) else None
+
+
+def _authorised(event: NewEvent, view: RoomView) -> None:
+    """The join rules' restricted join (rule 4.3.5 of rooms 8 and later): the join names an
+    authorising user who is a joined member at the invite level."""
+    authoriser = event.content.get(AUTHORISING_USER)
+    if authoriser is None:
+        raise Forbidden(f"{event.room_id} is restricted: join through a room its join rule allows")
+    if view.authoriser_membership != "join":
+        raise Forbidden(f"{AUTHORISING_USER} {authoriser} is not in {event.room_id}")
+    _allowed(view.power.may_act_on("invite", authoriser, event.sender))
 
 
 def fits(event: NewEvent) -> None:
@@ -328,8 +357,12 @@ def well_formed(event: NewEvent) -> None:
         event.type == MEMBER_EVENT and "third_party_invite" in event.content
     ):
         raise Forbidden("third-party invites are not served here")  # they need an identity server's token
-    if event.type == JOIN_RULES_EVENT and not one_of(event.content.get("join_rule"), JOIN_RULES):
-        raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+    if event.type == JOIN_RULES_EVENT:
+        if not one_of(event.content.get("join_rule"), JOIN_RULES):
+            raise BadEvent(f"join_rule must be one of {sorted(JOIN_RULES)}")
+        allow = event.content.get("allow")
+        if allow is not None and not (isinstance(allow, list) and all(isinstance(a, dict) for a in allow)):
+            raise BadEvent("join_rules' allow is a list of conditions (objects)")
     if event.type == POWER_LEVELS_EVENT:
         if event.state_key != "":
             raise BadEvent("m.room.power_levels takes the empty state key")

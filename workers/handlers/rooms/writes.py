@@ -318,7 +318,7 @@ class RoomWrites:
         persister = self._persister_here()
         await self._hold(event.room_id)
         target = event.state_key if event.type == MEMBER_EVENT else None
-        view = await self._views.view(event.room_id, event.sender, target)
+        view = await self._views.view(event.room_id, event.sender, target, rooms.authoriser_of(event))
         try:
             # As Synapse orders them: an unban's target is checked before a repeat is recognised,
             # a kick's after (a retried kick is answered with the first).
@@ -434,14 +434,16 @@ class RoomWrites:
 
 def claim_of(event: NewEvent) -> Claim:
     """What `event`'s check reads of its room's state (the rules, the sender's membership, and a
-    member event's target's) and what the event may change (`workers.handlers.rooms.admission`):
-    a member event its target's membership; power levels, join rules, a create and a redaction
-    (which may prune one of those) the room's rules; an annotation its own (sender, parent, key),
-    so an equal one is checked after it is stored (`relations`); anything else nothing the rules
-    read."""
+    member event's target's and authorising user's) and what the event may change
+    (`workers.handlers.rooms.admission`): a member event its target's membership; power levels,
+    join rules, a create and a redaction (which may prune one of those) the room's rules; an
+    annotation its own (sender, parent, key), so an equal one is checked after it is stored
+    (`relations`); anything else nothing the rules read."""
     sender = member(event.sender)
     if event.type == MEMBER_EVENT and event.state_key is not None:
-        return Claim(frozenset({RULES, sender}), frozenset({member(event.state_key)}))
+        authoriser = rooms.authoriser_of(event)
+        reads = {RULES, sender} if authoriser is None else {RULES, sender, member(authoriser)}
+        return Claim(frozenset(reads), frozenset({member(event.state_key)}))
     if event.type == REDACTION_EVENT or (event.state_key is not None and event.type in rooms.RULE_EVENTS):
         return Claim(frozenset({sender}), frozenset({RULES}))
     annotation = relations.annotation_part(event)

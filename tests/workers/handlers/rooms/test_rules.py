@@ -90,6 +90,55 @@ def test_refusals_carry_synapses_errcode(event: NewEvent, view: rooms.RoomView, 
     assert refused.value.errcode == errcode
 
 
+_INVITE_50 = PowerLevels.from_state({"users": {"@a:x": 100, "@b:x": 50, "@c:x": 10}, "invite": 50}, None)
+
+
+def _vouched(user: str, authoriser: str) -> NewEvent:
+    return NewEvent(
+        "$e", "!r", "m.room.member", user, {"membership": "join", rooms.AUTHORISING_USER: authoriser}, user
+    )
+
+
+def _restricted(join_rule: str, sender: str | None, authoriser: str | None) -> rooms.RoomView:
+    return rooms.RoomView(True, join_rule, sender, sender, _INVITE_50, authoriser_membership=authoriser)
+
+
+@pytest.mark.parametrize("join_rule", ["restricted", "knock_restricted"])
+@pytest.mark.parametrize(
+    ("event", "sender", "authoriser", "allowed"),
+    [
+        (_vouched("@d:x", "@b:x"), None, "join", True),  # joined, at the invite level
+        (_vouched("@d:x", "@c:x"), None, "join", False),  # below it
+        (_vouched("@d:x", "@b:x"), None, "leave", False),  # not joined
+        (_member("@d:x", "join"), None, None, False),  # nobody vouches
+        (_member("@d:x", "join"), "invite", None, True),  # invited: as in an invite room
+        (_vouched("@d:x", "@b:x"), "ban", "join", False),
+    ],
+)  # fmt: skip
+def test_a_restricted_join_needs_a_joined_authoriser_who_may_invite(
+    join_rule: str, event: NewEvent, sender: str | None, authoriser: str | None, allowed: bool
+) -> None:
+    view = _restricted(join_rule, sender, authoriser)
+    if allowed:
+        rooms.check(event, view)
+    else:
+        with pytest.raises(rooms.Forbidden):
+            rooms.check(event, view)
+
+
+def test_knocks_and_allow_lists_of_restricted_rooms() -> None:
+    rooms.check(_member("@d:x", "knock"), _restricted("knock_restricted", None, None))
+    with pytest.raises(rooms.Forbidden):
+        rooms.check(_member("@d:x", "knock"), _restricted("restricted", None, None))
+    owner = rooms.RoomView(True, "invite", "join", None, _INVITE_50)
+    for allow in ("!space:x", [["!space:x"]]):
+        content = {"join_rule": "restricted", "allow": allow}
+        with pytest.raises(rooms.BadEvent):
+            rooms.check(NewEvent("$j", "!r", "m.room.join_rules", "@a:x", content, ""), owner)
+    content = {"join_rule": "restricted", "allow": [{"type": "m.room_membership", "room_id": "!s:x"}]}
+    rooms.check(NewEvent("$j", "!r", "m.room.join_rules", "@a:x", content, ""), owner)
+
+
 def test_power_levels_defaults_and_tolerance() -> None:
     none_yet = PowerLevels.from_state(None, "@creator")
     assert none_yet.user("@creator") == 100 and none_yet.user("@x") == 0
