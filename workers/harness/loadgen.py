@@ -152,8 +152,11 @@ class LoadDriver:
                 "public", power_level_content_override={"events": {"m.room.topic": 0}}
             )
             self.rooms.append(room)
+        # Knocks, and restricted joins of the first room's members (vouched for by the owner).
+        allow = [{"type": "m.room_membership", "room_id": room} for room in self.rooms[:1]]
+        rule = {"join_rule": "knock_restricted", "allow": allow} if allow else {"join_rule": "knock"}
         self.knock_room = await owner.create_room(
-            "invite", initial_state=[{"type": "m.room.join_rules", "content": {"join_rule": "knock"}}]
+            "invite", initial_state=[{"type": "m.room.join_rules", "content": rule}]
         )
         for room in (*self.rooms, self.knock_room):
             self._set(str(owner.user_id), room, "join")
@@ -217,7 +220,8 @@ class LoadDriver:
                     self.report.membership_changes += written
                     return
                 if kind == "churn" and not owner:
-                    room = self.rng.choice([*self.rooms, self.knock_room])
+                    # A quarter in the knock room: knocks and restricted joins get their share.
+                    room = self.knock_room if self.rng.random() < 0.25 else self.rng.choice(self.rooms)
                     await self._churn(client, room)
                     return
                 if kind == "join" and others:
@@ -346,9 +350,13 @@ class LoadDriver:
             state = self.membership.get((user, room))
             if state == UNKNOWN:
                 break
+            # The knock room takes a join from its invitees, and from the first room's members
+            # (its join rule is knock_restricted); their membership there stays while we hold
+            # the user's lock.
+            may_join = room != self.knock_room or state == "invite" or self._vouched(user)
             moves = [
                 (who, what) for who, what in CHURN_MOVES[state]
-                if not (what == "join" and room == self.knock_room)
+                if not (what == "join" and not may_join)
                 and not (what == "knock" and room != self.knock_room)
             ]  # fmt: skip
             who, what = self.rng.choice(moves)
@@ -359,6 +367,11 @@ class LoadDriver:
             self._set(user, room, "leave" if what in ("kick", "unban") else what)
             self.report.events_sent += 1
             self.report.membership_changes += 1
+
+    def _vouched(self, user: str) -> bool:
+        """Whether `user` may join the knock room without an invite: a member of the room its
+        join rule allows."""
+        return bool(self.rooms) and self.membership.get((user, self.rooms[0])) == "join"
 
     async def _stored_write(self, kind: str, client: ClusterClient) -> None:
         """One write of a stored stream; every one is unique (a new account-data type, a new message
