@@ -3,7 +3,8 @@
 Each subcommand lives in its own module with a `main(argv: list[str]) -> int`; this module only
 dispatches, so `fanout X --help` is always the owning module's own parser, and importing a
 subcommand's module happens only when it runs (`fanout worker` never loads the harness or Spark).
-Exit status 2 means bad usage or bad configuration (one clear message, no traceback).
+Exit status 2 means bad usage or bad configuration (one clear message, no traceback); 130 a
+Ctrl-C (one line too).
 
 Its modules:
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import sys
 
 # subcommand -> (module, one-line help). `bench` takes a second word.
@@ -115,5 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         raise
-    result: int = module.main(rest)
+    try:
+        result: int = module.main(rest)
+    except KeyboardInterrupt:  # Ctrl-C: the command stopped what it started on its way out
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # a cancelled gather's late note
+        print(f"fanout {command}: interrupted", file=sys.stderr)
+        return 130
     return result
