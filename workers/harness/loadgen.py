@@ -350,10 +350,9 @@ class LoadDriver:
             state = self.membership.get((user, room))
             if state == UNKNOWN:
                 break
-            # The knock room takes a join from its invitees, and from the first room's members
-            # (its join rule is knock_restricted); their membership there stays while we hold
-            # the user's lock.
-            may_join = room != self.knock_room or state == "invite" or self._vouched(user)
+            # The knock room (knock_restricted) takes its invitees and the first room's members.
+            vouched = bool(self.rooms) and self.membership.get((user, self.rooms[0])) == "join"
+            may_join = room != self.knock_room or state == "invite" or vouched
             moves = [
                 (who, what) for who, what in CHURN_MOVES[state]
                 if not (what == "join" and not may_join)
@@ -367,11 +366,6 @@ class LoadDriver:
             self._set(user, room, "leave" if what in ("kick", "unban") else what)
             self.report.events_sent += 1
             self.report.membership_changes += 1
-
-    def _vouched(self, user: str) -> bool:
-        """Whether `user` may join the knock room without an invite: a member of the room its
-        join rule allows."""
-        return bool(self.rooms) and self.membership.get((user, self.rooms[0])) == "join"
 
     async def _stored_write(self, kind: str, client: ClusterClient) -> None:
         """One write of a stored stream; every one is unique (a new account-data type, a new message
