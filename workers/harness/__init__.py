@@ -17,6 +17,8 @@ The others:
   them
 * `chaos.py`: The fault scenarios' report: each scenario appends one line of JSON, `make chaos`
   prints the table
+* `churn.py`: The load's membership churn: which moves a user, or the room's owner on them, may make
+  from each membership, in the rooms the load makes
 * `compat.py`: Record this release's replication lines and sync tokens, for the next release's
   compatibility tests: `python -m workers.harness.compat --out tests/compat ...
 * `faultproxy.py`: A TCP proxy on loopback that tests and `make chaos` use to cut, delay, throttle

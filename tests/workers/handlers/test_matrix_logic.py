@@ -133,7 +133,7 @@ def test_a_room_plan_follows_the_spec_order_and_presets() -> None:
         {"invite": ["bob"]},
         {"initial_state": [{"type": 1}]},
         {"name": 5},
-        {"initial_state": [{"type": "m.room.join_rules", "content": {"join_rule": "restricted"}}]},
+        {"initial_state": [{"type": "m.room.join_rules", "content": {"join_rule": "private"}}]},
         {"power_level_content_override": {"ban": "50"}},  # v10+: integers only, refused before any write
         {"power_level_content_override": {"users": {"@b:hs": True}}},
         {"initial_state": [{"type": "m.room.power_levels", "content": {"ban": "50"}}]},

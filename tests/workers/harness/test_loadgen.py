@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from tests.workers.conftest import MakeWorker
+from workers.harness import churn
 from workers.harness.cluster_client import RequestRefused
 from workers.harness.load_check import keep_for_diagnosis
 from workers.harness.loadgen import LoadDriver, LoadPlan
@@ -87,3 +88,16 @@ async def test_a_failed_check_keeps_what_it_judged(
     events = json.loads(kept[2].read_text())
     assert {"m.room.create", "m.room.message"} <= {e["type"] for e in events}
     assert {"stream_ordering", "instance_name", "event_id", "membership", "visibility"} <= set(events[0])
+
+
+def test_churn_knocks_only_on_the_knock_room_and_joins_it_invited_or_vouched() -> None:
+    assert ("me", "knock") not in churn.moves(None, knock_room=False, vouched=False)
+    assert ("me", "join") not in churn.moves("leave", knock_room=True, vouched=False)
+    assert {("me", "join"), ("me", "knock")} <= set(churn.moves("leave", knock_room=True, vouched=True))
+    assert ("me", "join") in churn.moves("invite", knock_room=True, vouched=False)
+    first, fallback = churn.knock_room_rules(["!space:hs"])
+    assert first == {
+        "join_rule": "knock_restricted",
+        "allow": [{"type": "m.room_membership", "room_id": "!space:hs"}],
+    }
+    assert fallback == {"join_rule": "knock"}
