@@ -135,7 +135,7 @@ class RoomRoutes:
         """Name the member who vouches for `user_id`'s join when the room is restricted and the
         user is neither invited nor joined (`workers.handlers.rooms.restricted`)."""
         async with self._pool.acquire() as conn:
-            authoriser = await restricted.authoriser(conn, room_id, user_id, self.writes.server_name)
+            authoriser = await restricted.authoriser(conn, room_id, user_id)
         if authoriser is not None:
             content[rooms.AUTHORISING_USER] = authoriser
 

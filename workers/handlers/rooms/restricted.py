@@ -23,12 +23,12 @@ membership held (`writes.claim_of`), and the client may try again.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from workers.handlers.rooms.rules import RESTRICTED, BadEvent, Forbidden, load_room
+from workers.handlers.rooms.rules import JOIN_RULES_EVENT, RESTRICTED, BadEvent, Forbidden, load_room
 from workers.storage import Conn
+from workers.storage import events as store
 
 #: The one kind of `allow` condition the spec defines: membership of another room.
 ROOM_MEMBERSHIP = "m.room_membership"
@@ -65,69 +65,22 @@ def allowed_rooms(join_rules: Mapping[str, Any]) -> tuple[list[str], bool]:
     return rooms, unknown
 
 
-async def authoriser(conn: Conn, room_id: str, user_id: str, server_name: str) -> str | None:
+async def authoriser(conn: Conn, room_id: str, user_id: str) -> str | None:
     """The member who vouches for `user_id` joining `room_id`, or None when the join needs none
-    (see the module docstring). Raises Forbidden, UnableToAuthoriseJoin or UnableToGrantJoin."""
-    row = await conn.fetchrow(
-        "SELECT (SELECT e.json FROM current_state_events c JOIN events e ON e.event_id = c.event_id"
-        "        WHERE c.room_id = $1 AND c.type = 'm.room.join_rules' AND c.state_key = '') AS join_rules,"
-        " (SELECT membership FROM current_state_events"
-        "  WHERE room_id = $1 AND type = 'm.room.member' AND state_key = $2) AS membership",
-        room_id,
-        user_id,
-    )
-    if row is None or row["join_rules"] is None or row["membership"] in ("invite", "join"):
+    (see the module docstring). Raises Forbidden, UnableToAuthoriseJoin or UnableToGrantJoin. One
+    statement for a room that is not restricted."""
+    join_rules = await store.current_state_event(conn, room_id, JOIN_RULES_EVENT, "")
+    if join_rules is None or join_rules.content.get("join_rule") not in RESTRICTED:
         return None
-    content = json.loads(row["join_rules"]).get("content")
-    if not isinstance(content, dict) or content.get("join_rule") not in RESTRICTED:
+    if await store.membership(conn, user_id, room_id) in ("invite", "join"):
         return None
-    rooms, unknown = allowed_rooms(content)
-    member_of_one = await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM current_state_events WHERE type = 'm.room.member'"
-        " AND state_key = $1 AND membership = 'join' AND room_id = ANY($2::text[]))",
-        user_id,
-        rooms,
-    )
-    if not member_of_one:
+    rooms, unknown = allowed_rooms(join_rules.content)
+    if not set(rooms) & set(await store.joined_rooms(conn, user_id)):
         if unknown:
             raise UnableToAuthoriseJoin(f"{room_id}'s join rule names conditions this server cannot check")
         raise Forbidden(f"{user_id} is in none of the rooms {room_id}'s join rule allows")
-    chosen = await _member_who_may_invite(conn, room_id, server_name)
-    if chosen is None:
-        raise UnableToGrantJoin(f"no member of {room_id} on this server may invite")
-    return chosen
-
-
-async def _member_who_may_invite(conn: Conn, room_id: str, server_name: str) -> str | None:
     power = (await load_room(conn, room_id)).power
-    needed = power.top["invite"]
-    local = f":{server_name}"
-    named = sorted(
-        (u for u, level in power.users.items() if level >= needed and u.endswith(local)),
-        key=lambda u: (-power.user(u), u),
-    )
-    if named:
-        joined = set(
-            await conn.fetchval(
-                "SELECT coalesce(array_agg(state_key), '{}') FROM current_state_events WHERE room_id = $1"
-                " AND type = 'm.room.member' AND membership = 'join' AND state_key = ANY($2::text[])",
-                room_id,
-                named,
-            )
-        )
-        for user in named:
-            if user in joined:
-                return user
-    if power.top["users_default"] < needed:
-        return None
-    below = [u for u, level in power.users.items() if level < needed]
-    value = await conn.fetchval(
-        "SELECT state_key FROM current_state_events WHERE room_id = $1 AND type = 'm.room.member'"
-        " AND membership = 'join' AND right(state_key, $2) = $3 AND state_key <> ALL($4::text[])"
-        " ORDER BY state_key LIMIT 1",
-        room_id,
-        len(local),
-        local,
-        below,
-    )
-    return value if isinstance(value, str) else None
+    able = [u for u in await store.joined_members(conn, room_id) if power.user(u) >= power.top["invite"]]
+    if not able:
+        raise UnableToGrantJoin(f"no member of {room_id} on this server may invite")
+    return min(able, key=lambda u: (-power.user(u), u))

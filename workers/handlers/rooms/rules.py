@@ -316,7 +316,7 @@ def authoriser_of(event: NewEvent) -> str | None:
 def _authorised(event: NewEvent, view: RoomView) -> None:
     """The join rules' restricted join (rule 4.3.5 of rooms 8 and later): the join names an
     authorising user who is a joined member at the invite level."""
-    authoriser = event.content.get(AUTHORISING_USER)
+    authoriser = authoriser_of(event)
     if authoriser is None:
         raise Forbidden(f"{event.room_id} is restricted: join through a room its join rule allows")
     if view.authoriser_membership != "join":
