@@ -12,7 +12,7 @@ from typing import Any
 from tests.conftest import on_redis_cluster
 from workers.harness.bench import live
 from workers.harness.bench._common import Figure, markdown_table, percentile
-from workers.harness.bench.all import KEPT_BELOW
+from workers.harness.bench.all import KEPT_BELOW, previous_run, render
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -103,6 +103,36 @@ def test_bench_all_writes_json_and_markdown(tmp_path: Path) -> None:
     )  # fmt: skip
     assert refused.returncode == 2 and "not a `fanout bench all` result" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_a_table_bench_all_wrote_gives_the_previous_figures_when_its_json_is_gone(tmp_path: Path) -> None:
+    """A clone has docs/benchmarks.md as committed but no out/: the table's figures, as rounded
+    there, go beside the new ones."""
+    figures = [
+        Figure("pubsub", "throughput, 1 subscriber(s)", 3357.4, "rows/s", 100.0, "ratio >= 0.5", True),
+        Figure("live", "p99, 10/s offered", 5.987, "ms", None, "<= 20 ms", True),
+        Figure("crowd", "rss", math.nan, "MB", None, "", None),
+    ]
+    out_md = tmp_path / "benchmarks.md"
+    out_md.write_text(
+        render(figures, {"pubsub": "ran in 3 s"}, "fanout bench all", "then", KEPT_BELOW, commit_id="abc1234")
+    )
+    assert previous_run(out_md) == (
+        {("pubsub", "throughput, 1 subscriber(s)"): 3357.0, ("live", "p99, 10/s offered"): 5.99},
+        "`fanout bench all` at commit abc1234, then",
+    )
+    (tmp_path / "other.md").write_text("# notes\n\n| a | b | c | d | e | f |\n")
+    assert previous_run(tmp_path / "other.md") == ({}, "")
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "bench", "all", "--quick", "--only", "pubsub",
+         "--json", str(tmp_path / "all.json"), "--markdown", str(out_md)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = out_md.read_text()
+    assert "The column `previous` holds the figures of `fanout bench all` at commit abc1234, then." in text
+    rows = [line for line in text.splitlines() if line.startswith("| pubsub | throughput, 1 subscriber(s) |")]
+    assert rows[0].split(" | ")[3] == "3,357 rows/s"
 
 
 def test_bench_all_refuses_an_unknown_benchmark(tmp_path: Path) -> None:
