@@ -196,12 +196,15 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
 ) -> None:
     """A bounded random driver: each step takes a room and a target user and sends, at once and
     through different workers, membership changes of that target from several members (join,
-    invite, leave, kick, ban, unban), a power-level change by the owner or by a member below every
-    level it may add or remove (carol, at 40, may send power levels: the default 50s it adds or drops
-    as keys are changes the rules judge), a join-rule change, a redaction of an earlier rule change,
-    a join naming an authorising user (of this server or of another, which never signed it: the
-    API drops the key, as Synapse does) and messages; every answer is 200 or a 403. Then every
-    room's stored events are replayed through both judges."""
+    knock, invite, leave, kick, ban, unban), a power-level change by the owner or by a member below
+    every level it may add or remove (carol, at 40, may send power levels: the default 50s it adds
+    or drops as keys are changes the rules judge), a join-rule change (to any of the five, the
+    restricted ones allowing another of the rooms, whose members join vouched for), a redaction of
+    an earlier rule change, a join naming an authorising user (of this server or of another, which
+    never signed it: the API drops the key, as Synapse does) and messages; every answer is 200 or a
+    403. Two of the three rooms begin as `knock` and `knock_restricted` (allowing the first), so
+    knocks and vouched joins are stored among the races. Then every room's stored events are
+    replayed through both judges."""
     seed = int(os.environ.get("FANOUT_AUTH_SEED", random.randrange(1 << 32)))
     rng = random.Random(seed)
     cluster = await make_cluster(persisters=2, sync_workers=2, background_workers=0)
@@ -221,6 +224,13 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
         for room in rooms:
             for name in names[1:]:
                 await users[name].membership(room, "join", via=rng.choice(WORKERS))
+        allow = [{"type": "m.room_membership", "room_id": rooms[0]}]
+        knocking: list[dict[str, Any]] = [
+            {"join_rule": "knock"},
+            {"join_rule": "knock_restricted", "allow": allow},
+        ]
+        for room, rule in zip(rooms[1:], knocking, strict=True):
+            await users["alice"].set_state(room, "m.room.join_rules", "", rule, via=rng.choice(WORKERS))
 
         rule_events: dict[str, list[str]] = {room: [] for room in rooms}
 
@@ -237,7 +247,7 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
             via = lambda: rng.choice(WORKERS)  # noqa: E731
             me = users[target]
             moves: list[Awaitable[Any]] = [
-                me.membership(room, rng.choice(["join", "leave"]), via=via()),
+                me.membership(room, rng.choice(["join", "leave", "knock"]), via=via()),
                 actor().membership(room, "invite", ids[target], via=via()),
                 actor().membership(room, rng.choice(["leave", "ban"]), ids[target], via=via()),
                 actor().membership(
@@ -262,8 +272,12 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
                 by = users[rng.choice(["bob", "carol"])]
                 moves.append(set_rule(by, room, "m.room.power_levels", content, via()))
             if rng.random() < 0.3:
-                rule = rng.choice(["public", "invite"])
-                moves.append(set_rule(actor(), room, "m.room.join_rules", {"join_rule": rule}, via()))
+                rule = rng.choice(["public", "invite", "knock", "restricted", "knock_restricted"])
+                content = {"join_rule": rule}
+                if rule.endswith("restricted"):
+                    allowed = rng.choice([r for r in rooms if r != room])
+                    content["allow"] = [{"type": "m.room_membership", "room_id": allowed}]
+                moves.append(set_rule(actor(), room, "m.room.join_rules", content, via()))
             if rng.random() < 0.3:  # a join naming an authorising user: stored without it, whoever it names
                 authoriser = rng.choice([ids["alice"], "@admin:elsewhere.example"])
                 content = {"membership": "join", "join_authorised_via_users_server": authoriser}
