@@ -264,7 +264,9 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
                 content = dict(power)
                 if rng.random() < 0.3:
                     content["notifications"] = {"room": rng.choice([40, 50])}
-                key = rng.choice(["redact", "state_default", "ban", "kick", "users_default"])
+                key = rng.choice(
+                    ["redact", "state_default", "ban", "kick", "users_default", "events_default", "invite"]
+                )
                 if rng.random() < 0.5:
                     content.pop(key, None)
                 else:
