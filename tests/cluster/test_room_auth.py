@@ -203,7 +203,8 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
     an earlier rule change, a join naming an authorising user (of this server or of another, which
     never signed it: the API drops the key, as Synapse does) and messages; every answer is 200 or a
     403. Two of the three rooms begin as `knock` and `knock_restricted` (allowing the first), so
-    knocks and vouched joins are stored among the races. Then every room's stored events are
+    knocks and vouched joins are stored among the races; those two are of room version 11, whose
+    redaction of power levels keeps `invite` (10's drops it). Then every room's stored events are
     replayed through both judges."""
     seed = int(os.environ.get("FANOUT_AUTH_SEED", random.randrange(1 << 32)))
     rng = random.Random(seed)
@@ -218,8 +219,10 @@ async def test_racing_room_changes_store_only_what_the_rules_allow(
         levels = {ids["alice"]: 100, ids["bob"]: 50, ids["carol"]: 40}
         power = {"users": levels, "ban": 50, "kick": 50, "invite": 0, "events": {"m.room.power_levels": 40}}
         rooms = [
-            await users["alice"].create_room("public", via=w, power_level_content_override=power)
-            for w in ("persister1", "persister2", "sync1")
+            await users["alice"].create_room(
+                "public", via=w, power_level_content_override=power, room_version=version
+            )
+            for w, version in (("persister1", "10"), ("persister2", "11"), ("sync1", "11"))
         ]
         for room in rooms:
             for name in names[1:]:
