@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import on_redis_cluster
 from workers.harness.bench import live
 from workers.harness.bench._common import Figure, markdown_table, percentile
-from workers.harness.bench.all import KEPT_BELOW, previous_run, render
+from workers.harness.bench.all import KEPT_BELOW, _run_one, previous_run, render
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -133,6 +135,16 @@ def test_a_table_bench_all_wrote_gives_the_previous_figures_when_its_json_is_gon
     assert "The column `previous` holds the figures of `fanout bench all` at commit abc1234, then." in text
     rows = [line for line in text.splitlines() if line.startswith("| pubsub | throughput, 1 subscriber(s) |")]
     assert rows[0].split(" | ")[3] == "3,357 rows/s"
+
+
+def test_a_benchmark_that_fails_says_why_in_its_status(capfd: pytest.CaptureFixture[str]) -> None:
+    """A failed benchmark's row in the status table carries the last line it wrote (the reason
+    `bench http` gives without wrk, say), and its output still reaches the terminal as it comes."""
+    result, status = _run_one("nosuch", [])
+    assert result is None
+    assert status.startswith("failed (exit 2, no result) after "), status
+    assert status.endswith("[options]") and ": usage: fanout bench {idgen," in status, status
+    assert "usage: fanout bench" in capfd.readouterr().err
 
 
 def test_bench_all_refuses_an_unknown_benchmark(tmp_path: Path) -> None:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,19 +53,36 @@ BENCHES: dict[str, list[str]] = {
 
 
 def _run_one(name: str, extra: list[str]) -> tuple[dict[str, Any] | None, str]:
-    """Run `fanout bench NAME` and return its JSON result (None on failure) and a status line."""
+    """Run `fanout bench NAME` and return its JSON result (None on failure) and a status line; a
+    failure's status ends with the last line the benchmark wrote on stderr (its reason, or a
+    traceback's last line), which is passed through as it comes."""
     command = [sys.executable, "-m", "workers.cli", "bench", name, *extra]
     progress(f"== fanout bench {name} {shlex.join(extra)}")
     started = time.monotonic()
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        out, err = child.stdout, child.stderr
+        assert out is not None and err is not None
+        stdout: list[bytes] = []
+        reader = threading.Thread(target=lambda: stdout.append(out.read()))
+        reader.start()
+        tail = b""
+        while chunk := os.read(err.fileno(), 65536):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+            tail = (tail + chunk)[-4096:]
+        reader.join()
+        code = child.wait()
     took = f"{time.monotonic() - started:.0f} s"
+    lines = [line.strip() for line in tail.decode(errors="replace").replace("\r", "\n").splitlines()]
+    said = next((line for line in reversed(lines) if line), "")
+    why = f": {said}" if said else ""
     try:
-        result, _ = json.JSONDecoder().raw_decode(done.stdout.lstrip())
+        result, _ = json.JSONDecoder().raw_decode(b"".join(stdout).decode().lstrip())
     except ValueError:
-        return None, f"failed (exit {done.returncode}, no result) after {took}"
+        return None, f"failed (exit {code}, no result) after {took}{why}"
     if not isinstance(result, dict):
-        return None, f"failed (result is not a JSON object) after {took}"
-    return result, f"ran in {took} (exit {done.returncode})"
+        return None, f"failed (result is not a JSON object) after {took}{why}"
+    return result, f"ran in {took} (exit {code})"
 
 
 #: Where the generated part of docs/benchmarks.md ends: what follows is written by hand and kept.
