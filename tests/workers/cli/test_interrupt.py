@@ -26,12 +26,19 @@ def _processes_under(workdir: Path) -> list[str]:
     return found
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT as a command typed at a terminal has it: a suite started in the background by a shell
+    without job control inherits SIGINT ignored, and so would the demo (Python keeps an ignored
+    SIGINT ignored), which would then never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_the_demos_load_is_one_line_and_stops_the_cluster(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
     demo = subprocess.Popen(
         [sys.executable, "-m", "workers.cli", "demo", "--no-audit", "--no-synapse-judge",
          "--workdir", str(workdir)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_as_from_a_terminal,
     )  # fmt: skip
     lines = []
     try:
