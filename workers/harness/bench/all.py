@@ -74,7 +74,7 @@ def _run_one(name: str, extra: list[str]) -> tuple[dict[str, Any] | None, str]:
         code = child.wait()
     took = f"{time.monotonic() - started:.0f} s"
     lines = [line.strip() for line in tail.decode(errors="replace").replace("\r", "\n").splitlines()]
-    said = next((line for line in reversed(lines) if line), "")
+    said = next((line for line in reversed(lines) if line), "")[:200].replace("|", "/")  # a table cell
     why = f": {said}" if said else ""
     try:
         result, _ = json.JSONDecoder().raw_decode(b"".join(stdout).decode().lstrip())
