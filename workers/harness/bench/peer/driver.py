@@ -6,8 +6,10 @@ inline filter (`timeline.limit` 100) and `since`, long-polled with `timeout=3000
 path goes is the target's (`targets.py`). Two phases:
 
 * `saturate`: `senders` closed-loop senders (each sends again as soon as its send is answered),
-  sender i in room i mod rooms, after `warmup_s` for `seconds`. Counted: sends answered 200
-  within the window; CPU seconds of each process group (`cpu.Accounts`) and of the driver itself
+  sender i in room i mod rooms, after `warmup_s` for `seconds`, each on a keep-alive connection
+  of its own (`sends.Sender`: raw HTTP/1.1, so that the driver's CPU per send is a few tens of
+  microseconds, not aiohttp's third of a millisecond). Counted: sends answered 200 within the
+  window; CPU seconds of each process group (`cpu.Accounts`) and of the driver itself
   (`time.process_time`) over the window.
 * `latency`: sends at `rate` a second on a fixed schedule (open loop: a send starts at its time
   whether or not the one before was answered), round-robin over the rooms, each carrying a
@@ -33,6 +35,7 @@ import aiohttp
 
 from workers.harness.bench._common import latency_ms
 from workers.harness.bench.peer.cpu import Accounts, spent
+from workers.harness.bench.peer.sends import Sender
 from workers.harness.bench.peer.targets import Target
 
 CLIENT = "/_matrix/client/v3"
@@ -101,8 +104,13 @@ def bare_rooms(rooms: int) -> list[RoomPair]:
     return [RoomPair(r, "sender", f"room:{r}") for r in ids]
 
 
+def _send_route(room_id: str) -> str:
+    """The send path of `room_id` up to its txnId."""
+    return f"{CLIENT}/rooms/{quote(room_id, safe='')}/send/m.room.message/"
+
+
 def _send_path(target: Target, room_id: str) -> str:
-    return f"{target.send_url(room_id)}{CLIENT}/rooms/{quote(room_id, safe='')}/send/m.room.message/"
+    return target.send_url(room_id) + _send_route(room_id)
 
 
 def _cpu_result(cpu: dict[str, float], driver_s: float, wall_s: float, events: int) -> dict[str, Any]:
@@ -130,26 +138,26 @@ async def saturate(
     answered = errors = 0
     started = time.monotonic()
     window_start, window_end = started + warmup_s, started + warmup_s + seconds
-    connector = aiohttp.TCPConnector(limit=2 * senders)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    content = {"msgtype": "m.text", "body": "peer"}
+    clients = [
+        Sender(target.send_url(p.room_id), _send_route(p.room_id), p.sender, content)
+        for p in (pairs[i % len(pairs)] for i in range(senders))
+    ]
+    await asyncio.gather(*(client.open() for client in clients))
+    try:
 
         async def sender(i: int) -> None:
             nonlocal answered, errors
-            pair = pairs[i % len(pairs)]
-            path, headers = _send_path(target, pair.room_id), _auth(pair.sender)
-            n = 0
+            client, n = clients[i], 0
             while time.monotonic() < window_end:
                 n += 1
-                async with http.put(
-                    f"{path}{tag}x{i}x{n}", json={"msgtype": "m.text", "body": "peer"}, headers=headers
-                ) as resp:
-                    await resp.read()
-                    done = time.monotonic()
-                    if window_start <= done <= window_end:
-                        if resp.status == 200:
-                            answered += 1
-                        else:
-                            errors += 1
+                status = await client.send(f"{tag}x{i}x{n}")
+                done = time.monotonic()
+                if window_start <= done <= window_end:
+                    if status == 200:
+                        answered += 1
+                    else:
+                        errors += 1
 
         async def window() -> tuple[dict[str, float], float, float]:
             await asyncio.sleep(window_start - time.monotonic())
@@ -161,6 +169,9 @@ async def saturate(
         sending = [asyncio.create_task(sender(i)) for i in range(senders)]
         cpu, driver_s, wall_s = await window()
         await asyncio.gather(*sending)
+    finally:
+        for client in clients:
+            client.close()
     return {
         "senders": senders,
         "seconds": round(wall_s, 2),
