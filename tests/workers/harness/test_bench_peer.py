@@ -72,6 +72,11 @@ def test_bench_peer_drives_both_systems_alike_and_reports_the_ratios(tmp_path: P
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert [(r["system"], r["round"]) for r in result["runs"]] == [("fanout", 1), ("synapse", 1)]
+    assert result["fanout"] == {  # as compose/ deploys it: the persisters only write
+        "persister1": {"writes_events": True, "serve_reads": False},
+        "persister2": {"writes_events": True, "serve_reads": False},
+        "sync1": {"writes_events": False, "serve_reads": True},
+    }
     for run in (result["ceiling"], *result["runs"]):
         saturation, steady = run["saturation"], run["latency"]
         assert saturation["sends_answered"] > 0 and saturation["errors"] == 0

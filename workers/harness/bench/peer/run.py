@@ -2,14 +2,16 @@
 
 Both systems run on the same embedded PostgreSQL and Redis (this command starts its own, so
 their processes' CPU can be read), each on its own database: fanout as a `LocalCluster` of 2
-persisters and 1 sync worker, Synapse as a main process, 2 event persisters and 1 sync worker
-(`synapse_config.py`, `synapse_processes.py`; built into `.cache/synapse-peer/` by
-`synapse_build.py`). Only one system runs at a time: each round starts fanout, runs its phases,
-stops it, then does the same with Synapse (users and rooms are made on each system's first start
-and kept in its database). In each run, the `driver.py` phases: saturation (`--senders`
-closed-loop senders for `--seconds`: sends/s; CPU seconds per 1,000 events of the system's server
-processes and of PostgreSQL + Redis) and `--rate` events/s for `--latency-seconds` (send start ->
-seen by a long-poll on the sync worker, p50/p99). Figures are medians over `--rounds` rounds.
+persisters (write-only, as compose/ deploys them; `targets.py` says why) and 1 sync worker,
+Synapse as a main process, 2 event persisters and 1 sync worker (`synapse_config.py`,
+`synapse_processes.py`; built into `.cache/synapse-peer/` by `synapse_build.py`). Only one
+system runs at a time: each round starts fanout, runs its phases, stops it, then does the same
+with Synapse (users and rooms are made on each system's first start and kept in its database).
+In each run, the `driver.py` phases: saturation (`--senders` closed-loop senders for `--seconds`:
+sends/s; CPU seconds per 1,000 events of the system's server processes and of PostgreSQL +
+Redis) and `--rate` events/s for `--latency-seconds` (send start -> seen by a long-poll on the
+sync worker, p50/p99). Figures are medians over `--rounds` rounds; the JSON records each fanout
+worker's roles as its configuration gave them (`fanout`).
 
 The ceiling is measured first, in the same run: the same driver against the bare aiohttp server
 (`bare_server.py`), saturation and latency, so the driver is shown not to be what limits fanout;
@@ -106,6 +108,7 @@ async def _run(args: argparse.Namespace, services: EmbeddedServices, synapse_pyt
         LocalCluster(
             await scratch_database(admin_url, "peer"), redis_url, workdir / "fanout",
             persisters=2, sync_workers=1, background_workers=0, channel_prefix=f"peer-{uuid.uuid4().hex[:6]}",
+            write_only_persisters=True,
         )
     )  # fmt: skip
     layout = SynapseLayout(
@@ -120,6 +123,8 @@ async def _run(args: argparse.Namespace, services: EmbeddedServices, synapse_pyt
             began = time.monotonic()
             await target.start()
             started_s = time.monotonic() - began
+            if isinstance(target, FanoutTarget):
+                result["fanout"] = target.shape()
             try:
                 if target.name not in pairs:
                     pairs[target.name] = await setup_rooms(target, rooms)

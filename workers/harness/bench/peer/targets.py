@@ -4,7 +4,10 @@ are its servers, how it starts and stops.
 * `FanoutTarget`: a `LocalCluster` of 2 persisters and 1 sync worker. Registration, rooms and
   joins go to the sync worker; a send goes to the room's persister (`writer_for_room`, what a
   fanout-aware proxy does; any worker would take it and forward it); /sync to the sync worker.
-  The cluster exempts its loopback clients from rate limits (`rc_exempt_addresses`).
+  The persisters serve no reads (`serve_reads: false`, as compose/ deploys them and as Synapse's
+  event persisters here serve no client): nothing is read from them, and a persister that
+  serves reads applies every row the other one writes, which no one here would ask for. The
+  cluster exempts its loopback clients from rate limits (`rc_exempt_addresses`).
 * `SynapseTarget`: `SynapsePeer` (main + 2 event persisters + 1 sync worker). Everything but
   /sync goes to the main process, which creates events and hands them to the persisters; /sync
   goes to the sync worker. No reverse proxy: the driver picks the port, as a proxy would route.
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 from typing import Protocol
+
+import yaml
 
 from workers.harness.bench.bare_server import BareServer, bare_server
 from workers.harness.bench.peer.synapse_processes import SynapsePeer
@@ -66,6 +71,15 @@ class FanoutTarget:
 
     def sync_url(self) -> str:
         return self.cluster.url("sync1")
+
+    def shape(self) -> dict[str, dict[str, bool]]:
+        """Each worker's roles, read back from the configuration it runs with (once started)."""
+        roles = {}
+        for name in self.cluster.workers:
+            config = yaml.safe_load(self.cluster.config_path(name).read_text())
+            writes = name in config.get("stream_writers", {}).get("events", [])
+            roles[name] = {"writes_events": writes, "serve_reads": bool(config.get("serve_reads", True))}
+        return roles
 
 
 class SynapseTarget:
