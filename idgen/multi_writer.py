@@ -91,6 +91,21 @@ def _ident(name: str) -> str:
     return name
 
 
+def probe_lookup_sql(probe: Probe, param: int) -> str:
+    """The values of text array parameter `param` that `probe`'s unique column holds, once each.
+
+    Each value is looked up on its own (a scalar subquery per value, which PostgreSQL never turns
+    into a join), so every plan of it reads the unique index. The statement is prepared and kept:
+    `column = ANY($n)` got a generic plan while the table was small (a new database, before its
+    first ANALYZE), a sequential scan, and kept it as the table grew: 3 ms an allocation at
+    9,000 events in `fanout bench peer`, growing with every event, until autovacuum analysed it."""
+    table, column = _ident(probe.table), _ident(probe.column)
+    return (
+        f"SELECT v FROM (SELECT DISTINCT unnest(${param}::text[]) AS v) AS probed"
+        f" WHERE (SELECT true FROM {table} WHERE {column} = probed.v)"
+    )
+
+
 class MultiWriterIdGenerator:
     """Hands out stream IDs for one stream from a shared sequence and tracks every writer's position.
 
@@ -287,9 +302,7 @@ class MultiWriterIdGenerator:
                 k += 3
             count = f"${k + 1}::int"
             if probe is not None:
-                table, column = _ident(probe.table), _ident(probe.column)
-                found = f"SELECT {column} AS v FROM {table} WHERE {column} = ANY(${k + 2}::text[])"
-                ctes.append(f"found AS ({found})")
+                ctes.append(f"found AS ({probe_lookup_sql(probe, k + 2)})")
                 count += " - (SELECT count(*) FROM found)::int"
             # Rows by kind: 0 the host's count, 1 an ID, 2 a value the probe found.
             sql = (
@@ -352,8 +365,8 @@ class MultiWriterIdGenerator:
         key = (probe.table, probe.column, carried)
         sql = self._probe_sql.get(key)
         if sql is None:
-            table, column, k = _ident(probe.table), _ident(probe.column), 4 if carried else 1
-            found = f"found AS (SELECT {column} AS v FROM {table} WHERE {column} = ANY(${k + 1}::text[]))"
+            k = 4 if carried else 1
+            found = f"found AS ({probe_lookup_sql(probe, k + 1)})"
             sql = (
                 f"WITH {f'p AS ({self._sql_upsert}), ' if carried else ''}{found}"
                 f" SELECT nextval('{self._sequence}'), NULL::text"

@@ -18,6 +18,7 @@ from idgen import (
     NotAWriterError,
     Probe,
 )
+from idgen.multi_writer import probe_lookup_sql
 
 EVENTS = [("events", "instance_name", "stream_ordering")]
 Make = Callable[..., Awaitable[MultiWriterIdGenerator]]
@@ -122,6 +123,23 @@ async def test_a_probe_takes_ids_only_for_values_not_stored(make: Make, db_pool:
         assert await write(gen) == [first[-1] + 3]
         with pytest.raises(ValueError):
             gen.get_next_mult(1, probe=Probe("events", "event_id", ["$x", "$y"]))
+
+
+async def test_a_probes_lookup_reads_the_unique_index_under_any_plan(db_pool: asyncpg.Pool) -> None:
+    """asyncpg keeps a prepared statement, and PostgreSQL keeps its generic plan: one made while
+    the table is small and never analysed must still read the unique index (a sequential scan
+    there costs a scan of the whole table per allocation as the table grows). Each value found is
+    returned once, however often it is asked for."""
+    await db_pool.execute("INSERT INTO events VALUES (1, '$a', 'a', '!r', 'm', NULL, '@u', '{}', 0)")
+    sql = probe_lookup_sql(Probe("events", "event_id", ["$a"]), 1)
+    async with db_pool.acquire() as conn:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE lookup(text[]) AS {sql}")
+        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN EXECUTE lookup(ARRAY['$a', '$a', '$b'])"))
+        found = await conn.fetch("EXECUTE lookup(ARRAY['$a', '$a', '$b'])")
+        await conn.execute("DEALLOCATE lookup")
+    assert "Seq Scan on events" not in plan and "events_event_id_key" in plan, plan
+    assert [r["v"] for r in found] == ["$a"]
 
 
 #: A host statement for rides: an `events` row per element of $1.
