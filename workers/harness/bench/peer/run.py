@@ -123,9 +123,9 @@ async def _run(args: argparse.Namespace, services: EmbeddedServices, synapse_pyt
             began = time.monotonic()
             await target.start()
             started_s = time.monotonic() - began
-            if isinstance(target, FanoutTarget):
-                result["fanout"] = target.shape()
             try:
+                if isinstance(target, FanoutTarget):
+                    result["fanout"] = target.shape()
                 if target.name not in pairs:
                     pairs[target.name] = await setup_rooms(target, rooms)
                 phases = await _phases(target, pairs[target.name], counted, args)
