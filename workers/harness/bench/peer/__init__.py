@@ -7,6 +7,7 @@ Modules:
 * `synapse_processes.py`: starting and stopping main, two event persisters and a sync worker.
 * `targets.py`: fanout, Synapse and the bare server behind one shape (where each path goes).
 * `driver.py`: the client code both systems get (saturation; a steady rate seen by long-polls).
+* `sends.py`: the saturation's senders, each on one raw HTTP/1.1 keep-alive connection.
 * `cpu.py`: CPU seconds of process groups from /proc.
 * `run.py`: the command: the ceiling, rounds alternated between the systems, the figures.
 """
