@@ -143,5 +143,8 @@ def test_framing_of_answers() -> None:
     assert all(_framed_length(bytearray(chunked[:n])) is None for n in range(len(chunked)))
     with pytest.raises(HttpError, match="neither Content-Length nor chunks"):
         _framed_length(bytearray(b"HTTP/1.0 200 OK\r\nServer: x\r\n\r\n{}"))
+    for bad in (b"Content-Length: x", b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"):
+        with pytest.raises(HttpError, match="unreadable length"):
+            _framed_length(bytearray(b"HTTP/1.1 200 OK\r\n" + bad + b"\r\n\r\n"))
     with pytest.raises(HttpError, match="not an HTTP status line"):
         _framed_length(bytearray(b"garbage\r\n\r\n"))
