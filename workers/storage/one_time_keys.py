@@ -105,14 +105,20 @@ def key_counts_sql(first: int) -> str:
     """The CTEs `wanted` (the devices: user ids in `$first`, device ids in `$first + 1`) and
     `counted` (user_id, device_id, algorithm, n: n one-time keys left, or -1 for an unused
     fallback key), for `key_counts_of` and a statement that reads the counts beside something
-    else (`workers.storage.events.events_with_key_counts`)."""
+    else (`workers.storage.events.events_with_key_counts`).
+
+    Each device's keys are read through the primary key's index, a LATERAL subquery per device
+    (the aggregate, and the fallback keys' `OFFSET 0`, keep PostgreSQL from making it a hash join
+    over the whole table, as a plan made while the table was small did:
+    `workers.storage.events._each_event`)."""
     return (
         f"wanted AS (SELECT * FROM unnest(${first}::text[], ${first + 1}::text[]) AS w(user_id, device_id)),"
-        " counted AS (SELECT k.user_id, k.device_id, k.algorithm, count(*)::int AS n"
-        " FROM e2e_one_time_keys k JOIN wanted USING (user_id, device_id)"
-        " GROUP BY k.user_id, k.device_id, k.algorithm"
-        " UNION ALL SELECT f.user_id, f.device_id, f.algorithm, -1"
-        " FROM e2e_fallback_keys f JOIN wanted USING (user_id, device_id) WHERE NOT f.used)"
+        " counted AS (SELECT w.user_id, w.device_id, k.algorithm, k.n FROM wanted w, LATERAL"
+        " (SELECT algorithm, count(*)::int AS n FROM e2e_one_time_keys"
+        " WHERE user_id = w.user_id AND device_id = w.device_id GROUP BY algorithm) k"
+        " UNION ALL SELECT w.user_id, w.device_id, f.algorithm, -1 FROM wanted w, LATERAL"
+        " (SELECT algorithm FROM e2e_fallback_keys"
+        " WHERE user_id = w.user_id AND device_id = w.device_id AND NOT used OFFSET 0) f)"
     )
 
 
