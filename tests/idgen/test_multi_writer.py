@@ -19,6 +19,7 @@ from idgen import (
     Probe,
 )
 from idgen.multi_writer import probe_lookup_sql
+from tests.plans import generic_plan
 
 EVENTS = [("events", "instance_name", "stream_ordering")]
 Make = Callable[..., Awaitable[MultiWriterIdGenerator]]
@@ -133,11 +134,8 @@ async def test_a_probes_lookup_reads_the_unique_index_under_any_plan(db_pool: as
     await db_pool.execute("INSERT INTO events VALUES (1, '$a', 'a', '!r', 'm', NULL, '@u', '{}', 0)")
     sql = probe_lookup_sql(Probe("events", "event_id", ["$a"]), 1)
     async with db_pool.acquire() as conn:
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        await conn.execute(f"PREPARE lookup(text[]) AS {sql}")
-        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN EXECUTE lookup(ARRAY['$a', '$a', '$b'])"))
-        found = await conn.fetch("EXECUTE lookup(ARRAY['$a', '$a', '$b'])")
-        await conn.execute("DEALLOCATE lookup")
+        plan = await generic_plan(conn, sql, (["$a", "$a", "$b"],))
+        found = await conn.fetch(sql, ["$a", "$a", "$b"])
     assert "Seq Scan on events" not in plan and "events_event_id_key" in plan, plan
     assert [r["v"] for r in found] == ["$a"]
 

@@ -90,8 +90,8 @@ def _each_event(column: str, kind: str, param: int) -> str:
     Each value is looked up on its own (a LATERAL subquery with its LIMIT, never pulled up into a
     join), so every plan reads the unique index. These statements are prepared and kept by each
     connection: `column = ANY($n)` got a generic plan while the table was small (a new database,
-    before its first ANALYZE), a sequential scan, and kept it as the table grew: 6-8 ms a lookup
-    at 40,000 events against 0.7 ms (docs/performance.md)."""
+    before its first ANALYZE), a sequential scan, and kept it as the table grew: 5-8 ms a lookup
+    at 40,000 events, against 0.5 ms for this form planned the same way (docs/performance.md)."""
     return (
         f"SELECT e.* FROM (SELECT DISTINCT unnest(${param}::{kind}[]) AS v) AS wanted,"
         f" LATERAL (SELECT {_EVENT_COLUMNS} FROM events WHERE {column} = wanted.v LIMIT 1) AS e"

@@ -1,10 +1,9 @@
 """workers.storage: the hot lookups of events and keys read their indexes under any plan.
 
-asyncpg prepares each statement once per connection and PostgreSQL may keep a generic plan of
-it. A plan made while a table was small and never analysed (a new database) chose sequential
-scans and hash joins, and kept them as the table grew, until autovacuum's first ANALYZE. Each
-statement is planned here as PostgreSQL would keep it (`plan_cache_mode = force_generic_plan`) on
-small, never-analysed tables; its plan must reach the tables by their indexes.
+A plan made while a table was small and never analysed (a new database) chose sequential scans
+and hash joins, and was kept as the table grew, until autovacuum's first ANALYZE. Each statement
+is planned here as PostgreSQL would keep it (`tests.plans.generic_plan`) on small, never-analysed
+tables; its plan must reach the tables by their indexes.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from tests.plans import generic_plan
 from workers.storage import device_lists, receipts, to_device
 from workers.storage import events as store
 from workers.storage.one_time_keys import key_counts_of
@@ -30,33 +30,17 @@ WINDOW = Window({"w1": (2, 9)}, (0, 9))
 
 
 class Recorder:
-    """Passes `fetch` to a real connection and keeps each statement and its arguments."""
+    """Passes `fetch` to a real connection and keeps each statement, its arguments and its rows."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.statements: list[tuple[str, tuple[object, ...]]] = []
+        self.rows: list[list[asyncpg.Record]] = []
 
     async def fetch(self, query: str, *args: object) -> list[asyncpg.Record]:
         self.statements.append((query, args))
-        return list(await self.conn.fetch(query, *args))
-
-
-def _literal(value: object) -> str:
-    """An argument of these lookups (a text, an integer, or a list of them) as an SQL literal."""
-    if not isinstance(value, list):
-        return f"'{value}'" if isinstance(value, str) else str(value)
-    return "ARRAY[" + ", ".join(map(_literal, value)) + "]"
-
-
-async def _generic_plan(conn: Any, query: str, args: tuple[object, ...]) -> str:
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
-    await conn.execute(f"PREPARE lookup AS {query}")
-    try:
-        rows = await conn.fetch(f"EXPLAIN EXECUTE lookup({', '.join(map(_literal, args))})")
-        return "\n".join(r[0] for r in rows)
-    finally:
-        await conn.execute("DEALLOCATE lookup")
-        await conn.execute("RESET plan_cache_mode")
+        self.rows.append(list(await self.conn.fetch(query, *args)))
+        return self.rows[-1]
 
 
 LOOKUPS = {
@@ -86,21 +70,23 @@ async def test_a_lookup_reads_indexes_under_a_plan_made_on_small_tables(
         recorder = Recorder(conn)
         await LOOKUPS[name](recorder)
         (query, args), *_ = recorder.statements
-        plan = await _generic_plan(conn, query, args)
+        plan = await generic_plan(conn, query, args)
     scanned = re.findall(r"Seq Scan on (\w+)", plan)
     assert not set(scanned) & set(GROWING), plan
 
 
 async def test_the_lookups_answer_as_before(db_pool: asyncpg.Pool) -> None:
-    """Asked twice for one value, a lookup returns its row once; a value not stored, nothing."""
+    """Asked twice for one value, a lookup reads its row once; a value not stored, nothing."""
     async with db_pool.acquire() as conn:
         await conn.execute(
             "INSERT INTO events (stream_ordering, event_id, instance_name, room_id, type, state_key,"
             " sender, json, received_ts) VALUES (1, '$1', 'w1', '!r:hs', 'm.room.message', NULL,"
             " '@u:hs', '{\"content\": {}}', 0)"
         )
-        by_id = await store.events_by_ids(conn, ["$1", "$1", "$9"])
-        at = await store.events_at(conn, [1, 1, 9])
-        with_counts, counts = await store.events_with_key_counts(conn, ["$1", "$1"], [("@u:hs", "D")])
+        recorder = Recorder(conn)
+        by_id = await store.events_by_ids(recorder, ["$1", "$1", "$9"])
+        at = await store.events_at(recorder, [1, 1, 9])
+        with_counts, counts = await store.events_with_key_counts(recorder, ["$1", "$1"], [("@u:hs", "D")])
     assert list(by_id) == ["$1"] and list(at) == [1] and list(with_counts) == ["$1"]
+    assert [len(rows) for rows in recorder.rows] == [1, 1, 1]
     assert counts == {("@u:hs", "D"): ({"signed_curve25519": 0}, [])}
