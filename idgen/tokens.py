@@ -206,9 +206,14 @@ class SyncToken:
         return SyncToken(tokens)
 
     def merge(self, other: SyncToken) -> SyncToken:
-        """Every component advanced by `other`'s: commutative, associative, idempotent."""
-        names = self._tokens.keys() | other._tokens.keys()
-        return SyncToken({n: self.get(n).copy_and_advance(other.get(n)) for n in names})
+        """Every component advanced by `other`'s: commutative, associative, idempotent. `self`
+        itself when it already covers `other` (at /sync the current token covers most `since`
+        tokens: the answers of one wake then hold one token object, encoded once)."""
+        mine = self._tokens
+        merged = {n: self.get(n).copy_and_advance(other.get(n)) for n in mine.keys() | other._tokens.keys()}
+        if len(merged) == len(mine) and all(merged[n] is t for n, t in mine.items()):
+            return self
+        return SyncToken(merged)
 
     def is_before_or_eq(self, other: SyncToken) -> bool:
         names = self._tokens.keys() | other._tokens.keys()

@@ -126,6 +126,15 @@ def test_sync_token_join_and_round_trip(a: SyncToken, b: SyncToken, c: SyncToken
     assert SyncToken.parse(text, ORDER, BY_ID) == a
 
 
+@given(sync_tokens, sync_tokens)
+def test_a_merge_that_moves_nothing_is_the_token_itself(a: SyncToken, b: SyncToken) -> None:
+    """/sync encodes the current token once per wake because of this: `merge` hands back the very
+    object when it covers the other token, and a new one exactly when a component moved."""
+    merged = a.merge(b)
+    assert (merged is a) == (b.is_before_or_eq(a) and set(b.streams()) <= set(a.streams()))
+    assert merged == a.merge(b.merge(b))
+
+
 async def test_instance_map_assigns_once_and_decodes(db_pool: asyncpg.Pool) -> None:
     imap = InstanceMap(db_pool)
     first = await imap.get_id("master")

@@ -454,5 +454,5 @@ async def _persisted(ticket: Ticket, future: asyncio.Future[T]) -> T:
     """`future`'s result, the room held by `ticket` until it is done: a request cancelled while
     its event is queued leaves the room held until the batch committed or failed, so the next event
     is never checked against state that event may still change."""
-    ticket.release_after(future)
-    return await asyncio.shield(future)
+    await ticket.release_after(future)
+    return future.result()

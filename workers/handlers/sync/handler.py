@@ -171,6 +171,8 @@ class SyncHandler:
         #: the current token `_merged_into`.
         self._merged: dict[int, tuple[SyncToken, SyncToken, bool]] = {}
         self._merged_into: SyncToken | None = None
+        #: The token `encode` encoded last, and its text.
+        self._encoded: tuple[SyncToken | None, str] = (None, "")
 
     def current_token(self) -> SyncToken:
         """This worker's token now. Built again only when a position moved (every long-poll asks
@@ -211,7 +213,13 @@ class SyncHandler:
         return SyncToken(tokens)
 
     async def encode(self, token: SyncToken) -> str:
+        """`token`'s text. The last token encoded is kept: the answers of one wake mostly hold the
+        same token object (the current one, `SyncToken.merge`)."""
+        last, text = self._encoded
+        if token is last:
+            return text
         text = await self._instance_map.encode_sync_token(token, SYNC_STREAMS)
+        self._encoded = (token, text)
         self._remember(text, token)
         return text
 

@@ -76,6 +76,41 @@ async def test_a_ticket_handed_to_a_future_holds_the_room_until_it_is_done() -> 
     assert len(admission) == 0
 
 
+async def test_a_request_cancelled_while_its_batch_runs_leaves_the_batch_and_the_room_held() -> None:
+    admission = RoomAdmission()
+    ticket = await admission.enter("!r", RULES_CHANGE)
+    batch: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def request() -> int:
+        await ticket.release_after(batch)
+        return batch.result()
+
+    answering = asyncio.ensure_future(request())
+    await asyncio.sleep(0)
+    answering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await answering
+    assert not batch.cancelled()
+    waiting = await _entered(admission, "!r", message())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # the batch may still change the room's rules
+    batch.set_exception(RuntimeError("the batch failed"))
+    await asyncio.sleep(0)
+    assert batch._log_traceback is False  # retrieved for the request that went away: no warning
+    (await asyncio.wait_for(waiting, 1)).release()
+    assert len(admission) == 0
+
+
+async def test_a_finished_batch_wakes_its_request_after_releasing_the_room() -> None:
+    admission = RoomAdmission()
+    ticket = await admission.enter("!r", RULES_CHANGE)
+    batch: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    waiter = ticket.release_after(batch)
+    batch.set_result(7)
+    await waiter
+    assert batch.result() == 7 and len(admission) == 0
+
+
 async def test_a_cancelled_waiter_leaves_the_line() -> None:
     admission = RoomAdmission()
     holder = await admission.enter("!r", WHOLE)

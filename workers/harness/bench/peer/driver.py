@@ -27,16 +27,18 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
-from workers.harness.bench._common import latency_ms
+from workers.harness.bench._common import latency_ms, progress
 from workers.harness.bench.peer.cpu import Accounts, spent
 from workers.harness.bench.peer.sends import Sender
 from workers.harness.bench.peer.targets import Target
+from workers.harness.bench.profile import Profiles
 
 CLIENT = "/_matrix/client/v3"
 MARK = "peer:"
@@ -124,6 +126,12 @@ def _cpu_result(cpu: dict[str, float], driver_s: float, wall_s: float, events: i
     }
 
 
+def _written(recording: Profiles | None) -> None:
+    """End a phase's CPU recording (after its window was measured) and name the summaries."""
+    for summary in () if recording is None else recording.wait():
+        progress(f"    profile: {summary}")
+
+
 async def saturate(
     target: Target,
     pairs: list[RoomPair],
@@ -132,8 +140,10 @@ async def saturate(
     senders: int,
     seconds: float,
     warmup_s: float,
+    profile: Callable[[], Profiles] | None = None,
 ) -> dict[str, Any]:
-    """Closed-loop sends for `warmup_s` + `seconds`; counted over the last `seconds`."""
+    """Closed-loop sends for `warmup_s` + `seconds`; counted over the last `seconds`. `profile`
+    starts a CPU recording of the servers at the window's start; it is written after its end."""
     tag = uuid.uuid4().hex[:6]
     answered = errors = 0
     started = time.monotonic()
@@ -161,10 +171,13 @@ async def saturate(
 
         async def window() -> tuple[dict[str, float], float, float]:
             await asyncio.sleep(window_start - time.monotonic())
+            recording = None if profile is None else profile()
             before, driver_before, t0 = accounts.sample(), time.process_time(), time.monotonic()
             await asyncio.sleep(window_end - time.monotonic())
             cpu = spent(before, accounts.sample())
-            return cpu, time.process_time() - driver_before, time.monotonic() - t0
+            measured = cpu, time.process_time() - driver_before, time.monotonic() - t0
+            _written(recording)
+            return measured
 
         sending = [asyncio.create_task(sender(i)) for i in range(senders)]
         cpu, driver_s, wall_s = await window()
@@ -200,9 +213,16 @@ async def _reader(http: aiohttp.ClientSession, url: str, pair: RoomPair, seen: d
 
 
 async def latency(
-    target: Target, pairs: list[RoomPair], accounts: Accounts, *, rate: float, seconds: float
+    target: Target,
+    pairs: list[RoomPair],
+    accounts: Accounts,
+    *,
+    rate: float,
+    seconds: float,
+    profile: Callable[[], Profiles] | None = None,
 ) -> dict[str, Any]:
-    """Sends at `rate`/s for `seconds`, each timed from its start (and its answer) to being seen."""
+    """Sends at `rate`/s for `seconds`, each timed from its start (and its answer) to being seen;
+    `profile` as `saturate`'s, over the sends and the wait for the last to be seen."""
     total = max(1, round(rate * seconds))
     tag = uuid.uuid4().hex[:6]
     seen: dict[int, float] = {}
@@ -231,6 +251,7 @@ async def latency(
         for task in readers:
             if task.done():
                 task.result()  # a reader that failed at once raises here
+        recording = None if profile is None else profile()
         before, driver_before, t0 = accounts.sample(), time.process_time(), time.monotonic()
         await asyncio.gather(*(send(n, t0 + n / rate) for n in range(total)))
         deadline = time.monotonic() + GRACE_S
@@ -238,6 +259,7 @@ async def latency(
             await asyncio.sleep(0.01)
         cpu = spent(before, accounts.sample())
         driver_s, wall_s = time.process_time() - driver_before, time.monotonic() - t0
+        _written(recording)
         for task in readers:
             task.cancel()
         await asyncio.gather(*readers, return_exceptions=True)

@@ -43,6 +43,7 @@ from workers.harness.bench.peer.synapse_build import VERSION, build_synapse
 from workers.harness.bench.peer.synapse_config import SynapseLayout
 from workers.harness.bench.peer.synapse_processes import SynapsePeer
 from workers.harness.bench.peer.targets import BareTarget, FanoutTarget, SynapseTarget, Target
+from workers.harness.bench.profile import recorder, sampled_dir
 from workers.harness.cluster import LocalCluster
 from workers.harness.upgrade_build import BuildError
 from workers.process import event_loop
@@ -65,21 +66,24 @@ async def create_synapse_database(admin_url: str) -> str:
 
 
 async def _phases(
-    target: Target, pairs: list[RoomPair], services: Accounts, args: argparse.Namespace
+    target: Target, pairs: list[RoomPair], services: Accounts, args: argparse.Namespace, round_: int = 0
 ) -> dict[str, Any]:
     accounts = Accounts(pids={"servers": target.server_pids(), **services.pids}, trees=services.trees)
+    record = recorder(target.cluster) if isinstance(target, FanoutTarget) else None
     progress(f"  {target.name}: saturation, {args.senders} senders, {args.seconds:g} s")
     saturation = await saturate(
-        target, pairs, accounts, senders=args.senders, seconds=args.seconds, warmup_s=args.warmup
-    )
+        target, pairs, accounts, senders=args.senders, seconds=args.seconds, warmup_s=args.warmup,
+        profile=None if record is None else lambda: record(f"round{round_}-saturation"),
+    )  # fmt: skip
     progress(
         f"    {saturation['sends_per_s']:,.1f} sends/s, {saturation['cpu_s_per_1000']['servers']} CPU-s"
         f" per 1,000 (servers), driver {saturation['driver_cores']} cores"
     )
     progress(f"  {target.name}: {args.rate:g} events/s for {args.latency_seconds:g} s")
     steady = await latency(
-        target, pairs[: args.readers], accounts, rate=args.rate, seconds=args.latency_seconds
-    )
+        target, pairs[: args.readers], accounts, rate=args.rate, seconds=args.latency_seconds,
+        profile=None if record is None else lambda: record(f"round{round_}-latency"),
+    )  # fmt: skip
     progress(
         f"    start -> seen p50 {steady['start_seen']['p50_ms']} ms, p99 {steady['start_seen']['p99_ms']} ms"
     )
@@ -108,7 +112,7 @@ async def _run(args: argparse.Namespace, services: EmbeddedServices, synapse_pyt
         LocalCluster(
             await scratch_database(admin_url, "peer"), redis_url, workdir / "fanout",
             persisters=2, sync_workers=1, background_workers=0, channel_prefix=f"peer-{uuid.uuid4().hex[:6]}",
-            write_only_persisters=True,
+            write_only_persisters=True, cpu_profile=sampled_dir(args.profile),
         )
     )  # fmt: skip
     layout = SynapseLayout(
@@ -128,7 +132,7 @@ async def _run(args: argparse.Namespace, services: EmbeddedServices, synapse_pyt
                     result["fanout"] = target.shape()
                 if target.name not in pairs:
                     pairs[target.name] = await setup_rooms(target, rooms)
-                phases = await _phases(target, pairs[target.name], counted, args)
+                phases = await _phases(target, pairs[target.name], counted, args, round_)
             finally:
                 await target.stop()
             result["runs"].append(
@@ -216,6 +220,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=10.0, help="events/s of the latency phase")
     p.add_argument("--latency-seconds", type=float, default=10.0, help="length of the latency phase")
     p.add_argument("--readers", type=positive_int, default=4, help="rooms (each with a reader) at that rate")
+    p.add_argument(
+        "--profile", metavar="DIR",
+        help="record the CPU of fanout's workers over each measured window, into DIR/round<N>-<phase>/",
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true", help="1 round, 3 s phases: a smoke run, not figures")
     p.add_argument("--build-only", action="store_true", help="build (or reuse) Synapse's venv, then stop")
     return p
