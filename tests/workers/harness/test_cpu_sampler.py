@@ -82,6 +82,8 @@ def test_bench_live_profiles_each_worker_at_each_rate(tmp_path: Path) -> None:
         summary = (phase / f"{worker}.txt").read_text()
         assert summary.startswith(f"{worker}\n") and "ms of CPU" in summary and "by activity:" in summary
         assert sum(_stacks(phase / f"{worker}.stacks").values()) > 0
-    assert "handlers/sync/handler.py:" in (phase / "sync1.stacks").read_text()
+    # On failure: what sync1 recorded, and the bench's own figures for the rate (its CPU from /proc).
+    why = f"{(phase / 'sync1.txt').read_text()[:600]}\n{run.stderr[-1500:]}"
+    assert "handlers/sync/handler.py:" in (phase / "sync1.stacks").read_text(), why
     sends = "\n".join((phase / f"{w}.stacks").read_text() for w in ("persister1", "persister2"))
     assert "_persist_batch (" in sends

@@ -11,6 +11,7 @@
 * `catch_up.py`: a `since` ahead of this worker (from another one): waited for, clamped when no
   sequence reaches it
 * `shared_answers.py`: one built and encoded answer for the readers a wake answers alike
+* `token_texts.py`: a sync token's text and back, remembered
 * `messages.py`: `GET /rooms/{roomId}/messages`: a room's events page by page
 
 The top of the handler families: it may import all of them; none imports it. Never `workers.http`

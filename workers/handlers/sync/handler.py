@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from idgen import InstanceMap, MultiWriterIdGenerator, MultiWriterStreamToken, SyncToken
-from workers.handlers.caches.lru import CacheCounts, SyncCaches
+from workers.handlers.caches.lru import SyncCaches
 from workers.handlers.notify.notifier import Notifier, poll_deadline
 from workers.handlers.rooms.history_visibility import JOINED, current
 from workers.handlers.rooms.versions import RoomVersions
@@ -43,6 +43,7 @@ from workers.handlers.sync.recent_events import EventBodies, RecentEvents
 from workers.handlers.sync.room_sections import PENDING, RoomSections, empty_response
 from workers.handlers.sync.shared_answers import SharedAnswers, answer_key
 from workers.handlers.sync.stored_sections import STORED_STREAMS, StoredSections, StoredUpdates
+from workers.handlers.sync.token_texts import MAX_REMEMBERED_TOKENS, TokenTexts
 from workers.handlers.sync.window import EventWindow, recent_timeline
 from workers.model import MEMBER_EVENT, Event, UserRooms
 from workers.storage import events as store
@@ -72,8 +73,6 @@ class EphemeralSource(Protocol):
 
 
 CATCH_UP_WAIT_S = 10.0
-#: Sync tokens remembered by their text (about one per parked client; a few hundred bytes each).
-MAX_REMEMBERED_TOKENS = 20_000
 #: The state events an invitee is shown (with the member events, filtered to theirs).
 STRIPPED_STATE = frozenset(
     {"m.room.create", "m.room.join_rules", "m.room.name", "m.room.avatar", "m.room.canonical_alias",
@@ -151,7 +150,9 @@ class SyncHandler:
         self.window = EventWindow(pool, caches, generators["events"], recent, self.bodies, max_events)
         self.syncs = 0
         self.behind_timeouts = 0
-        self.token_cache = CacheCounts("sync_tokens", lambda: len(self._tokens))
+        self._texts = TokenTexts(instance_map, SYNC_STREAMS)
+        self.token_cache = self._texts.counts
+        self.encode, self.decode = self._texts.encode, self._texts.decode
         #: Typing and presence, set once the worker has built them (None: empty sections).
         self.ephemeral: EphemeralSource | None = None
         #: Account data, to-device and device lists, set once the worker has built them.
@@ -159,8 +160,6 @@ class SyncHandler:
         self.closing = False
         #: Answers that readers woken alike share (the /sync route encodes through it).
         self.answers = SharedAnswers()
-        #: token text -> token, the latest handed out or parsed (oldest dropped first).
-        self._tokens: dict[str, SyncToken] = {}
         self._ordered_streams = [s for s in ORDERED_STREAMS if s in generators]
         self._catch_up = CatchUp(
             self.current_token, generators, ORDERED_STREAMS, notifier, self.observers.clamped
@@ -171,8 +170,6 @@ class SyncHandler:
         #: the current token `_merged_into`.
         self._merged: dict[int, tuple[SyncToken, SyncToken, bool]] = {}
         self._merged_into: SyncToken | None = None
-        #: The token `encode` encoded last, and its text.
-        self._encoded: tuple[SyncToken | None, str] = (None, "")
 
     def current_token(self) -> SyncToken:
         """This worker's token now. Built again only when a position moved (every long-poll asks
@@ -211,35 +208,6 @@ class SyncHandler:
             typing, presence = self.ephemeral.ephemeral_tokens()
             tokens |= {"typing": MultiWriterStreamToken(typing), "presence": MultiWriterStreamToken(presence)}
         return SyncToken(tokens)
-
-    async def encode(self, token: SyncToken) -> str:
-        """`token`'s text. The last token encoded is kept: the answers of one wake mostly hold the
-        same token object (the current one, `SyncToken.merge`)."""
-        last, text = self._encoded
-        if token is last:
-            return text
-        text = await self._instance_map.encode_sync_token(token, SYNC_STREAMS)
-        self._encoded = (token, text)
-        self._remember(text, token)
-        return text
-
-    async def decode(self, text: str) -> SyncToken:
-        """Parse a client's token; InvalidTokenError if malformed or naming unknown instances.
-        A token this worker handed out or parsed lately is looked up, not parsed: a long-poll
-        comes back with the `next_batch` of its last answer (a token's text means one token
-        forever: instance ids never change meaning)."""
-        token = self._tokens.get(text)
-        self.token_cache.hits += token is not None
-        if token is None:
-            self.token_cache.misses += 1
-            token = await self._instance_map.decode_sync_token(text, SYNC_STREAMS)
-            self._remember(text, token)
-        return token
-
-    def _remember(self, text: str, token: SyncToken) -> None:
-        self._tokens[text] = token
-        if len(self._tokens) > MAX_REMEMBERED_TOKENS:
-            del self._tokens[next(iter(self._tokens))]
 
     def _answered(self, kind: str, started: float, body: dict[str, Any]) -> dict[str, Any]:
         self.observers.answered(kind, time.monotonic() - started)
