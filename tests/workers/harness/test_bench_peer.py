@@ -66,7 +66,8 @@ def test_bench_peer_drives_both_systems_alike_and_reports_the_ratios(tmp_path: P
     except BuildError as e:
         pytest.fail(f"Synapse's venv cannot be built here: {e}", pytrace=False)
     done = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "bench", "peer", "--quick", "--senders", "4", "--readers", "2"],
+        [sys.executable, "-m", "workers.cli", "bench", "peer", "--quick", "--senders", "4", "--readers", "2",
+         "--profile", str(tmp_path / "prof")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -86,6 +87,12 @@ def test_bench_peer_drives_both_systems_alike_and_reports_the_ratios(tmp_path: P
         assert steady["answered_seen"]["p50_ms"] <= steady["start_seen"]["p50_ms"]
     for run in result["runs"]:  # the servers' own PostgreSQL and Redis were counted
         assert run["saturation"]["cpu_s_per_1000"]["postgres_redis"] > 0
+    for phase in ("round1-saturation", "round1-latency"):  # --profile: fanout's workers, each window
+        for worker in result["fanout"]:
+            assert (tmp_path / "prof" / phase / f"{worker}.txt").read_text().startswith(f"{worker}\n")
+    sent = (tmp_path / "prof" / "round1-saturation" / "persister1.stacks").read_text()
+    sent += (tmp_path / "prof" / "round1-saturation" / "persister2.stacks").read_text()
+    assert "_persist_batch (" in sent
     lines = done.stderr.splitlines()
     assert any(line.startswith("ahead of Synapse 1.163.2: sends/s (fanout / Synapse): ") for line in lines)
     assert any("server CPU per event (Synapse / fanout)" in line and "target >= 70" in line for line in lines)
